@@ -1,0 +1,35 @@
+"""moesd: reproduce and extend *MoESD: Unveil Speculative Decoding's Potential for Accelerating Sparse MoE*.
+
+The theory (:mod:`moesd.experts`, :mod:`moesd.speedup`, :mod:`moesd.roofline`) is pure numpy;
+importing ``moesd`` never imports torch. Measurement modules import torch when they are used.
+"""
+
+from moesd.experts import (
+    appendix_b_f,
+    expected_active_experts,
+    expected_active_experts_from_popularity,
+    full_activation_threshold,
+    tokens_per_expert,
+    tokens_per_expert_derivative,
+)
+from moesd.roofline import HARDWARE, G, Hardware, ridge_point
+from moesd.speedup import (
+    alpha_from_sigma,
+    expected_tokens_per_round,
+    leviathan_speedup,
+    sd_time,
+    sigma,
+    speedup,
+    speedup_terms,
+    target_efficiency,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "G", "HARDWARE", "Hardware", "alpha_from_sigma", "appendix_b_f", "expected_active_experts",
+    "expected_active_experts_from_popularity", "expected_tokens_per_round",
+    "full_activation_threshold", "leviathan_speedup", "ridge_point", "sd_time", "sigma",
+    "speedup", "speedup_terms", "target_efficiency", "tokens_per_expert",
+    "tokens_per_expert_derivative",
+]

@@ -1,0 +1,205 @@
+"""How many experts a batch of tokens activates, and how many tokens each one gets.
+
+The paper's Section 3.2 assumes each token picks ``K`` of ``E`` experts uniformly and
+independently. Then an expert is activated by ``t`` tokens with probability
+``1 - (1 - rho)**t`` (Eq. 7), where ``rho = K / E`` is the MoE sparsity, and
+
+* ``N(t) = E (1 - (1 - rho)**t)`` experts are activated on average (Eq. 8);
+* ``T_thres = ceil(log_(1 - rho)(1 - tau))`` tokens activate at least ``tau E`` of them (Eq. 9);
+* each activated expert processes ``T_exp = t K / N(t) = rho t / (1 - (1 - rho)**t)``
+  tokens (Eq. 10), its arithmetic intensity in a memory-bound GEMM.
+
+Appendix B shows ``T_exp`` falls as ``rho`` falls for ``t > 1`` (Eqs. 12-14): sparser
+models keep experts memory-bound at larger batches. Real routing is not uniform;
+:func:`expected_active_experts_from_popularity` generalises Eq. 8 to measured per-expert
+selection probabilities.
+
+Every function broadcasts over numpy arrays and raises ``ValueError`` naming the argument
+on input outside its domain.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moesd._checks import as_array
+
+
+def _activation_probability(t: np.ndarray, rho: np.ndarray) -> np.ndarray:
+    """``1 - (1 - rho)**t`` (Eq. 7), accurate for small ``rho``."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        probability = -np.expm1(t * np.log1p(-rho))
+    # rho = 1 and t = 0 gives 0 * -inf; no token activates nothing.
+    return np.where((rho == 1.0) & (t == 0.0), 0.0, probability)
+
+
+def _sparsity(E, K) -> np.ndarray:
+    E = as_array("E", E, low=1, whole=True)
+    K = as_array("K", K, low=1, whole=True)
+    if (K > E).any():
+        raise ValueError("K must be <= E (a token cannot pick more experts than exist)")
+    return K / E
+
+
+def expected_active_experts(t, E, K):
+    """Expected number of distinct experts activated by ``t`` tokens (Eq. 8).
+
+    ``N(t) = E (1 - ((E - K) / E)**t)``, for tokens that each pick ``K`` of ``E`` experts
+    uniformly and independently.
+
+    Parameters
+    ----------
+    t : array_like
+        Tokens passing through the gate in one forward pass (tokens, >= 0; real values allowed).
+    E : array_like
+        Routed experts per MoE layer (whole number >= 1).
+    K : array_like
+        Experts each token activates (whole number, 1 <= K <= E).
+
+    Returns
+    -------
+    numpy.ndarray or float
+        Expected activated experts, between ``min(t, 1) K`` and ``min(t K, E)``.
+
+    Examples
+    --------
+    >>> round(float(expected_active_experts(4, 64, 8)), 2)
+    26.48
+    """
+    t = as_array("t", t, low=0)
+    rho = _sparsity(E, K)
+    return np.asarray(E, dtype=float) * _activation_probability(t, rho)
+
+
+def tokens_per_expert(t, rho):
+    """Mean number of tokens each activated expert processes (Eq. 10).
+
+    ``T_exp(t; rho) = t K / N(t) = rho t / (1 - (1 - rho)**t)``.
+
+    Parameters
+    ----------
+    t : array_like
+        Tokens passing through the gate (tokens, >= 1: with fewer than one token the
+        ratio has no meaning).
+    rho : array_like
+        Sparsity ``K / E`` in (0, 1]; ``rho = 1`` is a dense FFN, where ``T_exp = t``.
+
+    Returns
+    -------
+    numpy.ndarray or float
+        Tokens per activated expert, at least ``max(1, rho t)`` and at most ``t``.
+    """
+    t = as_array("t", t, low=1)
+    rho = as_array("rho", rho, low=0, high=1, low_open=True)
+    return rho * t / _activation_probability(t, rho)
+
+
+def full_activation_threshold(rho, tau=0.95):
+    """Fewest tokens that activate at least a fraction ``tau`` of the experts (Eq. 9).
+
+    ``T_thres = ceil(log_(1 - rho)(1 - tau))``: the smallest whole ``t`` with
+    ``N(t) >= tau E``. Once a decode batch has ``B >= T_thres`` tokens, verifying draft
+    tokens loads almost no new expert weights.
+
+    Parameters
+    ----------
+    rho : array_like
+        Sparsity ``K / E`` in (0, 1].
+    tau : array_like, default 0.95
+        Fraction of experts counted as "almost all", in (0, 1).
+
+    Returns
+    -------
+    numpy.ndarray or int
+        The threshold in tokens (whole numbers, >= 1).
+    """
+    rho = as_array("rho", rho, low=0, high=1, low_open=True)
+    tau = as_array("tau", tau, low=0, high=1, low_open=True, high_open=True)
+    with np.errstate(divide="ignore"):
+        exact = np.log1p(-tau) / np.log1p(-rho)
+    # Round away float noise first so that an exact whole ratio is not pushed up by one.
+    threshold = np.maximum(np.ceil(np.round(exact, 9)), 1.0).astype(np.int64)
+    return threshold if threshold.ndim else int(threshold)
+
+
+def tokens_per_expert_derivative(t, rho):
+    """Derivative of ``T_exp`` with respect to ``rho`` at fixed ``t`` (Appendix B, Eq. 12).
+
+    ``dT_exp/drho = t (1 - (1 - rho)**t - rho t (1 - rho)**(t - 1)) / (1 - (1 - rho)**t)**2``,
+    positive for ``t > 1``: fewer tokens per expert as the model gets sparser.
+
+    Parameters
+    ----------
+    t : array_like
+        Tokens (>= 1).
+    rho : array_like
+        Sparsity in (0, 1].
+
+    Returns
+    -------
+    numpy.ndarray or float
+        Tokens per unit of sparsity.
+    """
+    t = as_array("t", t, low=1)
+    rho = as_array("rho", rho, low=0, high=1, low_open=True)
+    activated = _activation_probability(t, rho)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        numerator = t * (activated - rho * t * np.power(1.0 - rho, t - 1.0))
+    return numerator / activated**2
+
+
+def appendix_b_f(rho, t):
+    """``F(rho; T) = (1 - rho)**(T - 1) (rho T + 1 - rho)`` (Appendix B, Eq. 13).
+
+    Eq. 12 is positive exactly when ``F < 1``. ``F`` tends to 1 as ``rho`` tends to 0 and
+    falls with ``rho`` for ``T > 1`` (Eq. 14: ``dF/drho = -rho T (T - 1)(1 - rho)**(T - 2)``),
+    so ``F < 1`` on (0, 1].
+
+    Parameters
+    ----------
+    rho : array_like
+        Sparsity in (0, 1].
+    t : array_like
+        Tokens ``T`` (>= 1).
+
+    Returns
+    -------
+    numpy.ndarray or float
+        The dimensionless ``F``.
+    """
+    rho = as_array("rho", rho, low=0, high=1, low_open=True)
+    t = as_array("t", t, low=1)
+    return np.power(1.0 - rho, t - 1.0) * (rho * t + 1.0 - rho)
+
+
+def expected_active_experts_from_popularity(t, p):
+    """Expected activated experts for ``t`` tokens with non-uniform routing.
+
+    ``N(t) = sum_i 1 - (1 - p_i)**t``, where ``p_i`` is the probability that one token
+    selects expert ``i``. With ``p_i = K / E`` for all ``i`` this is Eq. 8; for ``t >= 1``
+    any other ``p`` with the same sum ``K`` activates fewer experts (each term is concave
+    in ``p_i`` there).
+    Tokens are still independent: correlation between consecutive tokens lowers the
+    count further (see :mod:`moesd.traces`).
+
+    Parameters
+    ----------
+    t : array_like
+        Tokens (>= 0). Broadcast against ``p`` without its last axis.
+    p : array_like
+        Per-token selection probabilities, shape ``(..., E)``, each in [0, 1], summing to
+        ``K`` over the last axis (a whole number >= 1), e.g. measured expert popularity.
+
+    Returns
+    -------
+    numpy.ndarray or float
+        Expected activated experts, shape ``broadcast(t, p[..., 0])``.
+    """
+    t = as_array("t", t, low=0)
+    p = as_array("p", p, low=0, high=1)
+    if p.ndim == 0:
+        raise ValueError("p must have a last axis over the experts")
+    total = p.sum(axis=-1)
+    if (total < 1 - 1e-6).any() or (np.abs(total - np.round(total)) > 1e-6 * total).any():
+        raise ValueError("p must sum to a whole number K >= 1 over its last axis")
+    return np.sum(_activation_probability(np.expand_dims(t, -1), p), axis=-1)

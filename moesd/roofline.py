@@ -1,0 +1,242 @@
+"""Rooflines: when an FFN or a layer of experts is memory-bound (the paper's Eqs. 1 and 11).
+
+A kernel is memory-bound while its arithmetic intensity AI (FLOPs per byte moved) is below
+the hardware's ridge point ``RP = peak FLOP/s / memory bandwidth`` (Eq. 1). For a bf16 GEMM
+whose traffic is its weights, AI is about the number of tokens it processes, so a token
+count can be read against RP directly. A layer of routed experts loads ``N(t)`` experts
+for ``t`` tokens and gives each ``T_exp = t K / N(t)`` tokens, so its AI is ``T_exp``, not
+``t``: sparse experts stay memory-bound to far larger batches than a dense FFN does.
+
+The paper's fitted model replaces the hard roofline corner by the smooth ``G`` of Eq. 11.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from moesd._checks import as_array
+from moesd.experts import expected_active_experts
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Peak numbers of one accelerator, from its vendor's data sheet.
+
+    Attributes
+    ----------
+    name : str
+        Product name.
+    peak_flops : float
+        Dense (not 2:4 sparse) bf16 tensor throughput (FLOP/s).
+    memory_bandwidth : float
+        Peak device memory bandwidth (bytes/s).
+    memory_bytes : float
+        Device memory (bytes).
+    source : str
+        Where the three numbers come from.
+    """
+
+    name: str
+    peak_flops: float
+    memory_bandwidth: float
+    memory_bytes: float
+    source: str
+
+    @property
+    def ridge_point(self) -> float:
+        """Eq. 1: ``peak_flops / memory_bandwidth`` (FLOP/byte)."""
+        return self.peak_flops / self.memory_bandwidth
+
+
+_TERA, _GIGA = 1e12, 1e9
+
+HARDWARE = {
+    hw.name: hw
+    for hw in [
+        Hardware("A800", 312 * _TERA, 2039 * _GIGA, 80 * _GIGA,
+                 "NVIDIA A800 SXM4 80GB data sheet: BF16 tensor 312 TFLOPS (624 with sparsity), "
+                 "HBM2e 2,039 GB/s, 80 GB (the A100 80GB SXM figures)"),
+        Hardware("A100", 312 * _TERA, 2039 * _GIGA, 80 * _GIGA,
+                 "NVIDIA A100 data sheet, 80GB SXM: BF16 tensor 312 TFLOPS (624 with sparsity), "
+                 "HBM2e 2,039 GB/s, 80 GB"),
+        Hardware("H800", 989.5 * _TERA, 3350 * _GIGA, 80 * _GIGA,
+                 "NVIDIA H800 SXM5 data sheet: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
+                 "HBM3 3.35 TB/s, 80 GB"),
+        Hardware("H100", 989.5 * _TERA, 3350 * _GIGA, 80 * _GIGA,
+                 "NVIDIA H100 data sheet, SXM5: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
+                 "HBM3 3.35 TB/s, 80 GB"),
+        Hardware("H200", 989.5 * _TERA, 4800 * _GIGA, 141 * _GIGA,
+                 "NVIDIA H200 data sheet, SXM: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
+                 "HBM3e 4.8 TB/s, 141 GB"),
+        Hardware("L40", 181.05 * _TERA, 864 * _GIGA, 48 * _GIGA,
+                 "NVIDIA L40 data sheet: BF16 tensor 362.1 TFLOPS with sparsity (181.05 dense), "
+                 "GDDR6 864 GB/s, 48 GB"),
+        Hardware("B200", 2250 * _TERA, 8000 * _GIGA, 180 * _GIGA,
+                 "NVIDIA HGX B200 (1,000 W) specifications: BF16 tensor 4.5 PFLOPS with sparsity "
+                 "(2.25 dense), HBM3e 8 TB/s, 180 GB per GPU"),
+        Hardware("MI300X", 1307.4 * _TERA, 5300 * _GIGA, 192 * _GIGA,
+                 "AMD Instinct MI300X data sheet: BF16 dense matrix 1,307.4 TFLOPS, "
+                 "HBM3 5.3 TB/s, 192 GB"),
+        Hardware("CPU", 3.072 * _TERA, 307.2 * _GIGA, 256 * _GIGA,
+                 "Illustrative server CPU socket, derived, not measured: 16 cores x 3.0 GHz x 64 "
+                 "BF16 FLOP/cycle (AVX-512 BF16 dot products) = 3.07 TFLOP/s; 8 channels of "
+                 "DDR5-4800 at 38.4 GB/s (JEDEC JESD79-5) = 307 GB/s; 256 GB"),
+    ]
+}
+"""Hardware records by name; ``HARDWARE["H200"].ridge_point`` is about 206 FLOP/byte."""
+
+
+def ridge_point(hardware) -> float:
+    """Ridge point of a :class:`Hardware` record or of a name in :data:`HARDWARE` (Eq. 1).
+
+    Returns
+    -------
+    float
+        Peak FLOP/s over memory bandwidth (FLOP/byte).
+    """
+    if isinstance(hardware, str):
+        if hardware not in HARDWARE:
+            raise ValueError(f"hardware must be one of {sorted(HARDWARE)}, got {hardware!r}")
+        hardware = HARDWARE[hardware]
+    return hardware.ridge_point
+
+
+def ffn_cost(tokens, d_model, d_ff, E=1, K=1, num_matrices=3, bytes_per_value=2):
+    """FLOPs and memory traffic of one FFN layer, dense or a layer of routed experts.
+
+    Each of the ``tokens`` tokens goes through ``K`` of ``E`` expert FFNs of width ``d_ff``;
+    the layer loads the expected ``N(tokens)`` distinct experts (Eq. 8) once, reads each
+    token's input and writes its output once per expert. ``E = K = 1`` is a dense FFN.
+
+    Parameters
+    ----------
+    tokens : array_like
+        Tokens through the layer (>= 0).
+    d_model : int
+        Hidden size.
+    d_ff : int
+        Intermediate size of one expert (or of the dense FFN).
+    E, K : int, default 1
+        Routed experts and experts per token.
+    num_matrices : int, default 3
+        Weight matrices per FFN (3 for SwiGLU: gate, up, down; 2 for a plain MLP).
+    bytes_per_value : float, default 2
+        Bytes per weight and activation (2 for bf16).
+
+    Returns
+    -------
+    flops : numpy.ndarray
+        Floating-point operations (FLOP), two per multiply-add.
+    traffic : numpy.ndarray
+        Bytes moved to and from memory.
+    """
+    tokens = as_array("tokens", tokens, low=0)
+    d_model = as_array("d_model", d_model, low=1, whole=True)
+    d_ff = as_array("d_ff", d_ff, low=1, whole=True)
+    num_matrices = as_array("num_matrices", num_matrices, low=1, whole=True)
+    bytes_per_value = as_array("bytes_per_value", bytes_per_value, low=0, low_open=True)
+    weights_per_expert = num_matrices * d_model * d_ff
+    flops = 2.0 * weights_per_expert * tokens * np.asarray(K, dtype=float)
+    loaded = expected_active_experts(tokens, E, K) * weights_per_expert
+    activations = 2.0 * tokens * np.asarray(K, dtype=float) * d_model
+    return flops, (loaded + activations) * bytes_per_value
+
+
+def arithmetic_intensity(flops, traffic):
+    """Arithmetic intensity, FLOPs per byte of memory traffic (Eq. 1).
+
+    Parameters
+    ----------
+    flops : array_like
+        Operations (FLOP, >= 0).
+    traffic : array_like
+        Bytes moved (> 0).
+
+    Returns
+    -------
+    numpy.ndarray or float
+        FLOP/byte; compare with :func:`ridge_point`.
+    """
+    flops = as_array("flops", flops, low=0)
+    traffic = as_array("traffic", traffic, low=0, low_open=True)
+    return flops / traffic
+
+
+def time_floor(flops, traffic, hardware: Hardware):
+    """Roofline lower bound on a kernel's time, ``max(traffic / bandwidth, flops / peak)``.
+
+    Parameters
+    ----------
+    flops : array_like
+        Operations (FLOP).
+    traffic : array_like
+        Bytes moved.
+    hardware : Hardware
+        The device.
+
+    Returns
+    -------
+    numpy.ndarray or float
+        Seconds.
+    """
+    flops = as_array("flops", flops, low=0)
+    traffic = as_array("traffic", traffic, low=0)
+    return np.maximum(traffic / hardware.memory_bandwidth, flops / hardware.peak_flops)
+
+
+def compute_bound_tokens(hardware: Hardware, d_model, d_ff, E=1, K=1, num_matrices=3,
+                         bytes_per_value=2, max_tokens=1_000_000):
+    """Fewest tokens at which an FFN layer's arithmetic intensity reaches the ridge point.
+
+    Parameters
+    ----------
+    hardware : Hardware
+        The device.
+    d_model, d_ff, E, K, num_matrices, bytes_per_value
+        As in :func:`ffn_cost`.
+    max_tokens : int, default 1,000,000
+        Largest token count searched.
+
+    Returns
+    -------
+    int or None
+        Tokens per forward pass where the layer turns compute-bound, or ``None`` when it stays
+        memory-bound up to ``max_tokens``.
+    """
+    tokens = np.arange(1, int(max_tokens) + 1, dtype=float)
+    intensity = arithmetic_intensity(*ffn_cost(tokens, d_model, d_ff, E, K, num_matrices,
+                                               bytes_per_value))
+    reached = np.flatnonzero(intensity >= hardware.ridge_point)
+    return int(tokens[reached[0]]) if reached.size else None
+
+
+def G(t, lam_rp, s):
+    """Roofline-shaped growth of time with tokens, the paper's ``G(t; lambda RP, s)`` (Eq. 11).
+
+    ``G = s**t`` up to the transition ``lam_rp`` (memory-bound: slow growth), then the tangent
+    line ``s**lam_rp (1 + ln(s) (t - lam_rp))`` (compute-bound: linear growth). ``G`` and its
+    first derivative are continuous at ``lam_rp``.
+
+    Parameters
+    ----------
+    t : array_like
+        Tokens (>= 0, real values allowed).
+    lam_rp : array_like
+        Transition point ``lambda RP`` in tokens (> 0): the empirical ridge point.
+    s : array_like
+        Growth base (>= 1; the paper bounds it to [1, 2]).
+
+    Returns
+    -------
+    numpy.ndarray or float
+        Dimensionless growth factor, ``G(0) = 1``.
+    """
+    t = as_array("t", t, low=0)
+    lam_rp = as_array("lam_rp", lam_rp, low=0, low_open=True)
+    s = as_array("s", s, low=1)
+    at_transition = np.power(s, lam_rp)
+    below = np.power(s, np.minimum(t, lam_rp))
+    above = at_transition * (1.0 + np.log(s) * (t - lam_rp))
+    return np.where(t <= lam_rp, below, above)

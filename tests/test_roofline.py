@@ -1,0 +1,108 @@
+"""Eq. 1 (ridge points, arithmetic intensity, time floors) and Eq. 11 (G)."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from moesd.experts import tokens_per_expert
+from moesd.roofline import (
+    HARDWARE,
+    G,
+    arithmetic_intensity,
+    compute_bound_tokens,
+    ffn_cost,
+    ridge_point,
+    time_floor,
+)
+
+
+def test_ridge_points_of_the_specification():
+    """MOESD.md Eq. 1 remark: A800 ~ 153, H800 ~ 295, L40 ~ 210, H200 ~ 206."""
+    assert ridge_point("A800") == pytest.approx(153, abs=0.5)
+    assert ridge_point("H800") == pytest.approx(295, abs=0.5)
+    assert ridge_point("L40") == pytest.approx(210, abs=0.6)
+    assert ridge_point(HARDWARE["H200"]) == pytest.approx(206, abs=0.5)
+
+
+def test_every_record_cites_its_source():
+    required = {"A800", "H800", "H100", "H200", "L40", "B200", "CPU"}
+    assert required <= set(HARDWARE)
+    for hw in HARDWARE.values():
+        assert len(hw.source) > 20 and hw.peak_flops > 0 and hw.memory_bandwidth > 0
+
+
+def test_unknown_hardware():
+    with pytest.raises(ValueError, match="hardware must be one of"):
+        ridge_point("TPU")
+
+
+def test_ffn_cost_by_hand():
+    # Dense SwiGLU, d = 2, d_ff = 3, one token: 2 x 18 FLOP; (18 weights + 2 x 2 activations) x 2 bytes.
+    flops, traffic = ffn_cost(1, 2, 3)
+    assert flops == 36 and traffic == 44
+    assert arithmetic_intensity(flops, traffic) == pytest.approx(36 / 44)
+
+
+def test_expert_intensity_is_tokens_per_expert():
+    """With weights dominating traffic, a layer of experts has AI = T_exp (bf16)."""
+    t = np.array([1.0, 8.0, 64.0, 400.0])
+    intensity = arithmetic_intensity(*ffn_cost(t, 100_000, 100_000, E=64, K=8))
+    np.testing.assert_allclose(intensity, tokens_per_expert(t, 8 / 64), rtol=1e-3)
+
+
+def test_time_floor_switches_at_the_ridge_point():
+    hw = HARDWARE["H100"]
+    memory_bound = time_floor(1.0, 1e9, hw)
+    assert memory_bound == pytest.approx(1e9 / hw.memory_bandwidth)
+    compute_bound = time_floor(1e15, 1.0, hw)
+    assert compute_bound == pytest.approx(1e15 / hw.peak_flops)
+
+
+def test_sparse_experts_turn_compute_bound_later():
+    hw = HARDWARE["H100"]
+    dense = compute_bound_tokens(hw, 3584, 8 * 2560)
+    moe = compute_bound_tokens(hw, 3584, 2560, E=64, K=8)
+    assert dense >= hw.ridge_point  # activations only lower the intensity
+    assert moe > 7 * dense  # T_exp ~ rho t for large t: rho = 1/8
+    assert compute_bound_tokens(hw, 3584, 2560, E=64, K=8, max_tokens=100) is None
+
+
+def test_g_by_hand():
+    assert G(0, 10, 1.5) == 1.0
+    assert G(3, 10, 2.0) == pytest.approx(8.0)
+    # Above the transition: 2^2 (1 + ln 2 (5 - 2))
+    assert G(5, 2, 2.0) == pytest.approx(4 * (1 + np.log(2) * 3))
+    np.testing.assert_allclose(G(np.array([0, 5, 500]), 50, 1.0), 1.0)
+
+
+@given(st.floats(0.5, 300), st.floats(1.0001, 2.0))
+def test_g_and_its_slope_are_continuous(lam_rp, s):
+    """Both one-sided difference quotients at lam_rp equal the slope ln(s) s**lam_rp."""
+    h = 1e-6 * lam_rp
+    left, mid, right = G([lam_rp - h, lam_rp, lam_rp + h], lam_rp, s)
+    slope = np.log(s) * s**lam_rp
+    assert (mid - left) / h == pytest.approx(slope, rel=1e-3)
+    assert (right - mid) / h == pytest.approx(slope, rel=1e-3)
+
+
+@given(st.floats(0, 1000), st.floats(0, 100), st.floats(0.5, 300), st.floats(1, 2))
+def test_g_non_decreasing(t, dt, lam_rp, s):
+    assert G(t + dt, lam_rp, s) >= G(t, lam_rp, s) * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: G(-1, 10, 1.5), "t"),
+    (lambda: G(1, 0, 1.5), "lam_rp"),
+    (lambda: G(1, 10, 0.9), "s"),
+    (lambda: G(1, 10, np.nan), "s"),
+    (lambda: ffn_cost(4, 0, 10), "d_model"),
+    (lambda: ffn_cost(4, 10, 10.5), "d_ff"),
+    (lambda: ffn_cost(4, 10, 10, E=4, K=8), "K"),
+    (lambda: ffn_cost(-4, 10, 10), "tokens"),
+    (lambda: arithmetic_intensity(1, 0), "traffic"),
+    (lambda: time_floor(-1, 1, HARDWARE["H100"]), "flops"),
+])
+def test_bad_input_names_the_argument(call, name):
+    with pytest.raises(ValueError, match=rf"^{name} "):
+        call()

@@ -1,0 +1,124 @@
+"""Eqs. 2-5: sigma, its inverse, SD time, speedup, target efficiency, Leviathan's factor."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from moesd.speedup import (
+    alpha_from_sigma,
+    expected_tokens_per_round,
+    leviathan_speedup,
+    sd_time,
+    sigma,
+    speedup,
+    speedup_terms,
+    target_efficiency,
+)
+
+alphas = st.floats(0, 1)
+gammas = st.integers(1, 16)
+
+
+def test_sigma_by_hand():
+    # (1 - 0.5^3) / (0.5 * 3) = 0.875 / 1.5
+    assert sigma(0.5, 2) == pytest.approx(0.875 / 1.5, rel=1e-14)
+    assert expected_tokens_per_round(0.5, 2) == pytest.approx(1.75, rel=1e-14)
+    assert sigma(0.0, 4) == pytest.approx(0.2)
+    assert sigma(1.0, 4) == 1.0
+
+
+def test_alpha_from_sigma_on_table_1():
+    """MOESD.md: sigma 0.94/0.93/0.91 at gamma 2/3/4 imply alpha 0.939/0.952/0.953."""
+    alpha = alpha_from_sigma([0.94, 0.93, 0.91], [2, 3, 4])
+    np.testing.assert_allclose(np.round(alpha, 3), [0.939, 0.952, 0.953])
+
+
+def test_alpha_from_sigma_at_the_ends():
+    assert alpha_from_sigma(1 / 3, 2) == pytest.approx(0.0, abs=1e-12)
+    assert alpha_from_sigma(1.0, 5) == 1.0
+
+
+def test_sd_time_by_hand():
+    # 10 rounds x (3 x 1 + 2 + 0.5)
+    assert sd_time(10, 3, 1.0, 2.0, 0.5) == pytest.approx(55.0)
+
+
+def test_speedup_by_hand():
+    # sigma (gamma+1) = 4.5; denominator 1.25 + 4 x 0.05 + 0.01 = 1.46
+    assert speedup(0.9, 4, 1.0, 1.25, 0.05, 0.01) == pytest.approx(4.5 / 1.46)
+    assert target_efficiency(1.0, 1.25) == pytest.approx(0.8)
+
+
+def test_speedup_equals_time_ratio_of_eqs_2_and_3():
+    """T_AR / T_SD with S = R sigma (gamma + 1) is Eq. 4."""
+    rounds, gamma, s = 50, 3, 0.8
+    t1, tg, td, tr = 0.020, 0.026, 0.002, 0.0005
+    tokens = rounds * s * (gamma + 1)
+    ratio = tokens * t1 / sd_time(rounds, gamma, td, tg, tr)
+    assert speedup(s, gamma, t1, tg, td, tr) == pytest.approx(ratio, rel=1e-14)
+
+
+def test_terms_recombine_and_bound():
+    terms = speedup_terms(0.9, 4, 1.0, 2.0, 0.05, 0.01)
+    assert terms.tokens_per_round == pytest.approx(4.5)
+    assert terms.verify == pytest.approx(2.0)
+    assert terms.target_efficiency == pytest.approx(0.5)
+    assert terms.draft == pytest.approx(0.2)
+    assert terms.reject == pytest.approx(0.01)
+    assert terms.speedup == pytest.approx(4.5 / 2.21)
+
+
+@given(alphas, gammas, st.floats(0, 1))
+def test_leviathan_is_eq4_with_unit_target_efficiency(alpha, gamma, c):
+    ours = speedup(sigma(alpha, gamma), gamma, 1.0, 1.0, c, 0.0)
+    assert leviathan_speedup(alpha, gamma, c) == pytest.approx(ours, rel=1e-12)
+
+
+@given(alphas, gammas)
+def test_sigma_in_range(alpha, gamma):
+    value = sigma(alpha, gamma)
+    assert 1 / (gamma + 1) * (1 - 1e-12) <= value <= 1
+
+
+@given(alphas, st.floats(0, 1), gammas)
+def test_sigma_increasing_in_alpha(a, b, gamma):
+    low, high = sorted((a, b))
+    assert sigma(low, gamma) <= sigma(high, gamma) + 1e-15
+
+
+@given(alphas, gammas)
+def test_alpha_from_sigma_inverts_sigma(alpha, gamma):
+    s = sigma(alpha, gamma)
+    # Where sigma is flat (alpha near 0) alpha is determined only to sqrt(eps) or so.
+    assert sigma(alpha_from_sigma(s, gamma), gamma) == pytest.approx(s, rel=1e-12, abs=1e-14)
+    assert alpha_from_sigma(s, gamma) == pytest.approx(alpha, abs=1e-7)
+
+
+def test_alpha_from_sigma_broadcasts_over_gamma():
+    alpha = np.linspace(0, 1, 11)[:, None]
+    gamma = np.array([1, 2, 5, 9])[None, :]
+    np.testing.assert_allclose(alpha_from_sigma(sigma(alpha, gamma), gamma),
+                               np.broadcast_to(alpha, (11, 4)), atol=1e-7)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: sigma(1.2, 2), "alpha"),
+    (lambda: sigma(-0.1, 2), "alpha"),
+    (lambda: sigma(0.5, 0), "gamma"),
+    (lambda: sigma(0.5, 2.5), "gamma"),
+    (lambda: sigma(np.nan, 2), "alpha"),
+    (lambda: alpha_from_sigma(0.2, 2), "sigma"),
+    (lambda: alpha_from_sigma(1.01, 2), "sigma"),
+    (lambda: alpha_from_sigma(np.nan, 2), "sigma"),
+    (lambda: target_efficiency(0.0, 1.0), "t_target_1"),
+    (lambda: target_efficiency(1.0, -1.0), "t_target_gamma"),
+    (lambda: sd_time(-1, 2, 1, 1, 1), "rounds"),
+    (lambda: sd_time(1, 2, -1, 1, 1), "t_draft"),
+    (lambda: speedup(0.1, 4, 1, 1, 0.1), "sigma"),
+    (lambda: speedup(0.9, 4, 1, 1, 0.1, -0.1), "t_reject"),
+    (lambda: leviathan_speedup(0.5, 2, -1), "cost_ratio"),
+])
+def test_bad_input_names_the_argument(call, name):
+    with pytest.raises(ValueError, match=rf"^{name} "):
+        call()
