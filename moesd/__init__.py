@@ -2,6 +2,7 @@
 
 The theory (:mod:`moesd.experts`, :mod:`moesd.speedup`, :mod:`moesd.roofline`) is pure numpy;
 importing ``moesd`` never imports torch. Measurement modules import torch when they are used.
+The speedup of Eq. 4 is ``moesd.speedup.speedup``: ``moesd.speedup`` is the module.
 """
 
 from moesd.experts import (
@@ -17,9 +18,9 @@ from moesd.speedup import (
     alpha_from_sigma,
     expected_tokens_per_round,
     leviathan_speedup,
+    min_target_efficiency,
     sd_time,
     sigma,
-    speedup,
     speedup_terms,
     target_efficiency,
 )
@@ -29,7 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "G", "HARDWARE", "Hardware", "alpha_from_sigma", "appendix_b_f", "expected_active_experts",
     "expected_active_experts_from_popularity", "expected_tokens_per_round",
-    "full_activation_threshold", "leviathan_speedup", "ridge_point", "sd_time", "sigma",
-    "speedup", "speedup_terms", "target_efficiency", "tokens_per_expert",
+    "full_activation_threshold", "leviathan_speedup", "min_target_efficiency", "ridge_point", "sd_time", "sigma",
+    "speedup_terms", "target_efficiency", "tokens_per_expert",
     "tokens_per_expert_derivative",
 ]

@@ -25,12 +25,16 @@ import numpy as np
 from moesd._checks import as_array
 
 
+def _log_miss(t: np.ndarray, rho: np.ndarray) -> np.ndarray:
+    """``log((1 - rho)**t)``, the log-probability that ``t`` tokens all skip one expert."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = t * np.log1p(-rho)
+    return np.where(t == 0.0, 0.0, value)  # (1 - 1)**0 = 1, not 0 * -inf
+
+
 def _activation_probability(t: np.ndarray, rho: np.ndarray) -> np.ndarray:
     """``1 - (1 - rho)**t`` (Eq. 7), accurate for small ``rho``."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        probability = -np.expm1(t * np.log1p(-rho))
-    # rho = 1 and t = 0 gives 0 * -inf; no token activates nothing.
-    return np.where((rho == 1.0) & (t == 0.0), 0.0, probability)
+    return -np.expm1(_log_miss(t, rho))
 
 
 def _sparsity(E, K) -> np.ndarray:
@@ -143,8 +147,7 @@ def tokens_per_expert_derivative(t, rho):
     t = as_array("t", t, low=1)
     rho = as_array("rho", rho, low=0, high=1, low_open=True)
     activated = _activation_probability(t, rho)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        numerator = t * (activated - rho * t * np.power(1.0 - rho, t - 1.0))
+    numerator = t * (activated - rho * t * np.exp(_log_miss(t - 1.0, rho)))
     return numerator / activated**2
 
 
@@ -169,7 +172,7 @@ def appendix_b_f(rho, t):
     """
     rho = as_array("rho", rho, low=0, high=1, low_open=True)
     t = as_array("t", t, low=1)
-    return np.power(1.0 - rho, t - 1.0) * (rho * t + 1.0 - rho)
+    return np.exp(_log_miss(t - 1.0, rho)) * (rho * t + 1.0 - rho)
 
 
 def expected_active_experts_from_popularity(t, p):

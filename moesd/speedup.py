@@ -21,6 +21,7 @@ Time arguments may be in any unit, the same for all of them (seconds, typically)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,12 +87,31 @@ def sigma(alpha, gamma):
     return expected_tokens_per_round(alpha, gamma) / (_draft_length(gamma) + 1.0)
 
 
+def _power_sum(alpha: np.ndarray, gamma: int) -> tuple[np.ndarray, np.ndarray]:
+    """``sum_{i=0..gamma} alpha**i`` and its derivative in ``alpha``, by Horner's rule."""
+    value, slope = np.ones_like(alpha), np.zeros_like(alpha)
+    for _ in range(gamma):
+        slope = slope * alpha + value
+        value = value * alpha + 1.0
+    return value, slope
+
+
+@functools.lru_cache(maxsize=64)
+def _inverse_power_sum_table(gamma: int, size: int = 4097) -> np.ndarray:
+    """``alpha`` at which ``sum_{i=0..gamma} alpha**i`` takes ``size`` evenly spaced values in [1, gamma+1]."""
+    wanted = np.linspace(1.0, gamma + 1.0, size)
+    alpha = np.ones(size)
+    for _ in range(200):  # Newton from the right of a convex increasing function: monotone
+        value, slope = _power_sum(alpha, gamma)
+        alpha = np.clip(alpha - (value - wanted) / slope, 0.0, 1.0)
+    return alpha
+
+
 def alpha_from_sigma(sigma, gamma):
     """Invert Eq. 5: the acceptance probability that yields ``sigma`` at draft length ``gamma``.
 
-    Solves ``sum_{i=0..gamma} alpha**i = sigma (gamma + 1)`` by Newton's method from
-    ``alpha = 1``; the left side is convex and increasing on [0, 1], so the iterates fall
-    monotonically onto the root.
+    Solves ``sum_{i=0..gamma} alpha**i = sigma (gamma + 1)``, whose left side increases on
+    [0, 1], by interpolation in a table of the inverse followed by Newton's method.
 
     Parameters
     ----------
@@ -112,19 +132,26 @@ def alpha_from_sigma(sigma, gamma):
     """
     gamma = _draft_length(gamma)
     sigma_ = _emitted_fraction(sigma, gamma)
-    target = np.broadcast_to(sigma_ * (gamma + 1.0), np.broadcast_shapes(sigma_.shape, gamma.shape))
-    gamma = np.broadcast_to(gamma, target.shape)
-    alpha = np.ones(target.shape)
-    for _ in range(100):
-        value, slope = np.zeros(target.shape), np.zeros(target.shape)
-        for power in range(int(gamma.max()), -1, -1):  # Horner, each element to its own gamma
-            used = power <= gamma
-            slope = np.where(used, slope * alpha + value, slope)
-            value = np.where(used, value * alpha + 1.0, value)
-        step = np.where(slope > 0, (value - target) / np.where(slope > 0, slope, 1.0), 0.0)
-        alpha = np.clip(alpha - step, 0.0, 1.0)
-        if np.all(np.abs(step) < 1e-15):
-            break
+    shape = np.broadcast_shapes(sigma_.shape, gamma.shape)
+    target = np.broadcast_to(sigma_ * (gamma + 1.0), shape).ravel()
+    draft_lengths = np.unique(gamma)
+    gamma = np.broadcast_to(gamma, shape).ravel()
+    alpha = np.empty(target.shape)
+    for draft_length in draft_lengths:
+        chosen = slice(None) if draft_lengths.size == 1 else gamma == draft_length
+        wanted = target[chosen]
+        # Start within ~1e-7 of the root from a table of the inverse on a uniform grid of
+        # sum_i alpha**i in [1, gamma + 1], then take three quadratically convergent steps.
+        table = _inverse_power_sum_table(int(draft_length))
+        position = (wanted - 1.0) / draft_length * (table.size - 1)
+        index = np.minimum(position.astype(np.int64), table.size - 2)
+        fraction = position - index
+        estimate = table[index] * (1.0 - fraction) + table[index + 1] * fraction
+        for _ in range(3):
+            value, slope = _power_sum(estimate, int(draft_length))
+            estimate = np.clip(estimate - (value - wanted) / slope, 0.0, 1.0)  # slope >= 1
+        alpha[chosen] = estimate
+    alpha = alpha.reshape(shape)
     return alpha if alpha.ndim else float(alpha)
 
 
@@ -282,3 +309,30 @@ def leviathan_speedup(alpha, gamma, cost_ratio):
     """
     cost_ratio = as_array("cost_ratio", cost_ratio, low=0)
     return expected_tokens_per_round(alpha, gamma) / (_draft_length(gamma) * cost_ratio + 1.0)
+
+
+def min_target_efficiency(observed_speedup, sigma, gamma):
+    """Smallest target efficiency consistent with an observed speedup (Eq. 4 rearranged).
+
+    Eq. 4 gives ``1 / target_efficiency = sigma (gamma + 1) / speedup - draft - reject``; with
+    drafting and rejection free this is largest, so ``speedup / (sigma (gamma + 1))`` bounds
+    the target efficiency from below. It lets a table that prints only speedup and ``sigma``
+    (the paper's Tables 1-2) say how cheap verification must have been.
+
+    Parameters
+    ----------
+    observed_speedup : array_like
+        ``T_AR / T_SD`` (> 0).
+    sigma : array_like
+        Emitted fraction of the ``gamma + 1`` possible tokens per round.
+    gamma : array_like
+        Draft length (whole number >= 1).
+
+    Returns
+    -------
+    numpy.ndarray or float
+        Lower bound on ``T_T(B, 1) / T_T(B, gamma)``.
+    """
+    observed_speedup = as_array("observed_speedup", observed_speedup, low=0, low_open=True)
+    gamma = _draft_length(gamma)
+    return observed_speedup / (_emitted_fraction(sigma, gamma) * (gamma + 1.0))

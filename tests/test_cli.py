@@ -23,3 +23,4 @@ def test_bad_arguments_exit_with_usage(capsys):
         main(["theory", "--E", "4", "--K", "8"])
     assert exit_.value.code == 2
     assert "K must be <= E" in capsys.readouterr().err
+

@@ -9,6 +9,7 @@ from moesd.speedup import (
     alpha_from_sigma,
     expected_tokens_per_round,
     leviathan_speedup,
+    min_target_efficiency,
     sd_time,
     sigma,
     speedup,
@@ -69,6 +70,15 @@ def test_terms_recombine_and_bound():
     assert terms.speedup == pytest.approx(4.5 / 2.21)
 
 
+def test_min_target_efficiency_is_reached_with_free_drafting():
+    # 2.29 / (0.90 x 5): Table 2's peak needed verification at most ~1.96 decode steps.
+    assert min_target_efficiency(2.29, 0.90, 4) == pytest.approx(2.29 / 4.5)
+    efficiency = 0.7
+    observed = speedup(0.8, 3, 1.0, 1.0 / efficiency, 0.0, 0.0)
+    assert min_target_efficiency(observed, 0.8, 3) == pytest.approx(efficiency)
+    assert min_target_efficiency(speedup(0.8, 3, 1.0, 1 / efficiency, 0.02), 0.8, 3) < efficiency
+
+
 @given(alphas, gammas, st.floats(0, 1))
 def test_leviathan_is_eq4_with_unit_target_efficiency(alpha, gamma, c):
     ours = speedup(sigma(alpha, gamma), gamma, 1.0, 1.0, c, 0.0)
@@ -118,6 +128,7 @@ def test_alpha_from_sigma_broadcasts_over_gamma():
     (lambda: speedup(0.1, 4, 1, 1, 0.1), "sigma"),
     (lambda: speedup(0.9, 4, 1, 1, 0.1, -0.1), "t_reject"),
     (lambda: leviathan_speedup(0.5, 2, -1), "cost_ratio"),
+    (lambda: min_target_efficiency(0, 0.9, 2), "observed_speedup"),
 ])
 def test_bad_input_names_the_argument(call, name):
     with pytest.raises(ValueError, match=rf"^{name} "):

@@ -1,0 +1,19 @@
+"""The package's surface: no torch on import, submodules reachable by their names."""
+
+import importlib
+import subprocess
+import sys
+
+import moesd
+
+
+def test_import_does_not_load_torch():
+    code = "import sys, moesd; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_submodules_are_not_shadowed_by_exports():
+    for name in ("experts", "speedup", "roofline"):
+        assert importlib.import_module(f"moesd.{name}").__name__ == f"moesd.{name}"
+        assert getattr(moesd, name).__name__ == f"moesd.{name}"
