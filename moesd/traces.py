@@ -385,15 +385,30 @@ def from_layer_csv(path, num_experts=None) -> RoutingTrace:
 
 # --- statistics ------------------------------------------------------------------------------
 
-def expert_masks(trace: RoutingTrace) -> np.ndarray:
-    """Bitmask of each token's experts, shape (tokens, layers, ceil(E / 64)), dtype uint64."""
+def expert_masks(trace: RoutingTrace, chunk: int = 8192) -> np.ndarray:
+    """Bitmask of each token's experts, shape (tokens, layers, ceil(E / 64)), dtype uint64.
+
+    Bit ``e % 64`` of word ``e // 64`` is set when the token chose expert ``e``. Built from a
+    one-hot of ``chunk`` tokens at a time, packed eight experts to a byte and read as
+    little-endian 64-bit words.
+    """
     words = -(-trace.num_experts // 64)
-    masks = np.zeros((trace.num_tokens, trace.experts.shape[1], words), dtype=np.uint64)
-    word, bit = np.divmod(trace.experts.astype(np.int64), 64)
-    bits = np.left_shift(np.uint64(1), bit.astype(np.uint64))
-    for w in range(words):  # OR the K bits of each token into their word
-        masks[..., w] = np.bitwise_or.reduce(np.where(word == w, bits, np.uint64(0)), axis=-1)
+    masks = np.empty((trace.num_tokens, trace.experts.shape[1], words), dtype=np.uint64)
+    for start in range(0, trace.num_tokens, chunk):
+        ids = trace.experts[start:start + chunk].astype(np.intp)
+        one_hot = np.zeros(ids.shape[:2] + (64 * words,), dtype=bool)
+        np.put_along_axis(one_hot, ids, True, axis=-1)
+        masks[start:start + chunk] = np.packbits(one_hot, axis=-1, bitorder="little").view("<u8")
     return masks
+
+
+def _in_sequence_order(trace: RoutingTrace) -> tuple[np.ndarray, np.ndarray]:
+    """Token order by (sequence, position), and the bitmasks in that order."""
+    order = np.lexsort((trace.position, trace.sequence))
+    masks = expert_masks(trace)
+    if (order[1:] > order[:-1]).all():  # already ordered: no copy
+        return order, masks
+    return order, masks[order]
 
 
 def _count(masks: np.ndarray) -> np.ndarray:
@@ -432,8 +447,8 @@ def _window_masks(trace: RoutingTrace, window: int):
     if int(window) != window or window < 1:
         raise ValueError(f"window must be a whole number >= 1, got {window!r}")
     window = int(window)
-    order = np.lexsort((trace.position, trace.sequence))
-    masks, sequence = expert_masks(trace)[order], trace.sequence[order]
+    order, masks = _in_sequence_order(trace)
+    sequence = trace.sequence[order]
     if window > masks.shape[0]:
         return masks[:0], order[:0]
     # Doubling table: after k steps, span[i] is the union of tokens i .. i + 2**k - 1.
@@ -441,10 +456,10 @@ def _window_masks(trace: RoutingTrace, window: int):
     while 2 * width <= window:
         span = span[:-width] | span[width:]
         width *= 2
-    starts = np.arange(masks.shape[0] - window + 1)
-    unions = span[starts] | span[starts + window - width]
-    within = sequence[starts] == sequence[starts + window - 1]
-    return unions[within], order[starts[within]]
+    count = masks.shape[0] - window + 1
+    unions = span[:count] | span[window - width:window - width + count]
+    within = sequence[:count] == sequence[window - 1:]
+    return (unions, order[:count]) if within.all() else (unions[within], order[:count][within])
 
 
 def window_union(trace: RoutingTrace, t: int) -> pd.DataFrame:
@@ -536,8 +551,8 @@ def adjacent_overlap(trace: RoutingTrace) -> pd.DataFrame:
         ``independent`` (its expectation for independent tokens with the trace's popularity,
         ``sum_e p_e**2 / K``; ``K / E`` for uniform routing) and ``pairs``.
     """
-    order = np.lexsort((trace.position, trace.sequence))
-    masks, sequence = expert_masks(trace)[order], trace.sequence[order]
+    order, masks = _in_sequence_order(trace)
+    sequence = trace.sequence[order]
     same = sequence[1:] == sequence[:-1]
     shared = _count(masks[1:][same] & masks[:-1][same])
     probability = popularity(trace)["probability"].to_numpy().reshape(len(trace.layers), -1)
