@@ -1,0 +1,143 @@
+"""Capture expert routing from Hugging Face MoE models during batched ``generate``.
+
+A forward hook on each MoE layer's router (``layer.mlp.gate``) records the expert indices the
+router hands to the experts module: the third output of every supported router,
+``(router_logits, weights, indices)``. Reading those indices, rather than recomputing
+``topk(router_logits)``, is what makes the capture right for DeepSeek-V2/V3, whose grouped and
+bias-corrected selection differs from a plain top-K, and keying them by the real layer index is
+what keeps them right when some layers are dense.
+
+Supported: Mixtral, Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B), Qwen3-MoE, DeepSeek-V2 (and V2-Lite),
+DeepSeek-V3 and OLMoE, as implemented in ``transformers``. torch is imported here, not by
+``import moesd``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from moesd.traces import RoutingTrace
+
+SUPPORTED_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "olmoe")
+
+
+def moe_layers(model) -> dict[int, torch.nn.Module]:
+    """The router of every MoE layer, keyed by the model's layer index.
+
+    Raises
+    ------
+    ValueError
+        If the model's architecture is not one this module knows, or it has no MoE layer.
+    """
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"routing capture supports {', '.join(SUPPORTED_MODEL_TYPES)}; "
+                         f"this model is {model_type!r}")
+    routers = {index: layer.mlp.gate for index, layer in enumerate(model.model.layers)
+               if hasattr(layer.mlp, "gate") and hasattr(layer.mlp, "experts")}
+    if not routers:
+        raise ValueError(f"no layer of this {model_type} model has a router at layer.mlp.gate")
+    return routers
+
+
+class RoutingRecorder:
+    """Context manager that records every router call of a model's MoE layers.
+
+    ``calls`` holds, per forward pass, a dict from layer index to the (rows, K) index tensor,
+    with rows in the flattened (batch, sequence) order the router sees.
+    """
+
+    def __init__(self, model):
+        self.routers = moe_layers(model)
+        self.first_layer = min(self.routers)
+        self.calls: list[dict[int, torch.Tensor]] = []
+        self._handles = []
+
+    def _hook(self, index: int):
+        def record(module, inputs, output):
+            if index == self.first_layer:
+                self.calls.append({})
+            self.calls[-1][index] = output[2].detach().to("cpu", torch.int64)
+        return record
+
+    def __enter__(self) -> "RoutingRecorder":
+        self._handles = [router.register_forward_hook(self._hook(index))
+                         for index, router in self.routers.items()]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def capture_generate(model, input_ids, attention_mask, max_new_tokens: int, sequence_ids=None,
+                     meta=None, **generate_kwargs) -> tuple[RoutingTrace, torch.Tensor]:
+    """Run greedy batched ``generate`` on left-padded prompts and record its routing.
+
+    Padding rows of the prefill and rows of sequences that already ended (fed their EOS or what
+    follows it) are left out; every other token appears once per MoE layer.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A supported MoE causal LM.
+    input_ids, attention_mask : torch.Tensor, shape (batch, prompt_length)
+        Left-padded prompts.
+    max_new_tokens : int
+        Tokens to generate per sequence.
+    sequence_ids : array_like of int, optional
+        The trace's ``sequence`` value of each row (defaults to ``0..batch-1``).
+    meta : dict, optional
+        Stored in the trace.
+    **generate_kwargs
+        Passed to ``model.generate``.
+
+    Returns
+    -------
+    trace : RoutingTrace
+    sequences : torch.Tensor
+        The generated sequences, prompts included.
+    """
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    batch, prompt_length = input_ids.shape
+    with RoutingRecorder(model) as recorder, torch.no_grad():
+        sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                   max_new_tokens=max_new_tokens, do_sample=False, **generate_kwargs)
+    layers = sorted(recorder.routers)
+    num_experts = int(recorder.routers[layers[0]].weight.shape[0])
+    prompt_lengths = attention_mask.sum(dim=1).cpu().numpy()
+    sequence_ids = np.arange(batch) if sequence_ids is None else np.asarray(sequence_ids)
+    stops = _stop_ids(model)
+    generated = sequences[:, prompt_length:].cpu().numpy()
+    experts, sequence, position, call, phase = [], [], [], [], []
+    for step, routed in enumerate(recorder.calls):
+        indices = torch.stack([routed[layer] for layer in layers], dim=1).numpy()  # rows, layers, K
+        if step == 0:
+            keep = attention_mask.cpu().numpy().astype(bool).ravel()
+            rows = np.repeat(np.arange(batch), prompt_length)[keep]
+            positions = (np.cumsum(attention_mask.cpu().numpy(), axis=1) - 1).ravel()[keep]
+        else:
+            # Decode step s feeds generated token s - 1; the row is wasted work once a stop token
+            # is among the first s generated tokens (HF keeps computing finished rows).
+            keep = ~np.isin(generated[:, :step], stops).any(axis=1)
+            rows = np.arange(batch)[keep]
+            positions = prompt_lengths[keep] + step - 1
+        experts.append(indices[keep])
+        sequence.append(sequence_ids[rows])
+        position.append(positions)
+        call.append(np.full(rows.size, step))
+        phase.append(np.full(rows.size, "prefill" if step == 0 else "decode"))
+    trace = RoutingTrace(np.concatenate(experts), num_experts, np.concatenate(sequence),
+                         np.concatenate(position), np.concatenate(call), np.concatenate(phase),
+                         layers=np.array(layers), meta=dict(meta or {}))
+    return trace, sequences
+
+
+def _stop_ids(model) -> list[int]:
+    """The EOS token ids of the model's generation config."""
+    ids = model.generation_config.eos_token_id
+    return [] if ids is None else [ids] if isinstance(ids, int) else list(ids)

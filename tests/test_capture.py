@@ -1,0 +1,120 @@
+"""Routing capture on tiny random-weight models of every supported architecture."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from moesd.capture import RoutingRecorder, capture_generate, moe_layers  # noqa: E402
+
+COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+              eos_token_id=None, pad_token_id=0)
+MLA = dict(num_key_value_heads=4, moe_intermediate_size=16, n_shared_experts=1, first_k_dense_replace=1,
+           kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+ARCHITECTURES = {
+    "mixtral": dict(num_local_experts=8, num_experts_per_tok=2),
+    "qwen2_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+                      shared_expert_intermediate_size=24, mlp_only_layers=[0]),
+    "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, head_dim=8),
+    "deepseek_v2": dict(MLA, n_routed_experts=8, num_experts_per_tok=2, q_lora_rank=None,
+                        n_group=1, topk_group=1, topk_method="greedy"),
+    "deepseek_v3": dict(MLA, n_routed_experts=8, num_experts_per_tok=2, q_lora_rank=16,
+                        n_group=4, topk_group=2),
+    "olmoe": dict(num_experts=8, num_experts_per_tok=2),
+}
+DENSE_FIRST_LAYER = {"qwen2_moe", "deepseek_v2", "deepseek_v3"}
+
+
+def tiny_model(model_type):
+    config = transformers.AutoConfig.for_model(model_type, **{**COMMON, **ARCHITECTURES[model_type]})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    if model_type == "deepseek_v3":  # a non-zero bias makes grouped routing differ from top-K
+        for router in moe_layers(model).values():
+            router.e_score_correction_bias.copy_(torch.randn_like(router.e_score_correction_bias))
+    return model
+
+
+def left_padded(lengths, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.randint(1, COMMON["vocab_size"], (len(lengths), width), generator=generator)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        mask[row, width - length:] = 1
+    return ids.masked_fill(mask == 0, COMMON["pad_token_id"]), mask
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_captured_ids_are_what_the_experts_receive(model_type):
+    model = tiny_model(model_type)
+    received = {}
+    handles = [layer.mlp.experts.register_forward_pre_hook(
+        lambda module, args, index=index: received.setdefault(index, []).append(args[1].clone()))
+        for index, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate")]
+    ids, mask = left_padded([5, 3, 7])
+    with RoutingRecorder(model) as recorder, torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    for handle in handles:
+        handle.remove()
+    assert len(recorder.calls) == 1
+    expected_layers = [1, 2] if model_type in DENSE_FIRST_LAYER else [0, 1, 2]
+    assert sorted(recorder.calls[0]) == sorted(received) == expected_layers
+    for index in expected_layers:
+        assert torch.equal(recorder.calls[0][index], received[index][0].to(torch.int64))
+
+
+def test_deepseek_v3_routing_is_not_topk_of_logits():
+    model = tiny_model("deepseek_v3")
+    logits = {}
+    router = moe_layers(model)[1]
+    def keep_logits(module, args, output):  # returns None: the output is left unchanged
+        logits["x"] = output[0]
+
+    handle = router.register_forward_hook(keep_logits)
+    ids, mask = left_padded([9, 9])
+    with RoutingRecorder(model) as recorder, torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    handle.remove()
+    naive = torch.topk(logits["x"], 2, dim=-1).indices.sort(dim=-1).values
+    captured = recorder.calls[0][1].sort(dim=-1).values
+    assert not torch.equal(naive, captured)
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "deepseek_v2"])
+def test_generate_trace_skips_padding_and_keys_real_layers(model_type):
+    model = tiny_model(model_type)
+    lengths, new = [4, 6, 2], 5
+    ids, mask = left_padded(lengths, seed=1)
+    trace, sequences = capture_generate(model, ids, mask, max_new_tokens=new, sequence_ids=[10, 11, 12],
+                                        meta={"model_id": "tiny"})
+    assert trace.num_experts == 8 and trace.top_k == 2 and trace.meta["model_id"] == "tiny"
+    assert trace.layers.tolist() == ([1, 2] if model_type in DENSE_FIRST_LAYER else [0, 1, 2])
+    prefill = trace.phase == "prefill"
+    assert prefill.sum() == sum(lengths)
+    assert (trace.phase[~prefill] == "decode").sum() == len(lengths) * (new - 1)
+    for sequence, length in zip([10, 11, 12], lengths):
+        positions = np.sort(trace.position[trace.sequence == sequence])
+        assert positions.tolist() == list(range(length + new - 1))
+    assert sequences.shape == (3, ids.shape[1] + new)
+
+
+def test_finished_sequences_are_dropped():
+    model = tiny_model("olmoe")
+    ids, mask = left_padded([3, 3], seed=2)
+    with torch.no_grad():
+        first = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=1, do_sample=False)
+    model.generation_config.eos_token_id = int(first[0, -1])  # row 0 stops after one token
+    trace, sequences = capture_generate(model, ids, mask, max_new_tokens=4)
+    assert int(sequences[0, 3]) == model.generation_config.eos_token_id
+    decode = trace.phase == "decode"
+    assert set(trace.sequence[decode].tolist()) <= {1}
+
+
+def test_unsupported_model_is_refused():
+    config = transformers.AutoConfig.for_model("llama", **COMMON)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match="routing capture supports .* this model is 'llama'"):
+        RoutingRecorder(model)
