@@ -141,3 +141,60 @@ def _stop_ids(model) -> list[int]:
     """The EOS token ids of the model's generation config."""
     ids = model.generation_config.eos_token_id
     return [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+
+
+def trace_prompts(model_id: str, prompts, batch_size: int, max_new_tokens: int, dataset: str = "",
+                  dtype: str = "auto", device: str | None = None) -> RoutingTrace:
+    """Load a model and its tokenizer, and capture routing over prompts in batches.
+
+    Parameters
+    ----------
+    model_id : str
+        A Hugging Face hub id (e.g. ``deepseek-ai/DeepSeek-V2-Lite-Chat``) or a local folder.
+    prompts : pandas.DataFrame
+        With columns ``id`` and ``prompt``, as :func:`moesd.prompts.load_prompts` returns.
+    batch_size : int
+        Sequences per ``generate`` call.
+    max_new_tokens : int
+        Tokens generated per sequence.
+    dataset : str
+        Recorded in the trace's metadata.
+    dtype : str, default "auto"
+        Weight dtype (``"auto"`` keeps the checkpoint's, e.g. bf16).
+    device : str, optional
+        ``"cuda"``, ``"cpu"``...; defaults to CUDA when available.
+
+    Returns
+    -------
+    RoutingTrace
+        Sequence ``i`` is row ``i`` of ``prompts``; ``meta`` records the model, data and settings.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from moesd.traces import concatenate
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(model_id, padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype).to(device).eval()
+    moe_layers(model)  # refuse an unsupported model before any work
+    chat = tokenizer.chat_template is not None
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                           add_generation_prompt=True) if chat else p
+             for p in prompts["prompt"]]
+    parts = []
+    for start in tqdm(range(0, len(texts), batch_size), desc=f"tracing {model_id}", unit="batch"):
+        batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
+                          add_special_tokens=not chat).to(device)
+        trace, _ = capture_generate(model, batch["input_ids"], batch["attention_mask"], max_new_tokens,
+                                    sequence_ids=np.arange(start, start + len(batch["input_ids"])),
+                                    pad_token_id=tokenizer.pad_token_id)
+        parts.append(trace)
+    trace = concatenate(parts)
+    trace.meta = {"model_id": model_id, "model_type": model.config.model_type,
+                  "E": trace.num_experts, "K": trace.top_k, "dataset": dataset,
+                  "prompt_ids": prompts["id"].astype(str).tolist(), "batch_size": batch_size,
+                  "max_new_tokens": max_new_tokens, "chat_template": chat, "dtype": str(model.dtype),
+                  "device": device, "weights": "as loaded from " + model_id}
+    return trace

@@ -1,7 +1,8 @@
 """The ``moesd`` command: one sub-command per job.
 
 ``moesd theory --E 64 --K 8`` prints N(t), tokens per expert and T_thres (Eqs. 8-10);
-``moesd hardware`` prints the hardware table with ridge points (Eq. 1).
+``moesd hardware`` prints the hardware table with ridge points (Eq. 1);
+``moesd trace --model M --prompts humaneval ...`` captures expert routing into a trace file.
 """
 
 from __future__ import annotations
@@ -42,6 +43,24 @@ def _hardware(args: argparse.Namespace) -> None:
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
 
 
+def _trace(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from moesd.capture import trace_prompts
+    from moesd.prompts import load_prompts
+
+    if Path(args.out).exists() and not args.overwrite:
+        raise ValueError(f"{args.out} exists; pass --overwrite to replace it")
+    prompts = load_prompts(args.prompts, args.prompt_source)
+    if args.num_prompts:
+        prompts = prompts.head(args.num_prompts)
+    trace = trace_prompts(args.model, prompts, args.batch_size, args.max_new_tokens, dataset=args.prompts,
+                          dtype=args.dtype, device=args.device)
+    path = trace.save(args.out)
+    print(f"{trace.num_tokens} tokens x {len(trace.layers)} MoE layers (E = {trace.num_experts}, "
+          f"K = {trace.top_k}) -> {path}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``moesd`` command."""
     parser = argparse.ArgumentParser(prog="moesd", description=__doc__.splitlines()[0])
@@ -57,6 +76,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     hardware = commands.add_parser("hardware", help="hardware records and ridge points")
     hardware.set_defaults(run=_hardware)
+
+    trace = commands.add_parser("trace", help="capture expert routing of a Hugging Face MoE model")
+    trace.add_argument("--model", required=True, help="hub id or local folder")
+    trace.add_argument("--prompts", required=True, choices=["humaneval", "mt_bench", "gsm8k"])
+    trace.add_argument("--prompt-source", help="local file or folder of the prompts (default: the hub)")
+    trace.add_argument("--num-prompts", type=int, help="use only the first N prompts")
+    trace.add_argument("--batch-size", type=int, default=8, help="sequences per generate call")
+    trace.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per sequence")
+    trace.add_argument("--dtype", default="auto", help="weight dtype, e.g. bfloat16 (default: the checkpoint's)")
+    trace.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    trace.add_argument("--out", required=True, help="trace file to write (.npz)")
+    trace.add_argument("--overwrite", action="store_true", help="replace an existing trace file")
+    trace.set_defaults(run=_trace)
     return parser
 
 

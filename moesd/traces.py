@@ -182,6 +182,28 @@ class RoutingTrace:
             raise ValueError(f"{path}: not a valid routing trace: {error}") from error
 
 
+def concatenate(traces: list[RoutingTrace]) -> RoutingTrace:
+    """Join traces of the same model, renumbering calls so they stay distinct.
+
+    Sequence ids are kept as they are: give each part distinct ones. ``meta`` comes from the first.
+    """
+    if not traces:
+        raise ValueError("traces must hold at least one trace")
+    first = traces[0]
+    for other in traces[1:]:
+        if (other.num_experts, other.top_k) != (first.num_experts, first.top_k) or \
+                not np.array_equal(other.layers, first.layers):
+            raise ValueError("traces must share num_experts, K and layers to be joined")
+    offsets = np.cumsum([0] + [int(t.call.max()) + 1 if t.num_tokens else 0 for t in traces[:-1]])
+    weights = [t.weights for t in traces]
+    return RoutingTrace(
+        np.concatenate([t.experts for t in traces]), first.num_experts,
+        np.concatenate([t.sequence for t in traces]), np.concatenate([t.position for t in traces]),
+        np.concatenate([t.call + offset for t, offset in zip(traces, offsets)]),
+        np.concatenate([t.phase for t in traces]),
+        None if any(w is None for w in weights) else np.concatenate(weights), first.layers, first.meta)
+
+
 # --- importers ---------------------------------------------------------------------------------
 
 def _infer_num_experts(num_experts, largest_id: int, source) -> int:

@@ -118,3 +118,37 @@ def test_unsupported_model_is_refused():
     model = transformers.AutoModelForCausalLM.from_config(config)
     with pytest.raises(ValueError, match="routing capture supports .* this model is 'llama'"):
         RoutingRecorder(model)
+
+
+def test_cli_traces_a_local_model(tmp_path):
+    """`moesd trace` on a saved tiny model with a character-level tokenizer and shared prompts."""
+    from pathlib import Path
+
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    from moesd.cli import main
+    from moesd.traces import RoutingTrace
+
+    shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts"
+    if not shared.exists():
+        pytest.skip("shared prompt files not beside the project")
+    characters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,?$%'-+*/=()"
+    vocab = {"<pad>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(characters)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>",
+                                                unk_token="<unk>")
+    folder = tmp_path / "tiny-qwen2-moe"
+    tiny_model("qwen2_moe").save_pretrained(folder)
+    fast.save_pretrained(folder)
+    out = tmp_path / "traces" / "tiny.npz"
+    arguments = ["trace", "--model", str(folder), "--prompts", "gsm8k", "--prompt-source", str(shared),
+                 "--num-prompts", "3", "--batch-size", "2", "--max-new-tokens", "3", "--device", "cpu",
+                 "--out", str(out)]
+    assert main(arguments) == 0
+    trace = RoutingTrace.load(out)
+    assert sorted(set(trace.sequence.tolist())) == [0, 1, 2]
+    assert trace.meta["dataset"] == "gsm8k" and trace.meta["prompt_ids"] == ["gsm8k/0", "gsm8k/1", "gsm8k/2"]
+    assert (trace.phase == "decode").sum() == 3 * 2 and trace.layers.tolist() == [1, 2]
+    with pytest.raises(SystemExit):
+        main(arguments)  # refuses to overwrite
