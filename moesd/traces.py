@@ -584,3 +584,37 @@ def adjacent_overlap(trace: RoutingTrace) -> pd.DataFrame:
         "independent": (probability**2).sum(axis=1) / trace.top_k,
         "pairs": int(same.sum()),
     })
+
+
+def verify_union_predictions(trace: RoutingTrace, batch_size: int, window: int, samples: int = 1000,
+                             seed: int = 0) -> pd.DataFrame:
+    """Measured verification load of ``batch_size`` sequences x ``window`` tokens, and three predictions.
+
+    * ``uniform``: Eq. 8 at ``t = batch_size * window`` tokens, the paper's i.i.d. uniform model;
+    * ``popularity``: the same tokens independent but with each expert's measured popularity
+      (:func:`moesd.experts.expected_active_experts_from_popularity`);
+    * ``windows``: windows of different sequences independent, each activating expert ``e`` with the
+      measured probability ``q_e`` that one window of ``window`` consecutive tokens does, so
+      ``sum_e 1 - (1 - q_e)**batch_size``. It keeps the correlation of consecutive tokens.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per layer: ``layer``, ``measured`` (mean of :func:`verify_union`), ``uniform``,
+        ``popularity``, ``windows``.
+    """
+    from moesd.experts import expected_active_experts, expected_active_experts_from_popularity
+
+    tokens = batch_size * window
+    measured = verify_union(trace, batch_size, window, samples, seed).groupby("layer", sort=False)["union"].mean()
+    probability = popularity(trace)["probability"].to_numpy().reshape(len(trace.layers), -1)
+    unions, _ = _window_masks(trace, window)
+    bits = np.unpackbits(unions.view(np.uint8), axis=-1, bitorder="little")[..., :trace.num_experts]
+    hit = bits.mean(axis=0)  # layers x E: chance one window activates each expert
+    return pd.DataFrame({
+        "layer": trace.layers,
+        "measured": measured.to_numpy(),
+        "uniform": expected_active_experts(tokens, trace.num_experts, trace.top_k),
+        "popularity": expected_active_experts_from_popularity(tokens, probability),
+        "windows": (1.0 - (1.0 - hit) ** batch_size).sum(axis=-1),
+    })

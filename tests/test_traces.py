@@ -19,6 +19,7 @@ from moesd.traces import (
     popularity,
     random_union,
     verify_union,
+    verify_union_predictions,
     window_union,
 )
 
@@ -296,3 +297,22 @@ def test_layer_csv_errors(tmp_path, text, message):
     (tmp_path / "r.csv").write_text(text)
     with pytest.raises(ValueError, match=message):
         from_layer_csv(tmp_path / "r.csv", num_experts=8)
+
+
+def test_predictions_on_uniform_independent_routing_agree():
+    trace = random_trace(7, tokens=6000, layers=2, E=32, K=2, sequences=40)
+    table = verify_union_predictions(trace, batch_size=4, window=3, samples=2000)
+    for column in ("uniform", "popularity", "windows"):
+        np.testing.assert_allclose(table[column], table["measured"], rtol=0.03)
+
+
+def test_window_prediction_sees_correlated_tokens():
+    # Each sequence repeats one token's routing: a window loads K experts, not w K.
+    rng = np.random.default_rng(0)
+    per_sequence = np.argsort(rng.random((50, 1, 32)), axis=-1)[..., :2]
+    experts = np.repeat(per_sequence, 20, axis=0)
+    trace = RoutingTrace(experts, 32, sequence=np.repeat(np.arange(50), 20),
+                         position=np.tile(np.arange(20), 50))
+    table = verify_union_predictions(trace, batch_size=4, window=4, samples=2000)
+    assert table["windows"].iloc[0] == pytest.approx(table["measured"].iloc[0], rel=0.05)
+    assert table["uniform"].iloc[0] > 1.5 * table["measured"].iloc[0]
