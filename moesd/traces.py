@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from moesd.experts import expected_active_experts, expected_active_experts_from_popularity
+
 PHASES = ("prefill", "decode")
 
 
@@ -603,8 +605,6 @@ def verify_union_predictions(trace: RoutingTrace, batch_size: int, window: int, 
         One row per layer: ``layer``, ``measured`` (mean of :func:`verify_union`), ``uniform``,
         ``popularity``, ``windows``.
     """
-    from moesd.experts import expected_active_experts, expected_active_experts_from_popularity
-
     tokens = batch_size * window
     measured = verify_union(trace, batch_size, window, samples, seed).groupby("layer", sort=False)["union"].mean()
     probability = popularity(trace)["probability"].to_numpy().reshape(len(trace.layers), -1)
