@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "G", "HARDWARE", "Hardware", "alpha_from_sigma", "appendix_b_f", "expected_active_experts",
     "expected_active_experts_from_popularity", "expected_tokens_per_round",
-    "full_activation_threshold", "leviathan_speedup", "min_target_efficiency", "ridge_point", "sd_time", "sigma",
-    "speedup_terms", "target_efficiency", "tokens_per_expert",
+    "full_activation_threshold", "leviathan_speedup", "min_target_efficiency", "ridge_point",
+    "sd_time", "sigma", "speedup_terms", "target_efficiency", "tokens_per_expert",
     "tokens_per_expert_derivative",
 ]

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from moesd.traces import RoutingTrace
+from moesd.traces import RoutingTrace, concatenate
 
 SUPPORTED_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "olmoe")
 
@@ -109,7 +109,8 @@ def capture_generate(model, input_ids, attention_mask, max_new_tokens: int, sequ
                                    max_new_tokens=max_new_tokens, do_sample=False, **generate_kwargs)
     layers = sorted(recorder.routers)
     num_experts = int(recorder.routers[layers[0]].weight.shape[0])
-    prompt_lengths = attention_mask.sum(dim=1).cpu().numpy()
+    mask = attention_mask.cpu().numpy().astype(bool)
+    prompt_lengths = mask.sum(axis=1)
     sequence_ids = np.arange(batch) if sequence_ids is None else np.asarray(sequence_ids)
     stops = _stop_ids(model)
     generated = sequences[:, prompt_length:].cpu().numpy()
@@ -117,9 +118,9 @@ def capture_generate(model, input_ids, attention_mask, max_new_tokens: int, sequ
     for step, routed in enumerate(recorder.calls):
         indices = torch.stack([routed[layer] for layer in layers], dim=1).numpy()  # rows, layers, K
         if step == 0:
-            keep = attention_mask.cpu().numpy().astype(bool).ravel()
+            keep = mask.ravel()
             rows = np.repeat(np.arange(batch), prompt_length)[keep]
-            positions = (np.cumsum(attention_mask.cpu().numpy(), axis=1) - 1).ravel()[keep]
+            positions = (np.cumsum(mask, axis=1) - 1).ravel()[keep]
         else:
             # Decode step s feeds generated token s - 1; the row is wasted work once a stop token
             # is among the first s generated tokens (HF keeps computing finished rows).
@@ -170,8 +171,6 @@ def trace_prompts(model_id: str, prompts, batch_size: int, max_new_tokens: int, 
         Sequence ``i`` is row ``i`` of ``prompts``; ``meta`` records the model, data and settings.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from moesd.traces import concatenate
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_id, padding_side="left")

@@ -186,6 +186,38 @@ def time_floor(flops, traffic, hardware: Hardware):
     return np.maximum(traffic / hardware.memory_bandwidth, flops / hardware.peak_flops)
 
 
+def ffn_target_efficiency(batch_size, gamma, hardware: Hardware, d_model, d_ff, E=1, K=1,
+                          num_matrices=3, bytes_per_value=2):
+    """Roofline-floor target efficiency of one FFN layer, ``T(B) / T(B gamma)``.
+
+    The ratio of :func:`time_floor` for a decode step of ``batch_size`` tokens and a verification
+    pass of ``batch_size * gamma`` tokens. It covers the FFN (dense or routed experts) alone:
+    attention, the dense parts and imperfect bandwidth use are left out, so it sketches the shape
+    of the paper's target efficiency, not measured values.
+
+    Parameters
+    ----------
+    batch_size : array_like
+        Sequences ``B`` (>= 0), one token each in the decode step.
+    gamma : array_like
+        Tokens per sequence in the verification pass.
+    hardware : Hardware
+        The device.
+    d_model, d_ff, E, K, num_matrices, bytes_per_value
+        As in :func:`ffn_cost`.
+
+    Returns
+    -------
+    numpy.ndarray or float
+        Between ``1 / gamma`` (compute-bound) and 1 (memory-bound, no extra experts).
+    """
+    decode = time_floor(*ffn_cost(batch_size, d_model, d_ff, E, K, num_matrices, bytes_per_value),
+                        hardware)
+    verify = time_floor(*ffn_cost(np.asarray(batch_size) * np.asarray(gamma), d_model, d_ff, E, K,
+                                  num_matrices, bytes_per_value), hardware)
+    return decode / verify
+
+
 def compute_bound_tokens(hardware: Hardware, d_model, d_ff, E=1, K=1, num_matrices=3,
                          bytes_per_value=2, max_tokens=1_000_000):
     """Fewest tokens at which an FFN layer's arithmetic intensity reaches the ridge point.

@@ -554,15 +554,19 @@ def popularity(trace: RoutingTrace) -> pd.DataFrame:
         the expert; it sums to ``K`` over a layer's experts, the ``p`` of
         :func:`moesd.experts.expected_active_experts_from_popularity`).
     """
-    num_layers = trace.experts.shape[1]
-    flat = trace.experts.transpose(1, 0, 2).reshape(num_layers, -1).astype(np.int64)
-    counts = np.stack([np.bincount(row, minlength=trace.num_experts) for row in flat])
+    counts = _expert_counts(trace)
     return pd.DataFrame({
         "layer": np.repeat(trace.layers, trace.num_experts),
-        "expert": np.tile(np.arange(trace.num_experts), num_layers),
+        "expert": np.tile(np.arange(trace.num_experts), len(trace.layers)),
         "count": counts.ravel(),
         "probability": (counts / max(trace.num_tokens, 1)).ravel(),
     })
+
+
+def _expert_counts(trace: RoutingTrace) -> np.ndarray:
+    """Times each expert was chosen, shape (layers, E)."""
+    flat = trace.experts.transpose(1, 0, 2).reshape(len(trace.layers), -1).astype(np.int64)
+    return np.stack([np.bincount(row, minlength=trace.num_experts) for row in flat])
 
 
 def adjacent_overlap(trace: RoutingTrace) -> pd.DataFrame:
@@ -579,7 +583,7 @@ def adjacent_overlap(trace: RoutingTrace) -> pd.DataFrame:
     sequence = trace.sequence[order]
     same = sequence[1:] == sequence[:-1]
     shared = _count(masks[1:][same] & masks[:-1][same])
-    probability = popularity(trace)["probability"].to_numpy().reshape(len(trace.layers), -1)
+    probability = _expert_counts(trace) / max(trace.num_tokens, 1)
     return pd.DataFrame({
         "layer": trace.layers,
         "overlap": shared.mean(axis=0) / trace.top_k if same.any() else np.nan,
@@ -607,7 +611,7 @@ def verify_union_predictions(trace: RoutingTrace, batch_size: int, window: int, 
     """
     tokens = batch_size * window
     measured = verify_union(trace, batch_size, window, samples, seed).groupby("layer", sort=False)["union"].mean()
-    probability = popularity(trace)["probability"].to_numpy().reshape(len(trace.layers), -1)
+    probability = _expert_counts(trace) / max(trace.num_tokens, 1)
     unions, _ = _window_masks(trace, window)
     bits = np.unpackbits(unions.view(np.uint8), axis=-1, bitorder="little")[..., :trace.num_experts]
     hit = bits.mean(axis=0)  # layers x E: chance one window activates each expert

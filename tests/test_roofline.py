@@ -12,6 +12,7 @@ from moesd.roofline import (
     arithmetic_intensity,
     compute_bound_tokens,
     ffn_cost,
+    ffn_target_efficiency,
     ridge_point,
     time_floor,
 )
@@ -66,6 +67,16 @@ def test_sparse_experts_turn_compute_bound_later():
     assert dense >= hw.ridge_point  # activations only lower the intensity
     assert moe > 7 * dense  # T_exp ~ rho t for large t: rho = 1/8
     assert compute_bound_tokens(hw, 3584, 2560, E=64, K=8, max_tokens=100) is None
+
+
+def test_ffn_target_efficiency_limits():
+    hw = HARDWARE["H100"]
+    dense = ffn_target_efficiency(np.array([1, 10_000]), 4, hw, 3584, 20480)
+    assert dense[0] == pytest.approx(1.0, abs=1e-3)  # memory-bound: four tokens cost one
+    assert dense[1] == pytest.approx(0.25, rel=1e-9)  # compute-bound: four times the work
+    # One token loads K experts, four tokens N(4): verification costs N(4) / K more.
+    moe = ffn_target_efficiency(1, 4, hw, 3584, 2560, E=64, K=8)
+    assert moe == pytest.approx(8 / 26.484, rel=1e-3)
 
 
 def test_g_by_hand():
