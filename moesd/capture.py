@@ -182,18 +182,81 @@ def trace_prompts(model_id: str, prompts, batch_size: int, max_new_tokens: int, 
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                            add_generation_prompt=True) if chat else p
              for p in prompts["prompt"]]
-    parts = []
-    for start in tqdm(range(0, len(texts), batch_size), desc=f"tracing {model_id}", unit="batch"):
-        batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
+
+    def encode(batch_texts):
+        batch = tokenizer(batch_texts, return_tensors="pt", padding=True,
                           add_special_tokens=not chat).to(device)
-        trace, _ = capture_generate(model, batch["input_ids"], batch["attention_mask"], max_new_tokens,
-                                    sequence_ids=np.arange(start, start + len(batch["input_ids"])),
-                                    pad_token_id=tokenizer.pad_token_id)
-        parts.append(trace)
-    trace = concatenate(parts)
+        return batch["input_ids"], batch["attention_mask"]
+
+    trace = _trace_batches(model, encode, texts, batch_size, max_new_tokens, tokenizer.pad_token_id, model_id)
     trace.meta = {"model_id": model_id, "model_type": model.config.model_type,
                   "E": trace.num_experts, "K": trace.top_k, "dataset": dataset,
                   "prompt_ids": prompts["id"].astype(str).tolist(), "batch_size": batch_size,
                   "max_new_tokens": max_new_tokens, "chat_template": chat, "dtype": str(model.dtype),
-                  "device": device, "weights": "as loaded from " + model_id}
+                  "device": device, "weights": "pretrained, as loaded from " + model_id}
     return trace
+
+
+def trace_random_model(name: str, prompts, batch_size: int, max_new_tokens: int, num_layers: int | None = None,
+                       width: float = 1.0, seed: int = 0, dataset: str = "") -> RoutingTrace:
+    """Capture routing of a random-weight model of a real architecture from :mod:`moesd.zoo`.
+
+    What this measures is the routing of *random* weights: with random routers every expert is
+    about equally likely, so it exercises the pipeline and the statistics, not a trained model's
+    expert popularity. Prompts are tokenised as UTF-8 bytes (token id = byte value), left-padded
+    with id 0; the trace's metadata says all of this.
+
+    Parameters
+    ----------
+    name : str
+        A :data:`moesd.zoo.MODELS` name or hub id, e.g. ``"deepseek-v2-lite"``.
+    prompts : pandas.DataFrame
+        With columns ``id`` and ``prompt``.
+    batch_size, max_new_tokens : int
+        As in :func:`trace_prompts`.
+    num_layers, width : optional
+        Shape changes passed to :meth:`moesd.zoo.ModelSpec.random_model`.
+    seed : int, default 0
+        Seed of the random weights.
+    dataset : str
+        Recorded in the trace's metadata.
+    """
+    from moesd.zoo import get_model
+
+    spec = get_model(name)
+    model = spec.random_model(num_layers=num_layers, width=width, seed=seed)
+    moe_layers(model)
+    texts = list(prompts["prompt"])
+
+    def encode(batch_texts):
+        rows = [list(text.encode("utf-8")) for text in batch_texts]
+        width_ = max(map(len, rows))
+        ids = torch.zeros(len(rows), width_, dtype=torch.long)
+        mask = torch.zeros(len(rows), width_, dtype=torch.long)
+        for row, tokens in enumerate(rows):
+            ids[row, width_ - len(tokens):] = torch.tensor(tokens)
+            mask[row, width_ - len(tokens):] = 1
+        return ids, mask
+
+    trace = _trace_batches(model, encode, texts, batch_size, max_new_tokens, 0, f"{spec.name} (random weights)")
+    config = model.config
+    trace.meta = {"model_id": spec.hub_id, "model_type": config.model_type, "E": trace.num_experts,
+                  "K": trace.top_k, "dataset": dataset, "prompt_ids": prompts["id"].astype(str).tolist(),
+                  "batch_size": batch_size, "max_new_tokens": max_new_tokens, "chat_template": False,
+                  "dtype": str(model.dtype), "device": "cpu",
+                  "weights": f"random (seed {seed}) with the shape of {spec.hub_id}: "
+                             f"{config.num_hidden_layers} of {spec.num_layers} layers, widths x {width:g}",
+                  "tokenizer": "UTF-8 bytes"}
+    return trace
+
+
+def _trace_batches(model, encode, texts, batch_size, max_new_tokens, pad_token_id, label) -> RoutingTrace:
+    """Capture routing over ``texts`` in batches; ``encode`` maps texts to (input_ids, attention_mask)."""
+    parts = []
+    for start in tqdm(range(0, len(texts), batch_size), desc=f"tracing {label}", unit="batch"):
+        input_ids, attention_mask = encode(texts[start:start + batch_size])
+        trace, _ = capture_generate(model, input_ids, attention_mask, max_new_tokens,
+                                    sequence_ids=np.arange(start, start + len(input_ids)),
+                                    pad_token_id=pad_token_id)
+        parts.append(trace)
+    return concatenate(parts)

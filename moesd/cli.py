@@ -46,16 +46,27 @@ def _hardware(args: argparse.Namespace) -> None:
 def _trace(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from moesd.capture import trace_prompts
+    from moesd.capture import trace_prompts, trace_random_model
     from moesd.prompts import load_prompts
 
     if Path(args.out).exists() and not args.overwrite:
         raise ValueError(f"{args.out} exists; pass --overwrite to replace it")
+    if args.random_weights:
+        from moesd.zoo import get_model
+
+        get_model(args.model)  # an unknown architecture fails before any work
+    elif args.layers is not None or args.width != 1.0:
+        raise ValueError("--layers and --width apply only with --random-weights")
     prompts = load_prompts(args.prompts, args.prompt_source)
     if args.num_prompts:
         prompts = prompts.head(args.num_prompts)
-    trace = trace_prompts(args.model, prompts, args.batch_size, args.max_new_tokens, dataset=args.prompts,
-                          dtype=args.dtype, device=args.device)
+    if args.random_weights:
+        trace = trace_random_model(args.model, prompts, args.batch_size, args.max_new_tokens,
+                                   num_layers=args.layers, width=args.width, seed=args.seed,
+                                   dataset=args.prompts)
+    else:
+        trace = trace_prompts(args.model, prompts, args.batch_size, args.max_new_tokens, dataset=args.prompts,
+                              dtype=args.dtype, device=args.device)
     path = trace.save(args.out)
     print(f"{trace.num_tokens} tokens x {len(trace.layers)} MoE layers (E = {trace.num_experts}, "
           f"K = {trace.top_k}) -> {path}")
@@ -78,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     hardware.set_defaults(run=_hardware)
 
     trace = commands.add_parser("trace", help="capture expert routing of a Hugging Face MoE model")
-    trace.add_argument("--model", required=True, help="hub id or local folder")
+    trace.add_argument("--model", required=True,
+                       help="hub id or local folder; with --random-weights a moesd.zoo name or hub id")
     trace.add_argument("--prompts", required=True, choices=["humaneval", "mt_bench", "gsm8k"])
     trace.add_argument("--prompt-source", help="local file or folder of the prompts (default: the hub)")
     trace.add_argument("--num-prompts", type=int, help="use only the first N prompts")
@@ -88,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     trace.add_argument("--out", required=True, help="trace file to write (.npz)")
     trace.add_argument("--overwrite", action="store_true", help="replace an existing trace file")
+    trace.add_argument("--random-weights", action="store_true",
+                       help="build the architecture with random weights (no download; byte tokens)")
+    trace.add_argument("--layers", type=int, help="with --random-weights: keep the first N layers")
+    trace.add_argument("--width", type=float, default=1.0, help="with --random-weights: scale every width")
+    trace.add_argument("--seed", type=int, default=0, help="with --random-weights: seed of the weights")
     trace.set_defaults(run=_trace)
     return parser
 
@@ -98,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.run(args)
-    except ValueError as error:
-        parser.error(str(error))
+    except (ValueError, KeyError, FileNotFoundError) as error:
+        parser.error(str(error.args[0]) if error.args else repr(error))
     return 0
 
 

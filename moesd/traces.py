@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from moesd._files import atomic_write
 from moesd.experts import expected_active_experts, expected_active_experts_from_popularity
 
 PHASES = ("prefill", "decode")
@@ -148,15 +148,8 @@ class RoutingTrace:
                   "meta": np.array(json.dumps(self.meta, sort_keys=True))}
         if self.weights is not None:
             arrays["weights"] = self.weights
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(handle, "wb") as file:
-                np.savez_compressed(file, **arrays)
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        with atomic_write(path) as file:
+            np.savez_compressed(file, **arrays)
         return path
 
     @classmethod

@@ -152,3 +152,34 @@ def test_cli_traces_a_local_model(tmp_path):
     assert (trace.phase == "decode").sum() == 3 * 2 and trace.layers.tolist() == [1, 2]
     with pytest.raises(SystemExit):
         main(arguments)  # refuses to overwrite
+
+
+def test_random_model_trace_labels_its_weights():
+    import pandas as pd
+
+    from moesd.capture import trace_random_model
+
+    prompts = pd.DataFrame({"id": ["a", "b", "c"], "prompt": ["def f(x):", "Hi", "é 1+1"]})
+    trace = trace_random_model("olmoe-1b-7b", prompts, batch_size=2, max_new_tokens=3, num_layers=2,
+                               width=1 / 32, dataset="toy")
+    prompt_bytes = [len(p.encode("utf-8")) for p in prompts["prompt"]]
+    assert (trace.phase == "prefill").sum() == sum(prompt_bytes)
+    assert (trace.phase == "decode").sum() == 3 * 2  # the first generated token comes from prefill
+    assert trace.num_experts == 64 and trace.top_k == 8 and trace.layers.tolist() == [0, 1]
+    assert trace.meta["weights"].startswith("random (seed 0) with the shape of allenai/OLMoE-1B-7B-0924")
+    assert trace.meta["tokenizer"] == "UTF-8 bytes" and trace.meta["prompt_ids"] == ["a", "b", "c"]
+    for sequence, length in enumerate(prompt_bytes):
+        positions = trace.position[trace.sequence == sequence]
+        assert sorted(positions.tolist()) == list(range(length + 2))
+
+
+def test_cli_random_weights_needs_a_known_architecture(tmp_path, capsys):
+    from moesd.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["trace", "--model", "not-a-model", "--random-weights", "--prompts", "gsm8k",
+              "--prompt-source", str(tmp_path), "--out", str(tmp_path / "x.npz")])
+    assert "unknown model 'not-a-model'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["trace", "--model", "x", "--width", "0.5", "--prompts", "gsm8k", "--out", str(tmp_path / "x.npz")])
+    assert "only with --random-weights" in capsys.readouterr().err
