@@ -1,0 +1,195 @@
+"""Batched speculative decoding: lossless against greedy decoding, assisted generation, and in distribution."""
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+scipy_stats = pytest.importorskip("scipy.stats")
+
+from moesd.sd import SpeculativeDecoder, generate_autoregressive  # noqa: E402
+from moesd.speedup import sigma as sigma_of_alpha  # noqa: E402
+from moesd.zoo import get_model  # noqa: E402
+
+
+def perturbed_copy(model, scale, seed=1):
+    """A draft that agrees with the target only sometimes: its weights plus scaled noise."""
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
+            parameter.add_(noise * parameter.std().nan_to_num() * scale)
+    return draft
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A float64 Qwen2-57B-shaped MoE target (2 layers, E = 64, K = 8) and a perturbed draft."""
+    target = get_model("qwen2-57b-a14b").random_model(num_layers=2, width=1 / 32, dtype=torch.float64)
+    return target, perturbed_copy(target, 0.06)
+
+
+def left_padded(lengths, vocab, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.randint(1, vocab, (len(lengths), width), generator=generator)
+    mask = (torch.arange(width) >= width - torch.tensor(lengths)[:, None]).long()
+    return ids * mask, mask
+
+
+PROMPTS = {1: [6], 3: [7, 3, 5], 8: [9, 2, 5, 9, 4, 1, 8, 6]}
+
+
+@pytest.mark.parametrize("batch", sorted(PROMPTS))
+@pytest.mark.parametrize("gamma", [1, 2, 4])
+def test_greedy_sd_equals_greedy_decoding(pair, batch, gamma):
+    target, draft = pair
+    ids, mask = left_padded(PROMPTS[batch], target.config.vocab_size, seed=batch)
+    expected = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
+                               pad_token_id=0)
+    output = SpeculativeDecoder(target, draft, gamma).generate(ids, mask, max_new_tokens=16)
+    assert torch.equal(output.sequences, expected)
+    assert output.num_generated.tolist() == [16] * batch
+    stats = output.stats
+    assert 0.05 < stats.acceptance_rate < 0.95  # ragged: some drafts kept, some rejected
+    assert stats.emitted == stats.accepted + stats.sequence_rounds
+    assert stats.drafted == gamma * stats.sequence_rounds
+    assert 1 / (gamma + 1) <= stats.sigma <= 1
+
+
+def test_autoregressive_baseline_equals_greedy_decoding(pair):
+    target, _ = pair
+    ids, mask = left_padded(PROMPTS[3], target.config.vocab_size)
+    expected = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False,
+                               pad_token_id=0)
+    output = generate_autoregressive(target, ids, mask, max_new_tokens=10)
+    assert torch.equal(output.sequences, expected)
+    assert output.stats.rounds == 9 and output.stats.sigma == 1.0
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_batch_one_equals_assisted_generation(pair, gamma):
+    target, draft = pair
+    ids, mask = left_padded([8], target.config.vocab_size, seed=5)
+    assisted = target.generate(input_ids=ids, attention_mask=mask, assistant_model=draft, max_new_tokens=14,
+                               do_sample=False, pad_token_id=0, num_assistant_tokens=gamma,
+                               num_assistant_tokens_schedule="constant")
+    output = SpeculativeDecoder(target, draft, gamma).generate(ids, mask, max_new_tokens=14)
+    assert torch.equal(output.sequences, assisted)
+
+
+def test_sequences_stop_at_eos_like_generate(pair):
+    target, draft = pair
+    ids, mask = left_padded(PROMPTS[8], target.config.vocab_size, seed=2)
+    plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    eos = int(plain[3, ids.shape[1] + 4])  # a token some sequence emits mid-way
+    expected = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                               pad_token_id=0, eos_token_id=eos)
+    output = SpeculativeDecoder(target, draft, 3).generate(ids, mask, max_new_tokens=12, eos_token_id=eos)
+    assert torch.equal(output.sequences, expected)
+    assert output.num_generated.min() < 12
+
+
+@pytest.mark.parametrize("name", ["deepseek-v2-lite", "opt-30b", "mixtral-8x7b"])
+def test_other_architectures_are_lossless(name):
+    """Latent attention (DeepSeek-V2), learned positions (OPT), sliding-window config (Mixtral)."""
+    target = get_model(name).random_model(num_layers=2, width=1 / 32, dtype=torch.float64)
+    draft = perturbed_copy(target, 0.06)
+    ids, mask = left_padded([5, 2, 7], target.config.vocab_size)
+    expected = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                               pad_token_id=0)
+    output = SpeculativeDecoder(target, draft, 3).generate(ids, mask, max_new_tokens=12)
+    assert torch.equal(output.sequences, expected)
+
+
+@pytest.fixture(scope="module")
+def small_vocabulary_pair():
+    spec = get_model("olmoe-1b-7b")
+    target = spec.random_model(num_layers=1, width=1 / 32, vocab_size=12, dtype=torch.float64, seed=4)
+    with torch.no_grad():  # sharper logits than the default init, so the distributions are far from uniform
+        target.lm_head.weight.mul_(10)
+    return target, perturbed_copy(target, 0.6, seed=2)
+
+
+def exact_marginals(model, prompt, temperature):
+    """Exact distributions of the 2nd and 3rd generated tokens under the target, by enumeration."""
+    vocab = model.config.vocab_size
+    with torch.no_grad():
+        first = torch.softmax(model(prompt).logits[0, -1] / temperature, -1)
+        one = torch.cat([prompt.repeat(vocab, 1), torch.arange(vocab)[:, None]], 1)
+        second = torch.softmax(model(one).logits[:, -1] / temperature, -1)  # [x1, x2]
+        two = torch.cat([one.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(vocab)[:, None]], 1)
+        third = torch.softmax(model(two).logits[:, -1] / temperature, -1).reshape(vocab, vocab, vocab)
+    joint = first[:, None] * second
+    return joint.sum(0).numpy(), (joint[..., None] * third).sum((0, 1)).numpy()
+
+
+def chi_square_p(samples, probabilities):
+    counts = np.bincount(samples, minlength=probabilities.size)
+    expected = probabilities * samples.size
+    keep = expected >= 5  # pool the rare cells
+    observed = np.r_[counts[keep], counts[~keep].sum()]
+    expected = np.r_[expected[keep], expected[~keep].sum()]
+    if expected[-1] == 0:
+        observed, expected = observed[:-1], expected[:-1]
+    return scipy_stats.chisquare(observed, expected).pvalue
+
+
+def test_speculative_sampling_has_the_target_distribution(small_vocabulary_pair):
+    target, draft = small_vocabulary_pair
+    prompt = torch.tensor([[3, 7, 1]])
+    temperature, batch = 1.0, 4000
+    second, third = exact_marginals(target, prompt, temperature)
+    output = SpeculativeDecoder(target, draft, 2).generate(prompt.repeat(batch, 1), max_new_tokens=3,
+                                                            temperature=temperature, seed=11)
+    assert 0.1 < output.stats.acceptance_rate < 0.9
+    generated = output.sequences[:, 3:].numpy()
+    assert chi_square_p(generated[:, 1], second) > 1e-3
+    assert chi_square_p(generated[:, 2], third) > 1e-3
+    # The test has power: the draft's own samples are rejected as target samples.
+    draft_second, _ = exact_marginals(draft, prompt, temperature)
+    wrong = np.random.default_rng(0).choice(second.size, size=batch, p=draft_second / draft_second.sum())
+    assert chi_square_p(wrong, second) < 1e-6
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 0.9, 1.0])
+def test_synthetic_acceptance_follows_eq5(pair, alpha):
+    target, draft = pair
+    gamma = 3
+    ids, mask = left_padded([4] * 8, target.config.vocab_size)
+    stats = SpeculativeDecoder(target, draft, gamma).generate(
+        ids, mask, max_new_tokens=200, synthetic_acceptance=alpha, seed=0).stats
+    assert stats.mode == f"synthetic alpha={alpha:g}"
+    if alpha in (0.0, 1.0):
+        assert stats.accepted == alpha * stats.drafted
+    assert stats.sigma == pytest.approx(float(sigma_of_alpha(alpha, gamma)), abs=0.03)
+
+
+def test_seeded_runs_repeat(pair):
+    target, draft = pair
+    ids, mask = left_padded(PROMPTS[3], target.config.vocab_size)
+    decoder = SpeculativeDecoder(target, draft, 2)
+    runs = [decoder.generate(ids, mask, max_new_tokens=8, temperature=0.8, seed=3).sequences for _ in range(2)]
+    assert torch.equal(*runs)
+
+
+def test_bad_arguments_raise(pair):
+    target, draft = pair
+    ids, mask = left_padded([3], target.config.vocab_size)
+    with pytest.raises(ValueError, match="gamma"):
+        SpeculativeDecoder(target, draft, 0)
+    other = get_model("olmoe-1b-7b").random_model(num_layers=1, width=1 / 32)
+    with pytest.raises(ValueError, match="vocabularies differ"):
+        SpeculativeDecoder(target, other, 2)
+    decoder = SpeculativeDecoder(target, draft, 2)
+    for kwargs, match in [(dict(max_new_tokens=0), "max_new_tokens"), (dict(temperature=-1.0), "temperature"),
+                          (dict(synthetic_acceptance=1.5), "synthetic_acceptance")]:
+        with pytest.raises(ValueError, match=match):
+            decoder.generate(ids, mask, **kwargs)
+    with pytest.raises(ValueError, match="unmasked"):
+        decoder.generate(ids, torch.zeros_like(mask))
+    with pytest.raises(ValueError, match="shape"):
+        decoder.generate(ids, mask[:, :1])
