@@ -2,7 +2,8 @@
 
 ``moesd theory --E 64 --K 8`` prints N(t), tokens per expert and T_thres (Eqs. 8-10);
 ``moesd hardware`` prints the hardware table with ridge points (Eq. 1);
-``moesd trace --model M --prompts humaneval ...`` captures expert routing into a trace file.
+``moesd trace --model M --prompts humaneval ...`` captures expert routing into a trace file;
+``moesd sweep e2e --preset cpu`` times AR against SD over batch sizes (``moesd.bench``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,26 @@ def _trace(args: argparse.Namespace) -> None:
           f"K = {trace.top_k}) -> {path}")
 
 
+def _sweep(args: argparse.Namespace) -> None:
+    import dataclasses
+
+    from moesd.bench import preset, run_sweep
+
+    changes = {name: value for name, value in {
+        "target": args.target, "draft": args.draft, "weights": args.weights, "layers": args.layers,
+        "draft_layers": args.draft_layers, "width": args.width, "batch_sizes": args.batch_sizes,
+        "gammas": args.gammas, "top_ks": args.top_ks, "context": args.context,
+        "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "dtype": args.dtype,
+        "device": args.device, "target_path": args.target_path, "draft_path": args.draft_path}.items()
+        if value is not None}
+    if args.sigma is not None:
+        changes["sigma"] = None if args.sigma == ["real"] else dict(
+            zip(changes.get("gammas", preset(args.study, args.preset).gammas), map(float, args.sigma)))
+    config = dataclasses.replace(preset(args.study, args.preset), **changes)
+    path = run_sweep(config, args.out_dir, overwrite=args.overwrite)
+    print(f"{config.study} study -> {path}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``moesd`` command."""
     parser = argparse.ArgumentParser(prog="moesd", description=__doc__.splitlines()[0])
@@ -106,6 +127,31 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--width", type=float, default=1.0, help="with --random-weights: scale every width")
     trace.add_argument("--seed", type=int, default=0, help="with --random-weights: seed of the weights")
     trace.set_defaults(run=_trace)
+
+    sweep = commands.add_parser("sweep", help="time AR and SD over batch sizes (moesd.bench)")
+    sweep.add_argument("study", choices=["forward", "e2e", "sparsity", "dense"])
+    sweep.add_argument("--preset", default="cpu", choices=["cpu", "gpu"],
+                       help="cpu: scaled random-weight models; gpu: real shapes in bf16 (default: cpu)")
+    sweep.add_argument("--target", help="moesd.zoo name of the target")
+    sweep.add_argument("--draft", help="moesd.zoo name of the draft")
+    sweep.add_argument("--weights", choices=["random", "pretrained"])
+    sweep.add_argument("--target-path", help="local folder of pretrained target weights")
+    sweep.add_argument("--draft-path", help="local folder of pretrained draft weights")
+    sweep.add_argument("--layers", type=int, help="target layers kept")
+    sweep.add_argument("--draft-layers", type=int, help="draft layers kept")
+    sweep.add_argument("--width", type=float, help="width factor of random-weight models")
+    sweep.add_argument("--batch-sizes", type=int, nargs="+")
+    sweep.add_argument("--gammas", type=int, nargs="+")
+    sweep.add_argument("--top-ks", type=int, nargs="+", help="experts per token of the target")
+    sweep.add_argument("--sigma", nargs="+", help="sigma per gamma for synthetic acceptance, or 'real'")
+    sweep.add_argument("--context", type=int, help="prompt tokens per sequence")
+    sweep.add_argument("--max-new-tokens", type=int)
+    sweep.add_argument("--repeats", type=int)
+    sweep.add_argument("--dtype")
+    sweep.add_argument("--device")
+    sweep.add_argument("--out-dir", help="default: data/measurements/<device>")
+    sweep.add_argument("--overwrite", action="store_true", help="replace a finished result file")
+    sweep.set_defaults(run=_sweep)
     return parser
 
 
@@ -115,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.run(args)
-    except (ValueError, KeyError, FileNotFoundError) as error:
+    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as error:
         parser.error(str(error.args[0]) if error.args else repr(error))
     return 0
 
