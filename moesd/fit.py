@@ -36,6 +36,8 @@ PARAMETERS = ("bias", "k1", "k2", "k3", "draft_bias", "draft_k", "reject_bias", 
 TIME_PARAMETERS = PARAMETERS[:8]
 """The parameters in seconds (or seconds per unit of G, expert or token): one common scale."""
 VARIANTS = ("printed", "eq4")
+PAPER_STRIDES = (25, 22, 20, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1)
+"""The 21 strides of Appendix C.3 (m = 10 ... 228 of 228 measurements, Table 3)."""
 COLUMNS = ("B", "gamma", "K", "E", "sigma", "speedup")
 
 
@@ -299,7 +301,7 @@ def held_out_errors(result: FitResult, frame: pd.DataFrame) -> dict:
             "mse_all": float(np.mean(all_error ** 2))}
 
 
-def robustness_study(frame: pd.DataFrame, rp: float, strides=range(25, 0, -1), **fit_options) -> pd.DataFrame:
+def robustness_study(frame: pd.DataFrame, rp: float, strides=PAPER_STRIDES, **fit_options) -> pd.DataFrame:
     """Appendix C.3: a fit per stride, with its m, errors and the batch sizes its sample covers.
 
     Returns

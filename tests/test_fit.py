@@ -144,3 +144,21 @@ def test_bad_arguments_raise():
         compute_speedup({"bias": 1}, 1, 2, 8, 64, 0.9, 200)
     with pytest.raises(ValueError, match="stride"):
         stride_sample(synthetic()[0], 0)
+
+
+def test_stride_samples_cover_the_batch_sizes_of_table_3():
+    """Sorting by K, gamma, B and taking df[::stride] reproduces the paper's coverage column."""
+    from moesd.paper import paper_table
+
+    frame, _ = synthetic()
+    for row in paper_table("table_3").itertuples():
+        sample = stride_sample(frame, row.stride)
+        assert len(sample) == row.m
+        covered = sorted(sample["B"].unique())
+        special = {"1–40 only": [b for b in BATCH_SIZES if b <= 40],
+                   "1, then 24–100": [1] + [b for b in BATCH_SIZES if b >= 24],
+                   "all 19 except 20": [b for b in BATCH_SIZES if b != 20], "all 19": list(BATCH_SIZES)}
+        if row.batch_sizes_covered in special:
+            assert covered == special[row.batch_sizes_covered], row.m
+        else:
+            assert covered == [int(b) for b in row.batch_sizes_covered.split(", ")], row.m

@@ -1,0 +1,95 @@
+"""Speed of the SD engine (issue 4): against HF assisted generation, at batch 8 and 32, and its overhead.
+
+(a) tokens/s of ``SpeculativeDecoder`` at batch 1 against Hugging Face assisted generation (greedy,
+    constant ``gamma`` draft tokens) on the same tiny random-weight models and prompts; throughput at
+    batch 8 and 32, where assisted generation refuses to run;
+(b) the engine's per-round overhead outside the model forwards, as a fraction of a round, at batch 8
+    with the scaled Qwen2-57B-A14B-shaped target of the CPU preset (synthetic acceptance 0.9).
+
+Random weights: the draft is a perturbed copy of the target so that greedy acceptance is real but
+partial. Figures are medians over repeats. Run: python benchmarks/sd_engine.py
+"""
+
+import copy
+import statistics
+import time
+
+import torch
+
+import moesd.sd as sd
+from moesd.bench import build_models, preset
+from moesd.sd import SpeculativeDecoder
+from moesd.zoo import get_model
+
+REPEATS, TOKENS, GAMMA = 5, 48, 3
+
+
+def perturbed_copy(model, scale=0.05, seed=1):
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * parameter.std().nan_to_num() * scale)
+    return draft
+
+
+def median_seconds(function) -> float:
+    function()  # warm-up
+    times = []
+    for _ in range(REPEATS):
+        tick = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - tick)
+    return statistics.median(times)
+
+
+def against_assisted() -> None:
+    target = get_model("qwen2-57b-a14b").random_model(num_layers=2, width=1 / 16)
+    draft = perturbed_copy(target)
+    decoder = SpeculativeDecoder(target, draft, GAMMA)
+    ids = torch.randint(1, target.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0))
+    ours = median_seconds(lambda: decoder.generate(ids, max_new_tokens=TOKENS))
+    hf = median_seconds(lambda: target.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), assistant_model=draft, max_new_tokens=TOKENS,
+        do_sample=False, num_assistant_tokens=GAMMA, num_assistant_tokens_schedule="constant", pad_token_id=0))
+    rate = decoder.generate(ids, max_new_tokens=TOKENS).stats.acceptance_rate
+    print(f"(a) batch 1, gamma {GAMMA}, {TOKENS} tokens, acceptance {rate:.2f}: moesd {TOKENS / ours:.0f} tokens/s, "
+          f"HF assisted {TOKENS / hf:.0f} tokens/s (ratio {hf / ours:.2f})")
+    for batch in (8, 32):
+        prompts = torch.randint(1, target.config.vocab_size, (batch, 32), generator=torch.Generator().manual_seed(1))
+        seconds = median_seconds(lambda: decoder.generate(prompts, max_new_tokens=TOKENS))
+        print(f"    batch {batch}: moesd {batch * TOKENS / seconds:.0f} tokens/s (HF assisted: batch 1 only)")
+
+
+def overhead() -> None:
+    target, draft = build_models(preset("e2e"))
+    decoder = SpeculativeDecoder(target, draft, GAMMA)
+    ids = torch.randint(1, target.config.vocab_size, (8, 64), generator=torch.Generator().manual_seed(2))
+    inside = []
+    forward = sd._forward
+
+    def timed_forward(*args):
+        tick = time.perf_counter()
+        result = forward(*args)
+        inside.append(time.perf_counter() - tick)
+        return result
+
+    sd._forward = timed_forward
+    fractions = []
+    try:
+        for _ in range(REPEATS):
+            inside.clear()
+            stats = decoder.generate(ids, max_new_tokens=TOKENS, synthetic_acceptance=0.9, seed=0).stats
+            prefill = sum(inside[:2])  # the target's and the draft's prefill
+            rounds = stats.t_total - stats.t_prefill
+            fractions.append((rounds - (sum(inside) - prefill)) / rounds)
+    finally:
+        sd._forward = forward
+    print(f"(b) batch 8, gamma {GAMMA}, scaled Qwen2-57B-A14B (CPU preset): engine overhead outside the forwards "
+          f"{100 * statistics.median(fractions):.1f} % of a round (median of {REPEATS})")
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    against_assisted()
+    overhead()

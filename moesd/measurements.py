@@ -1,0 +1,56 @@
+"""Reading the project's measurements: ``data/measurements/<device>/<study>.csv`` and their sidecars.
+
+Pure pandas and JSON (no torch), so chapters can read shipped data on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from moesd.paper import DATA_DIR
+
+MEASUREMENTS_DIR = DATA_DIR / "measurements"
+
+
+def available(study: str | None = None) -> list[tuple[str, str]]:
+    """(device, study) pairs with a finished result file, sorted; only ``study`` if given."""
+    pairs = []
+    for sidecar in sorted(MEASUREMENTS_DIR.glob("*/*.json")):
+        if json.loads(sidecar.read_text()).get("complete") and sidecar.with_suffix(".csv").exists():
+            if study in (None, sidecar.stem):
+                pairs.append((sidecar.parent.name, sidecar.stem))
+    return pairs
+
+
+def load(study: str, device: str = "cpu") -> tuple[pd.DataFrame, dict]:
+    """A study's rows and its sidecar (environment and settings).
+
+    Raises
+    ------
+    FileNotFoundError
+        If the study was not measured on that device; the message lists what was.
+    """
+    path = MEASUREMENTS_DIR / device / f"{study}.csv"
+    if not path.exists():
+        known = ", ".join(f"{d}/{s}" for d, s in available()) or "none"
+        raise FileNotFoundError(f"no {study} study measured on {device} (available: {known}); "
+                                f"run `moesd sweep {study}` to measure it")
+    return pd.read_csv(path), json.loads(Path(path).with_suffix(".json").read_text())
+
+
+def provenance(sidecar: dict) -> str:
+    """One line saying where a study's numbers come from, for figure captions."""
+    settings = sidecar.get("settings", {})
+    acceptance = sidecar.get("acceptance", {})
+    if acceptance.get("mode") == "synthetic":
+        sigma = ", ".join(f"{v:g}" for v in acceptance.get("sigma", {}).values())
+        accept = f"synthetic acceptance (sigma {sigma} for gamma {', '.join(acceptance.get('sigma', {}))})"
+    else:
+        accept = "real acceptance"
+    shape = f"{settings.get('target')}"
+    if settings.get("layers") or settings.get("width", 1) < 1:
+        shape += f" shape ({settings.get('layers') or 'all'} layers, widths x {settings.get('width', 1):g})"
+    return f"{sidecar.get('device')}, {sidecar.get('weights')} weights, {shape}, {accept}; moesd.bench"
