@@ -407,7 +407,8 @@ def preset(study: str, name: str = "cpu") -> SweepConfig:
                     top_ks=(1, 2, 4, 8, 16, 32) if study == "sparsity" else None)
     if name == "cpu":
         settings.update(layers=4, draft_layers=2 if dense else 3, width=1 / 8, dtype="float32", device="cpu",
-                        max_new_tokens=16, repeats=1 if study == "sparsity" else (5 if study == "forward" else 3))
+                        max_new_tokens=12 if study == "sparsity" else 16,
+                        repeats={"forward": 5, "e2e": 3, "sparsity": 1, "dense": 2}[study])
     else:
         settings.update(dtype="bfloat16", device="cuda", max_new_tokens=64,
                         repeats=1 if study == "sparsity" else (10 if study == "forward" else 3))
