@@ -95,7 +95,7 @@ def stage_times(params, B, gamma, K, E, rp, verify_tokens=None) -> dict:
             "draft": p[4] + p[5] * G(B, lam_rp, p[9]), "reject": p[6] + p[7] * B}
 
 
-def compute_speedup(params, B, gamma, K, E, sigma, rp, variant: str = "eq4"):
+def compute_speedup(params, B, gamma, K, E, sigma, rp, variant: str = "eq4", verify_tokens=None):
     """Algorithm 1's ``ComputeSpeedup``, vectorised over measurements.
 
     Parameters
@@ -111,6 +111,9 @@ def compute_speedup(params, B, gamma, K, E, sigma, rp, variant: str = "eq4"):
     variant : {"eq4", "printed"}
         The denominator: ``gamma draft + verify + reject`` (Eq. 4) or, as line 11 prints it,
         ``draft + ar + verify + reject``.
+    verify_tokens : array_like, optional
+        Tokens per sequence in the verification forward: ``gamma`` as Algorithm 1 writes it (default)
+        or ``gamma + 1`` as vLLM and :mod:`moesd.sd` verify.
 
     Returns
     -------
@@ -119,7 +122,7 @@ def compute_speedup(params, B, gamma, K, E, sigma, rp, variant: str = "eq4"):
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
-    times = stage_times(params, B, gamma, K, E, rp)
+    times = stage_times(params, B, gamma, K, E, rp, verify_tokens)
     gamma = np.asarray(gamma, dtype=float)
     if variant == "printed":
         denominator = times["draft"] + times["ar"] + times["verify"] + times["reject"]
@@ -332,10 +335,14 @@ class StageTimeFit:
     relative_rms: float
     fit_seconds: float
 
-    def predict_speedup(self, frame: pd.DataFrame, variant: str = "eq4") -> np.ndarray:
-        """Speedups of the rows of ``frame`` predicted from the fitted stage times."""
+    def predict_speedup(self, frame: pd.DataFrame, verify_tokens=None) -> np.ndarray:
+        """Speedups of the rows of ``frame`` from the fitted stage times (Eq. 4's denominator).
+
+        ``verify_tokens`` as in :func:`compute_speedup`; pass ``frame["gamma"] + 1`` for the times of an
+        engine that verifies gamma + 1 positions, as the forward study measured them.
+        """
         return compute_speedup(self.params, frame["B"], frame["gamma"], frame["K"], frame["E"], frame["sigma"],
-                               self.rp, variant)
+                               self.rp, "eq4", verify_tokens)
 
 
 def fit_stage_times(target: pd.DataFrame, draft: pd.DataFrame, reject: pd.DataFrame, K: int, E: int,
