@@ -402,25 +402,20 @@ def from_layer_csv(path, num_experts=None) -> RoutingTrace:
 
 # --- statistics ------------------------------------------------------------------------------
 
-def expert_masks(trace: RoutingTrace, chunk: int = 65536) -> np.ndarray:
+def expert_masks(trace: RoutingTrace, chunk: int = 8192) -> np.ndarray:
     """Bitmask of each token's experts, shape (tokens, layers, ceil(E / 64)), dtype uint64.
 
-    Bit ``e % 64`` of word ``e // 64`` is set when the token chose expert ``e``. A token's K ids are
-    distinct (checked when a trace is made), so the sum of their bits ``1 << (e % 64)`` within a word
-    equals their bitwise OR; ``chunk`` tokens are done at a time to bound memory.
+    Bit ``e % 64`` of word ``e // 64`` is set when the token chose expert ``e``. Built from a
+    one-hot of ``chunk`` tokens at a time, packed eight experts to a byte and read as
+    little-endian 64-bit words.
     """
     words = -(-trace.num_experts // 64)
     masks = np.empty((trace.num_tokens, trace.experts.shape[1], words), dtype=np.uint64)
-    one = np.uint64(1)
     for start in range(0, trace.num_tokens, chunk):
-        ids = trace.experts[start:start + chunk].astype(np.uint64)
-        bits = np.left_shift(one, ids % np.uint64(64))
-        if words == 1:
-            masks[start:start + chunk, :, 0] = bits.sum(axis=-1, dtype=np.uint64)
-            continue
-        word = ids // np.uint64(64)
-        for index in range(words):
-            masks[start:start + chunk, :, index] = np.where(word == index, bits, 0).sum(axis=-1, dtype=np.uint64)
+        ids = trace.experts[start:start + chunk].astype(np.intp)
+        one_hot = np.zeros(ids.shape[:2] + (64 * words,), dtype=bool)
+        np.put_along_axis(one_hot, ids, True, axis=-1)
+        masks[start:start + chunk] = np.packbits(one_hot, axis=-1, bitorder="little").view("<u8")
     return masks
 
 
