@@ -3,7 +3,8 @@
 ``moesd theory --E 64 --K 8`` prints N(t), tokens per expert and T_thres (Eqs. 8-10);
 ``moesd hardware`` prints the hardware table with ridge points (Eq. 1);
 ``moesd trace --model M --prompts humaneval ...`` captures expert routing into a trace file;
-``moesd sweep e2e --preset cpu`` times AR against SD over batch sizes (``moesd.bench``).
+``moesd sweep e2e --preset cpu`` times AR against SD over batch sizes (``moesd.bench``);
+``moesd fit data/measurements/cpu/sparsity.csv --stride 11`` fits Algorithm 1 (``moesd.fit``).
 """
 
 from __future__ import annotations
@@ -93,6 +94,24 @@ def _sweep(args: argparse.Namespace) -> None:
     print(f"{config.study} study -> {path}")
 
 
+def _fit(args: argparse.Namespace) -> None:
+    from moesd.fit import fit_speedup_model, held_out_errors
+    from moesd.roofline import ridge_point
+
+    raw = pd.read_csv(args.measurements)
+    frame = pd.DataFrame({"B": raw["batch_size"], "gamma": raw["gamma"], "K": raw["num_experts_per_tok"],
+                          "E": args.E, "sigma": raw["sigma"], "speedup": raw["speedup"]})
+    rp = float(ridge_point(args.hardware))
+    result = fit_speedup_model(frame, rp, variant=args.variant, stride=args.stride)
+    errors = held_out_errors(result, frame)
+    print(f"{len(result.fitted)} of {len(frame)} measurements, variant {args.variant}, ridge point {rp:.4g} "
+          f"({args.hardware}); fit {result.fit_seconds:.3f} s")
+    print(f"MSE fitted {result.mse:.4g}; over all {errors['mse_all']:.4g}; held back ({errors['points']}): "
+          f"MAPE {errors['mape']:.2f} %, max error {errors['max_abs_error']:.3f}")
+    print(pd.DataFrame({"fitted": result.params, "relative to bias": result.relative_params()})
+          .to_string(float_format=lambda v: f"{v:.4g}"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``moesd`` command."""
     parser = argparse.ArgumentParser(prog="moesd", description=__doc__.splitlines()[0])
@@ -152,6 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out-dir", help="default: data/measurements/<device>")
     sweep.add_argument("--overwrite", action="store_true", help="replace a finished result file")
     sweep.set_defaults(run=_sweep)
+
+    fit = commands.add_parser("fit", help="fit Algorithm 1 to an e2e or sparsity result file (moesd.fit)")
+    fit.add_argument("measurements", help="CSV written by moesd sweep (e2e, sparsity)")
+    fit.add_argument("--E", type=int, default=64, help="routed experts per layer of the target (default 64)")
+    fit.add_argument("--hardware", default="CPU", help="moesd.roofline.HARDWARE name for the ridge point")
+    fit.add_argument("--variant", default="eq4", choices=["eq4", "printed"], help="Algorithm 1 denominator")
+    fit.add_argument("--stride", type=int, help="fit df[::stride] of the rows sorted by K, gamma, B")
+    fit.set_defaults(run=_fit)
     return parser
 
 
