@@ -12,6 +12,8 @@ sparsity
     The e2e study for each experts-per-token K of the target (the paper's sparsity sweep).
 dense
     The e2e study for the dense pair (OPT-30b / OPT-350m shapes).
+dense_forward
+    The forward study for the dense pair.
 
 Method: warm-up runs first; configurations are visited in a seeded random order in every repeat so
 that drift (thermal, background load) spreads evenly over them; device work is synchronised before
@@ -54,7 +56,7 @@ BATCH_SIZES = (1, 2, 4, *range(8, 61, 4), 80, 100)
 PAPER_SIGMA = {2: 0.95, 3: 0.93, 4: 0.90}
 """sigma of Qwen2-57B-A14B with Qwen2-0.5B on HumanEval at temperature 0 (paper, Tables 1-2)."""
 
-STUDIES = ("forward", "e2e", "sparsity", "dense")
+STUDIES = ("forward", "e2e", "sparsity", "dense", "dense_forward")
 
 
 @dataclass
@@ -375,7 +377,7 @@ def run_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False, progre
 
     out_dir = Path(out_dir) if out_dir else DATA_DIR / "measurements" / device_label(config.device)
     result = ResultFile(out_dir / f"{config.study}.csv", config, overwrite)
-    if config.study == "forward":
+    if config.study.endswith("forward"):
         run_forward_study(config, result, progress)
     else:
         run_e2e_study(config, result, progress)
@@ -401,15 +403,15 @@ def preset(study: str, name: str = "cpu") -> SweepConfig:
     """
     if name not in ("cpu", "gpu"):
         raise ValueError(f"preset must be 'cpu' or 'gpu', got {name!r}")
-    dense = study == "dense"
+    dense = study in ("dense", "dense_forward")
     pair = dict(target="opt-30b", draft="opt-350m") if dense else dict(target="qwen2-57b-a14b", draft="qwen2-0.5b")
     settings = dict(study=study, **pair, gammas=(2, 4) if study == "sparsity" else (2, 3, 4),
                     top_ks=(1, 2, 4, 8, 16, 32) if study == "sparsity" else None)
     if name == "cpu":
         settings.update(layers=4, draft_layers=2 if dense else 3, width=1 / 8, dtype="float32", device="cpu",
                         max_new_tokens=12 if study == "sparsity" else 16,
-                        repeats={"forward": 5, "e2e": 3, "sparsity": 1, "dense": 2}[study])
+                        repeats={"forward": 5, "e2e": 3, "sparsity": 1, "dense": 2, "dense_forward": 5}[study])
     else:
         settings.update(dtype="bfloat16", device="cuda", max_new_tokens=64,
-                        repeats=1 if study == "sparsity" else (10 if study == "forward" else 3))
+                        repeats=1 if study == "sparsity" else (10 if study.endswith("forward") else 3))
     return SweepConfig(**settings)

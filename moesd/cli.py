@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     trace.set_defaults(run=_trace)
 
     sweep = commands.add_parser("sweep", help="time AR and SD over batch sizes (moesd.bench)")
-    sweep.add_argument("study", choices=["forward", "e2e", "sparsity", "dense"])
+    sweep.add_argument("study", choices=["forward", "e2e", "sparsity", "dense", "dense_forward"])
     sweep.add_argument("--preset", default="cpu", choices=["cpu", "gpu"],
                        help="cpu: scaled random-weight models; gpu: real shapes in bf16 (default: cpu)")
     sweep.add_argument("--target", help="moesd.zoo name of the target")
