@@ -7,9 +7,7 @@ repeats; run: python benchmarks/fit_speed.py
 import statistics
 import time
 
-import pandas as pd
-
-from moesd.fit import fit_speedup_model, held_out_errors, robustness_study
+from moesd.fit import fit_speedup_model, from_sweep, held_out_errors, robustness_study
 from moesd.measurements import load
 from moesd.roofline import HARDWARE
 
@@ -27,8 +25,7 @@ def median_seconds(function, repeats=REPEATS) -> float:
 
 if __name__ == "__main__":
     raw, _ = load("sparsity", "cpu")
-    frame = pd.DataFrame({"B": raw["batch_size"], "gamma": raw["gamma"], "K": raw["num_experts_per_tok"], "E": 64,
-                          "sigma": raw["sigma"], "speedup": raw["speedup"]})
+    frame = from_sweep(raw, num_experts=64)
     rp = HARDWARE["CPU"].ridge_point
     for variant in ("eq4", "printed"):
         small = median_seconds(lambda: fit_speedup_model(frame, rp, variant=variant, stride=11))

@@ -409,7 +409,7 @@ def preset(study: str, name: str = "cpu") -> SweepConfig:
                     top_ks=(1, 2, 4, 8, 16, 32) if study == "sparsity" else None)
     if name == "cpu":
         settings.update(layers=4, draft_layers=2 if dense else 3, width=1 / 8, dtype="float32", device="cpu",
-                        max_new_tokens=12 if study == "sparsity" else 16,
+                        max_new_tokens=12 if study == "sparsity" else 16, context=32 if study == "sparsity" else 64,
                         repeats={"forward": 5, "e2e": 3, "sparsity": 1, "dense": 2, "dense_forward": 5}[study])
     else:
         settings.update(dtype="bfloat16", device="cuda", max_new_tokens=64,

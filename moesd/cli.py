@@ -95,12 +95,10 @@ def _sweep(args: argparse.Namespace) -> None:
 
 
 def _fit(args: argparse.Namespace) -> None:
-    from moesd.fit import fit_speedup_model, held_out_errors
+    from moesd.fit import fit_speedup_model, from_sweep, held_out_errors
     from moesd.roofline import ridge_point
 
-    raw = pd.read_csv(args.measurements)
-    frame = pd.DataFrame({"B": raw["batch_size"], "gamma": raw["gamma"], "K": raw["num_experts_per_tok"],
-                          "E": args.E, "sigma": raw["sigma"], "speedup": raw["speedup"]})
+    frame = from_sweep(pd.read_csv(args.measurements), args.E)
     rp = float(ridge_point(args.hardware))
     result = fit_speedup_model(frame, rp, variant=args.variant, stride=args.stride)
     errors = held_out_errors(result, frame)

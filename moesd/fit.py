@@ -159,6 +159,12 @@ def parameter_bounds(model=None, hardware=None, draft=None, bytes_per_parameter:
     return lower, upper
 
 
+def from_sweep(rows: pd.DataFrame, num_experts: int) -> pd.DataFrame:
+    """The fitting frame (columns :data:`COLUMNS`) of an e2e or sparsity result file of :mod:`moesd.bench`."""
+    return pd.DataFrame({"B": rows["batch_size"], "gamma": rows["gamma"], "K": rows["num_experts_per_tok"],
+                         "E": num_experts, "sigma": rows["sigma"], "speedup": rows["speedup"]})
+
+
 def check_measurements(frame: pd.DataFrame) -> pd.DataFrame:
     """Validate a frame of measurements (columns :data:`COLUMNS`), raising ValueError on bad rows."""
     missing = [column for column in COLUMNS if column not in frame.columns]
