@@ -165,6 +165,20 @@ def from_sweep(rows: pd.DataFrame, num_experts: int) -> pd.DataFrame:
                          "E": num_experts, "sigma": rows["sigma"], "speedup": rows["speedup"]})
 
 
+def sigma_adjusted_speedup(frame: pd.DataFrame, reference_k: int = 8) -> pd.Series:
+    """Speedups rescaled by ``sigma_{K=reference_k} / sigma_K`` (Sec. 4.2 of the paper).
+
+    Editing K without retraining changes acceptance; the paper compares K by rescaling each run with
+    the mean sigma of its (K, gamma) group against that of ``K = reference_k`` at the same gamma.
+    """
+    group_sigma = frame.groupby(["K", "gamma"])["sigma"].transform("mean")
+    reference = frame[frame["K"] == reference_k]
+    if reference.empty:
+        raise ValueError(f"no measurement with K = {reference_k} to rescale against")
+    reference_sigma = frame["gamma"].map(reference.groupby("gamma")["sigma"].mean())
+    return frame["speedup"] * reference_sigma / group_sigma
+
+
 def check_measurements(frame: pd.DataFrame) -> pd.DataFrame:
     """Validate a frame of measurements (columns :data:`COLUMNS`), raising ValueError on bad rows."""
     missing = [column for column in COLUMNS if column not in frame.columns]

@@ -54,3 +54,25 @@ def provenance(sidecar: dict) -> str:
     if settings.get("layers") or settings.get("width", 1) < 1:
         shape += f" shape ({settings.get('layers') or 'all'} layers, widths x {settings.get('width', 1):g})"
     return f"{sidecar.get('device')}, {sidecar.get('weights')} weights, {shape}, {accept}; moesd.bench"
+
+
+def forward_target_efficiency(forward: pd.DataFrame, gammas=(2, 3, 4)) -> pd.DataFrame:
+    """Target efficiency ``T_T(B, 1) / T_T(B, gamma)`` from a forward study, per batch size.
+
+    The verification pass scores ``gamma + 1`` positions per sequence (as vLLM and :mod:`moesd.sd` do).
+    Medians over repeats; ``low`` and ``high`` divide the quartiles crosswise (a conservative band).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``batch_size``, ``gamma``, ``efficiency``, ``low``, ``high``.
+    """
+    times = forward[forward["role"] == "target"].groupby(["tokens", "batch_size"])["seconds"]
+    median, q25, q75 = times.median(), times.quantile(0.25), times.quantile(0.75)
+    parts = []
+    for gamma in gammas:
+        if gamma + 1 not in median.index.get_level_values("tokens"):
+            raise ValueError(f"the forward study has no pass of {gamma + 1} tokens per sequence")
+        parts.append(pd.DataFrame({"gamma": gamma, "efficiency": median[1] / median[gamma + 1],
+                                   "low": q25[1] / q75[gamma + 1], "high": q75[1] / q25[gamma + 1]}))
+    return pd.concat(parts).reset_index()

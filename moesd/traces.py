@@ -556,6 +556,22 @@ def popularity(trace: RoutingTrace) -> pd.DataFrame:
     })
 
 
+def effective_experts(trace: RoutingTrace) -> pd.DataFrame:
+    """The number of equally used experts with the same spread as each layer's routing.
+
+    ``exp(H)`` with ``H`` the entropy (nats) of the layer's expert shares ``p_e / K``: ``E`` when
+    routing is balanced, ``K`` when the same ``K`` experts take every token.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``layer``, ``effective_experts``.
+    """
+    shares = _expert_counts(trace) / max(trace.num_tokens * trace.top_k, 1)
+    logs = np.log(np.where(shares > 0, shares, 1.0))
+    return pd.DataFrame({"layer": trace.layers, "effective_experts": np.exp(-(shares * logs).sum(axis=1))})
+
+
 def _expert_counts(trace: RoutingTrace) -> np.ndarray:
     """Times each expert was chosen, shape (layers, E)."""
     flat = trace.experts.transpose(1, 0, 2).reshape(len(trace.layers), -1).astype(np.int64)

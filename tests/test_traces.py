@@ -316,3 +316,14 @@ def test_window_prediction_sees_correlated_tokens():
     table = verify_union_predictions(trace, batch_size=4, window=4, samples=2000)
     assert table["windows"].iloc[0] == pytest.approx(table["measured"].iloc[0], rel=0.05)
     assert table["uniform"].iloc[0] > 1.5 * table["measured"].iloc[0]
+
+
+def test_effective_experts_bounds():
+    from moesd.traces import effective_experts
+
+    rng = np.random.default_rng(0)
+    balanced = np.array([rng.permutation(16)[:4] for _ in range(4000)])[:, None, :]
+    fixed = np.tile(np.array([3, 5, 7, 9]), (50, 1))[:, None, :]
+    spread = effective_experts(RoutingTrace(balanced, 16))["effective_experts"].item()
+    assert 15.5 < spread <= 16
+    assert effective_experts(RoutingTrace(fixed, 16))["effective_experts"].item() == pytest.approx(4)
