@@ -21,9 +21,11 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 .PHONY: book test clean
 
 book: $(VENV)/.installed
+	mkdir -p $(IPYTHONDIR) $(MPLCONFIGDIR)
 	$(VENV)/bin/jupyter-book build . -W
 
 test: $(VENV)/.installed
+	mkdir -p $(IPYTHONDIR) $(MPLCONFIGDIR)
 	$(PYTHON) -m pytest tests book --nbval --nbval-sanitize-with book/sanitize.cfg
 
 $(VENV)/.installed: requirements.txt pyproject.toml
