@@ -4,8 +4,7 @@ Data: the shipped CPU sparsity study (data/measurements/cpu/sparsity.csv, 228 po
 repeats; run: python benchmarks/fit_speed.py
 """
 
-import statistics
-import time
+from timing import median_seconds
 
 from moesd.fit import fit_speedup_model, from_sweep, held_out_errors, robustness_study
 from moesd.measurements import load
@@ -14,23 +13,14 @@ from moesd.roofline import HARDWARE
 REPEATS = 7
 
 
-def median_seconds(function, repeats=REPEATS) -> float:
-    times = []
-    for _ in range(repeats):
-        tick = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - tick)
-    return statistics.median(times)
-
-
 if __name__ == "__main__":
     raw, _ = load("sparsity", "cpu")
     frame = from_sweep(raw, num_experts=64)
     rp = HARDWARE["CPU"].ridge_point
     for variant in ("eq4", "printed"):
-        small = median_seconds(lambda: fit_speedup_model(frame, rp, variant=variant, stride=11))
-        full = median_seconds(lambda: fit_speedup_model(frame, rp, variant=variant))
-        study = median_seconds(lambda: robustness_study(frame, rp, variant=variant), repeats=3)
+        small = median_seconds(lambda: fit_speedup_model(frame, rp, variant=variant, stride=11), REPEATS)
+        full = median_seconds(lambda: fit_speedup_model(frame, rp, variant=variant), REPEATS)
+        study = median_seconds(lambda: robustness_study(frame, rp, variant=variant), 3)
         errors = held_out_errors(fit_speedup_model(frame, rp, variant=variant, stride=11), frame)
         print(f"{variant:8s}: fit of 21 points {small:.3f} s, of 228 points {full:.3f} s, robustness study "
               f"(21 fits) {study:.2f} s; 21-point fit on the 207 held back: MAPE {errors['mape']:.1f} %, "

@@ -10,42 +10,23 @@ Random weights: the draft is a perturbed copy of the target so that greedy accep
 partial. Figures are medians over repeats. Run: python benchmarks/sd_engine.py
 """
 
-import copy
 import statistics
 import time
 
 import torch
+from timing import median_seconds
 
 import moesd.sd as sd
 from moesd.bench import build_models, preset
 from moesd.sd import SpeculativeDecoder
-from moesd.zoo import get_model
+from moesd.zoo import get_model, noisy_copy
 
 REPEATS, TOKENS, GAMMA = 5, 48, 3
 
 
-def perturbed_copy(model, scale=0.05, seed=1):
-    draft = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in draft.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * parameter.std().nan_to_num() * scale)
-    return draft
-
-
-def median_seconds(function) -> float:
-    function()  # warm-up
-    times = []
-    for _ in range(REPEATS):
-        tick = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - tick)
-    return statistics.median(times)
-
-
 def against_assisted() -> None:
     target = get_model("qwen2-57b-a14b").random_model(num_layers=2, width=1 / 16)
-    draft = perturbed_copy(target)
+    draft = noisy_copy(target, 0.05)
     ids = torch.randint(1, target.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0))
     calls = []
     hook = target.register_forward_pre_hook(lambda module, args: calls.append(1))
@@ -61,18 +42,18 @@ def against_assisted() -> None:
     # draft fewer than GAMMA tokens a round: compare with moesd at gamma 1 and at GAMMA.
     print(f"(a) batch 1, {TOKENS} tokens: HF assisted (num_assistant_tokens={GAMMA}) ran {len(calls) - 1} "
           f"verification rounds, {TOKENS / (len(calls) - 1):.2f} tokens a round")
-    hf = median_seconds(assisted)
+    hf = median_seconds(assisted, REPEATS, warmup=1)
     print(f"    HF assisted {TOKENS / hf:.0f} tokens/s")
     for gamma in (1, GAMMA):
         decoder = SpeculativeDecoder(target, draft, gamma)
-        ours = median_seconds(lambda: decoder.generate(ids, max_new_tokens=TOKENS))
+        ours = median_seconds(lambda: decoder.generate(ids, max_new_tokens=TOKENS), REPEATS, warmup=1)
         stats = decoder.generate(ids, max_new_tokens=TOKENS).stats
         print(f"    moesd gamma {gamma}: {TOKENS / ours:.0f} tokens/s ({stats.rounds} rounds, acceptance "
               f"{stats.acceptance_rate:.2f}); time relative to HF {ours / hf:.2f}")
     decoder = SpeculativeDecoder(target, draft, GAMMA)
     for batch in (8, 32):
         prompts = torch.randint(1, target.config.vocab_size, (batch, 32), generator=torch.Generator().manual_seed(1))
-        seconds = median_seconds(lambda: decoder.generate(prompts, max_new_tokens=TOKENS))
+        seconds = median_seconds(lambda: decoder.generate(prompts, max_new_tokens=TOKENS), REPEATS, warmup=1)
         print(f"    batch {batch}, gamma {GAMMA}: moesd {batch * TOKENS / seconds:.0f} tokens/s "
               f"(HF assisted: batch 1 only)")
 

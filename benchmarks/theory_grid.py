@@ -3,26 +3,13 @@
 Run: python benchmarks/theory_grid.py
 """
 
-import statistics
-import time
-
 import numpy as np
+from timing import median_seconds
 
 import moesd
 
 REPEATS = 21
 N = 1_000_000
-
-
-def median_seconds(function, *args) -> float:
-    """Median wall time of ``function(*args)`` over REPEATS calls, after one warm-up call."""
-    function(*args)
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        function(*args)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -43,7 +30,7 @@ def main() -> None:
     }
     print(f"{N:,} points, median of {REPEATS} repeats")
     for name, (function, *args) in cases.items():
-        print(f"{name:40s} {median_seconds(function, *args) * 1e3:8.1f} ms")
+        print(f"{name:40s} {median_seconds(lambda: function(*args), REPEATS, warmup=1) * 1e3:8.1f} ms")
 
 
 if __name__ == "__main__":

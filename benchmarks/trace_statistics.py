@@ -5,10 +5,8 @@ The set reference runs on a slice of the trace and is scaled to the whole by row
 Reported figures are medians over repeats. Run: python benchmarks/trace_statistics.py
 """
 
-import statistics
-import time
-
 import numpy as np
+from timing import median_seconds
 
 from moesd.traces import RoutingTrace, verify_union, window_union
 
@@ -41,25 +39,17 @@ def reference_window_union(experts: np.ndarray, sequence: np.ndarray, window: in
     return out
 
 
-def median_time(function) -> float:
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main() -> None:
     for num_experts in (64, 256):
         trace = synthetic_trace(num_experts)
         rows = len(window_union(trace, WINDOW))
-        fast = median_time(lambda: window_union(trace, WINDOW))
+        fast = median_seconds(lambda: window_union(trace, WINDOW), REPEATS)
         part = 10_000
-        slow = median_time(lambda: reference_window_union(trace.experts[:part], trace.sequence[:part], WINDOW))
+        slow = median_seconds(lambda: reference_window_union(trace.experts[:part], trace.sequence[:part], WINDOW),
+                              REPEATS)
         slow_rows = len(reference_window_union(trace.experts[:part], trace.sequence[:part], WINDOW))
         fast_rate, slow_rate = rows / fast, slow_rows / slow
-        verify = median_time(lambda: verify_union(trace, batch_size=32, window=WINDOW, samples=1000))
+        verify = median_seconds(lambda: verify_union(trace, batch_size=32, window=WINDOW, samples=1000), REPEATS)
         print(f"E = {num_experts:3d}: window_union(t={WINDOW}) {fast:6.2f} s for {rows:,} rows "
               f"({fast_rate:,.0f} rows/s); Python sets {slow_rate:,.0f} rows/s; "
               f"ratio {fast_rate / slow_rate:,.0f}x; "

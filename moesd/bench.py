@@ -37,6 +37,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +49,7 @@ from tqdm.auto import tqdm
 from moesd._files import atomic_write
 from moesd.sd import SpeculativeDecoder, generate_autoregressive
 from moesd.speedup import alpha_from_sigma
-from moesd.zoo import get_model
+from moesd.zoo import default_experts_implementation, get_model
 
 BATCH_SIZES = (1, 2, 4, *range(8, 61, 4), 80, 100)
 """The paper's batch sizes: 19 values from 1 to 100."""
@@ -161,7 +162,7 @@ def environment(config: SweepConfig) -> dict:
         "commit": _command(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(sys.argv), "weights": config.weights, "acceptance": acceptance,
-        "experts_implementation": "grouped_mm" if device.type == "cuda" else "eager",
+        "experts_implementation": default_experts_implementation(device),
     }
 
 
@@ -273,8 +274,6 @@ class _Timer:
             end.record()
             torch.cuda.synchronize()
             return start.elapsed_time(end) / 1e3
-        import time
-
         tick = time.perf_counter()
         function()
         return time.perf_counter() - tick

@@ -189,11 +189,8 @@ def trace_prompts(model_id: str, prompts, batch_size: int, max_new_tokens: int, 
         return batch["input_ids"], batch["attention_mask"]
 
     trace = _trace_batches(model, encode, texts, batch_size, max_new_tokens, tokenizer.pad_token_id, model_id)
-    trace.meta = {"model_id": model_id, "model_type": model.config.model_type,
-                  "E": trace.num_experts, "K": trace.top_k, "dataset": dataset,
-                  "prompt_ids": prompts["id"].astype(str).tolist(), "batch_size": batch_size,
-                  "max_new_tokens": max_new_tokens, "chat_template": chat, "dtype": str(model.dtype),
-                  "device": device, "weights": "pretrained, as loaded from " + model_id}
+    trace.meta = _meta(trace, model, model_id, prompts, dataset, batch_size, max_new_tokens, chat_template=chat,
+                       device=device, weights="pretrained, as loaded from " + model_id)
     return trace
 
 
@@ -240,14 +237,18 @@ def trace_random_model(name: str, prompts, batch_size: int, max_new_tokens: int,
 
     trace = _trace_batches(model, encode, texts, batch_size, max_new_tokens, 0, f"{spec.name} (random weights)")
     config = model.config
-    trace.meta = {"model_id": spec.hub_id, "model_type": config.model_type, "E": trace.num_experts,
-                  "K": trace.top_k, "dataset": dataset, "prompt_ids": prompts["id"].astype(str).tolist(),
-                  "batch_size": batch_size, "max_new_tokens": max_new_tokens, "chat_template": False,
-                  "dtype": str(model.dtype), "device": "cpu",
-                  "weights": f"random (seed {seed}) with the shape of {spec.hub_id}: "
-                             f"{config.num_hidden_layers} of {spec.num_layers} layers, widths x {width:g}",
-                  "tokenizer": "UTF-8 bytes"}
+    trace.meta = _meta(trace, model, spec.hub_id, prompts, dataset, batch_size, max_new_tokens,
+                       chat_template=False, device="cpu", tokenizer="UTF-8 bytes",
+                       weights=f"random (seed {seed}) with the shape of {spec.hub_id}: "
+                               f"{config.num_hidden_layers} of {spec.num_layers} layers, widths x {width:g}")
     return trace
+
+
+def _meta(trace, model, model_id, prompts, dataset, batch_size, max_new_tokens, **details) -> dict:
+    """A trace's metadata: model, E, K, prompts and capture settings, plus ``details``."""
+    return {"model_id": model_id, "model_type": model.config.model_type, "E": trace.num_experts,
+            "K": trace.top_k, "dataset": dataset, "prompt_ids": prompts["id"].astype(str).tolist(),
+            "batch_size": batch_size, "max_new_tokens": max_new_tokens, "dtype": str(model.dtype), **details}
 
 
 def _trace_batches(model, encode, texts, batch_size, max_new_tokens, pad_token_id, label) -> RoutingTrace:

@@ -1,7 +1,5 @@
 """Batched speculative decoding: lossless against greedy decoding, assisted generation, and in distribution."""
 
-import copy
-
 import numpy as np
 import pytest
 
@@ -12,24 +10,14 @@ scipy_stats = pytest.importorskip("scipy.stats")
 from moesd.sd import SpeculativeDecoder, generate_autoregressive  # noqa: E402
 from moesd.speedup import sigma as sigma_of_alpha  # noqa: E402
 from moesd.zoo import get_model  # noqa: E402
-
-
-def perturbed_copy(model, scale, seed=1):
-    """A draft that agrees with the target only sometimes: its weights plus scaled noise."""
-    draft = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in draft.parameters():
-            noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
-            parameter.add_(noise * parameter.std().nan_to_num() * scale)
-    return draft
+from moesd.zoo import noisy_copy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def pair():
     """A float64 Qwen2-57B-shaped MoE target (2 layers, E = 64, K = 8) and a perturbed draft."""
     target = get_model("qwen2-57b-a14b").random_model(num_layers=2, width=1 / 32, dtype=torch.float64)
-    return target, perturbed_copy(target, 0.06)
+    return target, noisy_copy(target, 0.06)
 
 
 def left_padded(lengths, vocab, seed=0):
@@ -97,7 +85,7 @@ def test_sequences_stop_at_eos_like_generate(pair):
 def test_other_architectures_are_lossless(name):
     """Latent attention (DeepSeek-V2), learned positions (OPT), sliding-window config (Mixtral)."""
     target = get_model(name).random_model(num_layers=2, width=1 / 32, dtype=torch.float64)
-    draft = perturbed_copy(target, 0.06)
+    draft = noisy_copy(target, 0.06)
     ids, mask = left_padded([5, 2, 7], target.config.vocab_size)
     expected = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
                                pad_token_id=0)
@@ -111,7 +99,7 @@ def small_vocabulary_pair():
     target = spec.random_model(num_layers=1, width=1 / 32, vocab_size=12, dtype=torch.float64, seed=4)
     with torch.no_grad():  # sharper logits than the default init, so the distributions are far from uniform
         target.lm_head.weight.mul_(10)
-    return target, perturbed_copy(target, 0.6, seed=2)
+    return target, noisy_copy(target, 0.6, seed=2)
 
 
 def exact_marginals(model, prompt, temperature):
