@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from moesd.paper import DATA_DIR
+from moesd.roofline import Hardware
 
 MEASUREMENTS_DIR = DATA_DIR / "measurements"
 
@@ -76,3 +77,24 @@ def forward_target_efficiency(forward: pd.DataFrame, gammas=(2, 3, 4)) -> pd.Dat
         parts.append(pd.DataFrame({"gamma": gamma, "efficiency": median[1] / median[gamma + 1],
                                    "low": q25[1] / q75[gamma + 1], "high": q75[1] / q25[gamma + 1]}))
     return pd.concat(parts).reset_index()
+
+
+def measuring_hardware(sidecar: dict) -> Hardware:
+    """The measured roofline of the device that produced a result file (its sidecar's ``hardware``).
+
+    Raises
+    ------
+    ValueError
+        If the sidecar holds no measured roofline (a sweep from before moesd recorded one).
+    """
+    record = sidecar.get("hardware")
+    if not record:
+        raise ValueError(f"the sidecar of this result file ({sidecar.get('device', 'unknown device')}, "
+                         f"{sidecar.get('date', 'undated')}) holds no measured roofline; re-run the sweep "
+                         "with this version of moesd, or pass the ridge point yourself")
+    return Hardware.from_dict(record)
+
+
+def ridge_point_for(sidecar: dict) -> float:
+    """Ridge point (FLOP/byte) of the device that produced a result file, from its measured roofline."""
+    return measuring_hardware(sidecar).ridge_point

@@ -12,6 +12,7 @@ The paper's fitted model replaces the hard roofline corner by the smooth ``G`` o
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +49,23 @@ class Hardware:
     def ridge_point(self) -> float:
         """Eq. 1: ``peak_flops / memory_bandwidth`` (FLOP/byte)."""
         return self.peak_flops / self.memory_bandwidth
+
+    def as_dict(self) -> dict:
+        """The record as plain JSON values (how sweep sidecars store the measuring device)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "Hardware":
+        """The record stored by :meth:`as_dict`; unknown keys are refused, missing ones named."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - fields)
+        if unknown:
+            raise ValueError(f"unknown Hardware field(s) {', '.join(unknown)}")
+        missing = sorted(f.name for f in dataclasses.fields(cls)
+                         if f.name not in values and f.default is dataclasses.MISSING)
+        if missing:
+            raise ValueError(f"a Hardware record needs {', '.join(missing)}")
+        return cls(**values)
 
 
 _TERA, _GIGA = 1e12, 1e9

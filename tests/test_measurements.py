@@ -36,3 +36,15 @@ def test_sigma_adjustment():
     with pytest.raises(ValueError, match="K = 4"):
         sigma_adjusted_speedup(frame, reference_k=4)
     assert np.isfinite(sigma_adjusted_speedup(frame)).all()
+
+
+def test_ridge_point_comes_from_the_sidecars_measured_roofline():
+    from moesd.measurements import ridge_point_for
+    from moesd.roofline import HARDWARE
+
+    record = HARDWARE["H200"].as_dict()
+    assert ridge_point_for({"hardware": record}) == pytest.approx(989.5e12 / 4.8e12)
+    with pytest.raises(ValueError, match="no measured roofline"):
+        ridge_point_for({"device": "AMD EPYC"})
+    with pytest.raises(ValueError, match="unknown Hardware field"):
+        ridge_point_for({"hardware": {**record, "colour": "green"}})
