@@ -35,7 +35,7 @@ the largest of 19 noisy points, so the margin must cover that selection: at 2 st
 of flat curves pass), and a curve that truly falls (a straight fall, or flat up to B = 16 and
 falling after) is called non-monotone by :func:`falls_monotonically` in at most 5.5 % of draws (the
 flat-then-falling curve with one repeat; 2.3 % or less with three or more repeats; at 2.5 standard
-errors it is 8-12 %).
+errors it is 8-13 %).
 """
 
 from __future__ import annotations
@@ -119,11 +119,6 @@ class Curve:
     @property
     def peak_index(self) -> int:
         return int(np.argmax(self.value))
-
-    @property
-    def typical_margin(self) -> float:
-        """The margin of two points with the median standard error, for sentences."""
-        return float(NOISE_Z * math.sqrt(2) * np.median(self.se))
 
 
 def neighbour_scatter(batch_size, value) -> float:
@@ -261,9 +256,9 @@ def combine(statuses) -> str:
     return HOLDS
 
 
-def _fmt(x) -> str:
-    """A number for a sentence: batch sizes and counts whole, other values to two decimals."""
-    return f"{x:.0f}" if float(x).is_integer() and abs(x) >= 1 else f"{x:.2f}"
+def _fmt(x, whole: bool = False) -> str:
+    """A number for a sentence: two decimals, or whole (batch sizes and widths in batch sizes)."""
+    return f"{x:.0f}" if whole else f"{x:.2f}"
 
 
 def _verdict(claim: str, statement: str, status: str, numbers, details: str) -> Verdict:
@@ -272,15 +267,15 @@ def _verdict(claim: str, statement: str, status: str, numbers, details: str) -> 
     return Verdict(claim, status, numbers, f"{claim} ({statement}): {status} - {details}.")
 
 
-def _span(values) -> str:
+def _span(values, whole: bool = False) -> str:
     """``a`` or ``a-b`` (``a to b`` if negative): the range of some numbers, for a sentence."""
-    low, high = _fmt(min(values)), _fmt(max(values))
+    low, high = _fmt(min(values), whole), _fmt(max(values), whole)
     return low if low == high else f"{low}-{high}" if min(values) >= 0 else f"{low} to {high}"
 
 
 def _shape_phrase(shape: dict) -> str:
     return (f"{_fmt(shape['first'])} at the smallest B, {_fmt(shape['peak'])} at B = "
-            f"{_fmt(shape['peak_batch_size'])}, {_fmt(shape['last'])} at the largest B "
+            f"{_fmt(shape['peak_batch_size'], whole=True)}, {_fmt(shape['last'])} at the largest B "
             f"(rise {_fmt(shape['rise'])}, fall {_fmt(shape['fall'])}; noise margins "
             f"{_fmt(shape['rise_margin'])}, {_fmt(shape['fall_margin'])})")
 
@@ -291,13 +286,13 @@ def _shapes_phrase(rows, prefix: str = "") -> str:
         return [row[prefix + key] for row in rows]
     margins = values("rise_margin") + values("fall_margin")
     return (f"{_span(values('first'))} at the smallest B, {_span(values('peak'))} at B = "
-            f"{_span(values('peak_batch_size'))}, {_span(values('last'))} at the largest B (rise "
+            f"{_span(values('peak_batch_size'), whole=True)}, {_span(values('last'))} at the largest B (rise "
             f"{_span(values('rise'))}, fall {_span(values('fall'))}; noise margins at most {_fmt(max(margins))})")
 
 
 def _fall_phrase(fall: dict) -> str:
-    bump = (f"largest rise {_fmt(fall['largest_rise'])} from B = {_fmt(fall['largest_rise_from'])} to "
-            f"{_fmt(fall['largest_rise_to'])}" if fall["largest_rise"] > 0 else "no rise anywhere")
+    bump = (f"largest rise {_fmt(fall['largest_rise'])} from B = {_fmt(fall['largest_rise_from'], whole=True)} to "
+            f"{_fmt(fall['largest_rise_to'], whole=True)}" if fall["largest_rise"] > 0 else "no rise anywhere")
     return (f"{_fmt(fall['first'])} -> {_fmt(fall['last'])} (fall {_fmt(fall['fall'])}, margin "
             f"{_fmt(fall['fall_margin'])}; {bump})")
 
@@ -343,8 +338,9 @@ def speedup_rises_then_falls(e2e: pd.DataFrame | None) -> Verdict:
 
     * the speedup curve :func:`rises_then_falls`: its peak is interior and both the rise from the
       smallest batch size and the fall to the largest exceed the noise margin;
-    * the target-efficiency curve (the same runs' ``T_T(B, 1) / T_T(B, gamma)``) :func:`tracks`
-      the speedup: positive rank correlation at the 5 % level and peak regions that overlap.
+    * the target-efficiency curve (the same runs' ``target_efficiency``: a decode step's time over
+      the verification pass's) :func:`tracks` the speedup: positive rank correlation at the 5 %
+      level and peak regions that overlap.
 
     Holds when both hold at every gamma; not measurable without the study or with fewer than
     :data:`MIN_BATCH_SIZES` batch sizes at some gamma.
@@ -365,15 +361,16 @@ def speedup_rises_then_falls(e2e: pd.DataFrame | None) -> Verdict:
         if status == FAILS:
             phrases.append(f"gamma = {gamma}: the speedup is {_shape_phrase(shape)}, "
                            f"{'rising then falling' if shape['rises_then_falls'] else 'not rising then falling'}, "
-                           f"and target efficiency peaks within B = {_fmt(track['follower_peak_low'])}-"
-                           f"{_fmt(track['follower_peak_high'])}, rank correlation {track['rank_correlation']:.2f} "
+                           f"and target efficiency peaks within B = "
+                           f"{_span([track['follower_peak_low'], track['follower_peak_high']], whole=True)}, "
+                           f"rank correlation {track['rank_correlation']:.2f} "
                            f"({'tracks' if track['tracks'] else 'does not track'})")
     held = [row for row in rows if row["status"] == HOLDS]
     if held:
         phrases.insert(0, f"at gamma = {', '.join(str(r['gamma']) for r in held)} the speedup is "
                           f"{_shapes_phrase(held)} and target efficiency peaks within B = "
-                          f"{_fmt(min(r['follower_peak_low'] for r in held))}-"
-                          f"{_fmt(max(r['follower_peak_high'] for r in held))}, rank correlation "
+                          f"{_span([r[k] for r in held for k in ('follower_peak_low', 'follower_peak_high')], True)}"
+                          f", rank correlation "
                           f"{_span([r['rank_correlation'] for r in held])} with the speedup")
     status = combine(r["status"] for r in rows)
     return _verdict(claim, statement, status, rows, _join(*phrases, _noise_phrase(rows)))
@@ -523,7 +520,7 @@ def _sparsity_at_gamma(curves: dict, monotone_ks) -> tuple[list, str, str]:
                      "reaches_largest_B": bool((c.value[c.peak_index:] >= level).all()), "noise": c.noise})
     later, wider = grows_beyond_noise(peaks), grows_beyond_noise(widths)
     parts += [HOLDS if later else FAILS, HOLDS if wider else FAILS]
-    listing = ", ".join(f"K = {k} peak within B = {_fmt(p[0])}-{_fmt(p[1])}, width {_fmt(w[0])}-{_fmt(w[1])}"
+    listing = ", ".join(f"K = {k} peak within B = {_span(p, whole=True)}, width {_span(w, whole=True)}"
                         for k, p, w in zip(shaped, peaks, widths)).replace("-inf", " or more")
     phrases.append(f"{listing}: the peak {'moves' if later else 'does not move'} to larger B and the range "
                    f"{'widens' if wider else 'does not widen'} beyond noise as K falls")
@@ -572,8 +569,8 @@ def shape_holds_across_settings(settings: pd.DataFrame | None) -> Verdict:
     if held:
         frame = pd.DataFrame(held)
         phrases.insert(0, f"{len(held)} of {len(rows)} (setting, gamma) curves rise then fall with small spread "
-                          f"(peaks at B = {_fmt(frame['peak_batch_size'].min())}-"
-                          f"{_fmt(frame['peak_batch_size'].max())}, smallest rise {_fmt(frame['rise'].min())}, "
+                          f"(peaks at B = {_span(frame['peak_batch_size'], whole=True)}, "
+                          f"smallest rise {_fmt(frame['rise'].min())}, "
                           f"smallest fall {_fmt(frame['fall'].min())}, largest typical run range "
                           f"{_fmt(frame['run_range'].max())})")
     return _verdict(claim, statement, status, rows, _join(*phrases, _noise_phrase(rows)))
@@ -594,7 +591,7 @@ def moe_above_dense(e2e: pd.DataFrame | None, dense: pd.DataFrame | None, beyond
     not judged. Holds when both hold at every common gamma; not measurable without either study,
     with no common gamma, or with fewer than three common batch sizes beyond ``beyond``.
     """
-    claim, statement = "Fig. 6", CLAIMS["Fig. 6"].replace("16", _fmt(beyond))
+    claim, statement = "Fig. 6", CLAIMS["Fig. 6"].replace("16", _fmt(beyond, whole=True))
     if e2e is None or dense is None or e2e.empty or dense.empty:
         missing = " and ".join(n for n, f in (("e2e", e2e), ("dense", dense)) if f is None or f.empty)
         return _verdict(claim, statement, UNMEASURABLE, [], f"no {missing} study on this device")
@@ -608,7 +605,7 @@ def moe_above_dense(e2e: pd.DataFrame | None, dense: pd.DataFrame | None, beyond
         late = common > beyond
         if late.sum() < 3:
             rows.append({"gamma": gamma, "status": UNMEASURABLE})
-            phrases.append(f"gamma = {gamma}: fewer than three common batch sizes above {_fmt(beyond)}")
+            phrases.append(f"gamma = {gamma}: fewer than three common batch sizes above {_fmt(beyond, whole=True)}")
             continue
         below = int((difference[late] < -margin[late]).sum())
         above = int((difference[late] > margin[late]).sum())
@@ -622,7 +619,7 @@ def moe_above_dense(e2e: pd.DataFrame | None, dense: pd.DataFrame | None, beyond
         phrases.append(f"gamma = {gamma}: above beyond noise at {above} and below at {below} of {int(late.sum())} "
                        f"batch sizes (median difference {_fmt(np.median(difference[late]))}, median margin "
                        f"{_fmt(np.median(margin[late]))}), MoE above from B = "
-                       f"{_fmt(crossover) if np.isfinite(crossover) else 'nowhere'}")
+                       f"{_fmt(crossover, whole=True) if np.isfinite(crossover) else 'nowhere'}")
     if not rows:
         return _verdict(claim, statement, UNMEASURABLE, [], "the e2e and dense studies share no gamma")
     noise = _join(_noise_phrase(rows, "moe_noise").replace("noise", "MoE noise", 1),
@@ -663,7 +660,7 @@ def poor_coverage_worst_fits(robustness: pd.DataFrame | None, batch_sizes=None, 
     """
     claim, statement = "Table 3", CLAIMS["Table 3"]
     if robustness is None or robustness.empty:
-        return _verdict(claim, statement, UNMEASURABLE, [], "no robustness study (no sparsity study on this device)")
+        return _verdict(claim, statement, UNMEASURABLE, [], "no robustness study given")
     samples = [np.array(str(s).split(), dtype=float) for s in robustness["batch_sizes"]]
     grid = np.unique(np.concatenate(samples) if batch_sizes is None else np.asarray(batch_sizes, dtype=float))
     table = robustness[["stride", "m", "mse"]].copy()
@@ -702,16 +699,21 @@ def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.D
     Raises
     ------
     ValueError
-        If the sidecar holds no measured roofline or names no MoE target.
+        If the sidecar holds no measured roofline or names no known MoE target, or the study has
+        too few rows for a fit.
     """
     from moesd.fit import from_sweep, robustness_study
     from moesd.measurements import ridge_point_for
     from moesd.zoo import get_model
 
     rp = ridge_point_for(sidecar)
-    num_experts = get_model(sidecar.get("settings", {}).get("target", "")).num_experts
+    target = sidecar.get("settings", {}).get("target")
+    try:
+        num_experts = get_model(str(target)).num_experts
+    except KeyError as error:
+        raise ValueError(f"the sidecar's target {target!r} is not a known model") from error
     if not num_experts:
-        raise ValueError(f"the sidecar names no MoE target ({sidecar.get('settings', {}).get('target')!r})")
+        raise ValueError(f"the sidecar's target {target!r} is not an MoE")
     return robustness_study(from_sweep(sparsity, num_experts), rp, **fit_options)
 
 
@@ -749,11 +751,11 @@ def scorecard(device: str, robustness: pd.DataFrame | None = None) -> pd.DataFra
     """One row per claim for a device folder of ``data/measurements/``: claim, status, sentence.
 
     Missing result files make their claims "not measurable here". Table 3 uses ``robustness`` when
-    given, else fits the device's sparsity study (:func:`robustness_for`, 21 fits); a sidecar
-    without a measured roofline makes it not measurable.
+    given (an empty frame skips it), else fits the device's sparsity study (:func:`robustness_for`,
+    21 fits, seconds); a sidecar without a measured roofline makes it not measurable, and says so.
     """
     frames, sidecars = load_studies(device)
-    note = None
+    note = None if "sparsity" in frames else "no sparsity study on this device"
     if robustness is None and "sparsity" in frames:
         try:
             robustness = robustness_for(frames["sparsity"], sidecars["sparsity"])

@@ -11,6 +11,7 @@ import moesd.measurements
 from moesd import verdicts as v
 from moesd.fit import stride_sample
 from moesd.paper import paper_table
+from moesd.roofline import HARDWARE
 
 GRID = np.array([1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 80, 100], dtype=float)
 """The paper's batch sizes (Table 3)."""
@@ -366,8 +367,30 @@ def test_scorecard_reads_a_device_folder(tmp_path, monkeypatch):
     assert card.set_index("claim").loc["Fig. 6", "sentence"].endswith("no dense study on this device.")
 
 
+def test_scorecard_says_why_table3_cannot_be_fitted(tmp_path, monkeypatch):
+    monkeypatch.setattr(moesd.measurements, "MEASUREMENTS_DIR", tmp_path)
+    (tmp_path / "cpu").mkdir()
+    sparsity_study().assign(sigma=0.9).to_csv(tmp_path / "cpu" / "sparsity.csv", index=False)
+    sidecar = {"device": "old CPU", "complete": True, "settings": {"target": "qwen2-57b-a14b"}}
+    (tmp_path / "cpu" / "sparsity.json").write_text(json.dumps(sidecar))
+    card = v.scorecard("cpu").set_index("claim")
+    assert card.loc["Fig. 4", "status"] == v.HOLDS
+    assert card.loc["Table 3", "status"] == v.UNMEASURABLE and "no measured roofline" in card.loc["Table 3", "sentence"]
+    with pytest.raises(ValueError, match="not a known model"):
+        v.robustness_for(sparsity_study(), {"hardware": HARDWARE["H100"].as_dict(), "settings": {"target": "x"}})
+
+
+def test_robustness_for_fits_with_the_sidecars_ridge_point():
+    raw, sidecar = moesd.measurements.load("sparsity", "cpu")
+    sidecar = {**sidecar, "hardware": HARDWARE["H100"].as_dict()}
+    study = v.robustness_for(raw, sidecar, strides=(25, 11))
+    assert study["m"].tolist() == [int(np.ceil(len(raw) / 25)), int(np.ceil(len(raw) / 11))]
+    assert all(result.rp == HARDWARE["H100"].ridge_point for result in study["result"])
+    assert v.poor_coverage_worst_fits(study).status == v.UNMEASURABLE  # two samples say nothing
+
+
 def test_scorecard_of_the_shipped_folders_runs():
     for device in v.devices():
-        card = v.scorecard(device)
+        card = v.scorecard(device, robustness=pd.DataFrame())  # Table 3's fits: see the test above
         assert len(card) == len(v.CLAIMS) and card["status"].isin(v.STATUSES).all()
         assert card["sentence"].str.len().gt(40).all()
