@@ -1,0 +1,775 @@
+"""Verdicts on the paper's measured claims, computed from this project's measurements.
+
+One function per claim (Figs. 2-6 and Table 3 of the paper). Each returns a :class:`Verdict`: the
+status (:data:`HOLDS`, :data:`FAILS` or :data:`UNMEASURABLE`), the numbers behind it (a DataFrame)
+and one sentence that states it with those numbers, for a chapter to print. :func:`scorecard` runs
+every claim on one device folder of ``data/measurements/``.
+
+The criteria were written before the re-measured data existed, and no threshold was chosen by
+looking at measured data. Every threshold is a multiple of the measurement noise, estimated as
+follows (the *noise model*, shared by all claims).
+
+Curves and their noise
+----------------------
+A curve is one quantity (speedup, target efficiency) against batch size B: the **mean over repeats**
+at each B (the paper averages its runs the same way). Its standard error at B is
+
+* ``s / sqrt(n_B)`` when every B has at least two repeats, where ``s`` is the pooled standard
+  deviation of the repeats about their B's mean (all B together) and ``n_B`` the repeats at B. A
+  repeat that strays (a straggler, a busy machine) widens ``s``: more of a curve's wiggle then
+  counts as noise, and a shape must be larger to count;
+* otherwise (one repeat) the **neighbour scatter**: each interior point is compared with the
+  straight line through its two neighbours (in B, so a non-uniform grid is handled), and the
+  pseudo-residuals ``(y_line - y_i) / sqrt(1 + a**2 + b**2)`` (``a``, ``b`` the interpolation
+  weights) have the noise's standard deviation when the curve is locally straight (Gasser, Sroka
+  and Jennen-Steinmetz, Biometrika 73, 1986). Their robust scale ``1.4826 * median |.|`` ignores
+  the few points where the curve really bends. With one repeat, drifts that move neighbouring
+  points together are invisible to this estimate: the sentence says which estimate was used.
+
+Two points of curves differ *beyond noise* when their difference exceeds ``NOISE_Z`` standard
+errors of that difference, ``NOISE_Z * sqrt(se_i**2 + se_j**2)`` (the *margin*). ``NOISE_Z = 3`` was
+fixed by simulation on synthetic curves before any new data existed (``tests/test_verdicts.py``
+repeats a smaller version of it). With the paper's 19 batch sizes, Gaussian noise and 1, 2, 3 or 5
+repeats, a flat curve passes :func:`rises_then_falls` by chance in under 2 % of draws (the peak is
+the largest of 19 noisy points, so the margin must cover that selection: at 2 standard errors 6-8 %
+of flat curves pass), and a curve that truly falls (a straight fall, or flat up to B = 16 and
+falling after) is called non-monotone by :func:`falls_monotonically` in at most 5.5 % of draws (the
+flat-then-falling curve with one repeat; 2.3 % or less with three or more repeats; at 2.5 standard
+errors it is 8-13 %).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+HOLDS = "holds"
+FAILS = "does not hold"
+UNMEASURABLE = "not measurable here"
+STATUSES = (HOLDS, FAILS, UNMEASURABLE)
+
+CLAIMS = {
+    "Fig. 2": "the MoE speedup rises then falls with B, and target efficiency tracks it",
+    "Fig. 3": "MoE target efficiency rises then falls with B, the dense model's only falls",
+    "Fig. 4": ("as K falls the peak batch size grows and the range with speedup >= x/sqrt(2) widens; "
+               "K = 1, 2 fall monotonically"),
+    "Fig. 5": "the rise-then-fall holds in every setting, with small run-to-run spread",
+    "Fig. 6": "the MoE's SD speedup is above the dense pair's for B > 16",
+    "Table 3": "the worst fits are those whose samples cover the batch sizes poorly",
+}
+"""The paper's claims this module judges, by figure or table, as one statement each."""
+
+NOISE_Z = 3.0
+"""Standard errors of a difference that make it *beyond noise* (see the module docstring)."""
+MIN_BATCH_SIZES = 5
+"""Fewest batch sizes a curve needs: a peak with points on both sides, and three pseudo-residuals
+for the neighbour scatter when there is only one repeat."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A claim's status, the numbers behind it and a sentence that states it.
+
+    Attributes
+    ----------
+    claim : str
+        Which claim (``"Fig. 2"``, ..., ``"Table 3"``).
+    status : str
+        :data:`HOLDS`, :data:`FAILS` or :data:`UNMEASURABLE`.
+    numbers : pandas.DataFrame
+        One row per curve (or per sample for Table 3) with the quantities the criterion compares.
+    sentence : str
+        The verdict in one sentence, with its numbers.
+    """
+
+    claim: str
+    status: str
+    numbers: pd.DataFrame
+    sentence: str
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A quantity against batch size: means over repeats and their standard errors.
+
+    Attributes
+    ----------
+    batch_size : numpy.ndarray
+        Sorted batch sizes (sequences).
+    value : numpy.ndarray
+        Mean over repeats at each batch size (the quantity's unit: a speedup or an efficiency).
+    se : numpy.ndarray
+        Standard error of each mean (same unit).
+    noise : str
+        Which noise estimate ``se`` comes from, in words.
+    """
+
+    batch_size: np.ndarray
+    value: np.ndarray
+    se: np.ndarray
+    noise: str
+
+    def margin(self, i, j) -> np.ndarray:
+        """Smallest difference between points ``i`` and ``j`` that is beyond noise."""
+        return NOISE_Z * np.sqrt(self.se[i] ** 2 + self.se[j] ** 2)
+
+    @property
+    def peak_index(self) -> int:
+        return int(np.argmax(self.value))
+
+
+def neighbour_scatter(batch_size, value) -> float:
+    """Noise standard deviation of a single-repeat curve from its neighbour-to-neighbour scatter.
+
+    Gasser-Sroka-Jennen-Steinmetz pseudo-residuals on the (possibly non-uniform) batch-size grid,
+    scaled robustly (``1.4826 * median |residual|``); NaN with fewer than three interior points.
+    """
+    x, y = np.asarray(batch_size, dtype=float), np.asarray(value, dtype=float)
+    if len(x) < 5:
+        return float("nan")
+    a = (x[2:] - x[1:-1]) / (x[2:] - x[:-2])
+    b = 1 - a
+    residuals = (a * y[:-2] + b * y[2:] - y[1:-1]) / np.sqrt(1 + a ** 2 + b ** 2)
+    return float(1.4826 * np.median(np.abs(residuals)))
+
+
+def curve(rows: pd.DataFrame, column: str) -> Curve:
+    """The curve of ``column`` against ``batch_size`` over the repeats in ``rows``.
+
+    Parameters
+    ----------
+    rows : pandas.DataFrame
+        Rows of one curve (one gamma, one K, ...): columns ``batch_size`` and ``column``, one row
+        per repeat.
+    column : str
+        The quantity (``"speedup"``, ``"target_efficiency"``, ...).
+    """
+    rows = rows.dropna(subset=[column])
+    groups = rows.groupby("batch_size")[column]
+    mean, count = groups.mean(), groups.count()
+    x, y, n = mean.index.to_numpy(float), mean.to_numpy(float), count.to_numpy(float)
+    if len(n) and (n >= 2).all():
+        deviations = rows[column] - groups.transform("mean")
+        s = math.sqrt(float((deviations ** 2).sum()) / float((n - 1).sum()))
+        low, high = int(n.min()), int(n.max())
+        repeats = f"{low}" if low == high else f"{low}-{high}"
+        return Curve(x, y, s / np.sqrt(n), f"repeats ({repeats} per batch size)")
+    return Curve(x, y, np.full(len(x), neighbour_scatter(x, y)), "neighbour scatter (1 repeat)")
+
+
+def rises_then_falls(c: Curve) -> dict:
+    """Whether a curve rises to an interior peak and falls after it, each beyond noise.
+
+    The peak is the largest mean. The *rise* is peak minus the value at the smallest batch size,
+    the *fall* peak minus the value at the largest; each must exceed its margin. A peak at either
+    end has a rise or fall of zero and fails.
+    """
+    first, last, peak = 0, len(c.value) - 1, c.peak_index
+    rise, fall = c.value[peak] - c.value[first], c.value[peak] - c.value[last]
+    rise_margin, fall_margin = float(c.margin(first, peak)), float(c.margin(peak, last))
+    return {"first": float(c.value[first]), "peak_batch_size": float(c.batch_size[peak]),
+            "peak": float(c.value[peak]), "last": float(c.value[last]), "rise": float(rise),
+            "fall": float(fall), "rise_margin": rise_margin, "fall_margin": fall_margin,
+            "rises_then_falls": bool(rise > rise_margin and fall > fall_margin)}
+
+
+def falls_monotonically(c: Curve) -> dict:
+    """Whether a curve falls from its smallest to its largest batch size with no rise beyond noise.
+
+    Noise-sized bumps are allowed: no later point may exceed an earlier one by more than their
+    margin (every pair, not only neighbours, so a slow climb over several points counts too), and
+    the value at the largest batch size must lie below the value at the smallest by more than
+    their margin.
+    """
+    i, j = np.triu_indices(len(c.value), k=1)
+    excess = c.value[j] - c.value[i] - c.margin(i, j)
+    worst = int(np.argmax(excess))
+    fall = c.value[0] - c.value[-1]
+    fall_margin = float(c.margin(0, len(c.value) - 1))
+    return {"first": float(c.value[0]), "last": float(c.value[-1]), "fall": float(fall),
+            "fall_margin": fall_margin, "largest_rise": float(c.value[j[worst]] - c.value[i[worst]]),
+            "largest_rise_from": float(c.batch_size[i[worst]]),
+            "largest_rise_to": float(c.batch_size[j[worst]]),
+            "falls_monotonically": bool(excess[worst] <= 0 and fall > fall_margin)}
+
+
+def peak_region(c: Curve) -> tuple[float, float]:
+    """Smallest and largest batch size whose value is within noise of the peak."""
+    peak = c.peak_index
+    near = c.value >= c.value[peak] - c.margin(np.arange(len(c.value)), peak)
+    return float(c.batch_size[near].min()), float(c.batch_size[near].max())
+
+
+def width_above(c: Curve, level) -> float:
+    """Width (in batch sizes, ``B_hi - B_lo``) of the run of points around the peak at or above ``level``.
+
+    ``level`` is a number or one number per point; 0 when the peak itself is below it.
+    """
+    above = c.value >= np.broadcast_to(level, c.value.shape)
+    lo = hi = c.peak_index
+    if not above[lo]:
+        return 0.0
+    while lo > 0 and above[lo - 1]:
+        lo -= 1
+    while hi < len(above) - 1 and above[hi + 1]:
+        hi += 1
+    return float(c.batch_size[hi] - c.batch_size[lo])
+
+
+def half_power_width(c: Curve) -> tuple[float, float, float]:
+    """Width of the range with value >= x/sqrt(2) (x the peak), and its noise interval.
+
+    Returns ``(width, narrowest, widest)``: the width at the level ``x/sqrt(2)``, at that level
+    raised by the noise of comparing a point with ``x/sqrt(2)`` (``NOISE_Z * sqrt(se_B**2 +
+    se_peak**2 / 2)``) and at that level lowered by it. When the range at the lowered level reaches
+    the largest batch size measured, the true range may go on beyond it: ``widest`` is then infinite.
+    """
+    level = c.value[c.peak_index] / math.sqrt(2)
+    noise = NOISE_Z * np.sqrt(c.se ** 2 + c.se[c.peak_index] ** 2 / 2)
+    widest = width_above(c, level - noise)
+    if (c.value[c.peak_index:] >= level - noise[c.peak_index:]).all():
+        widest = math.inf
+    return width_above(c, level), width_above(c, level + noise), widest
+
+
+def grows_beyond_noise(intervals) -> bool:
+    """Whether a quantity known up to an interval grows along a sequence, allowing noise.
+
+    ``intervals`` are ``(low, high)`` pairs in order (densest K first). It grows when no step
+    reverses beyond noise (each interval's ``high`` reaches the previous one's ``low``) and the
+    last interval lies wholly above the first (the overall growth is beyond noise).
+    """
+    steps_ok = all(after[1] >= before[0] for before, after in zip(intervals, intervals[1:]))
+    return bool(steps_ok and intervals[-1][0] > intervals[0][1])
+
+
+def combine(statuses) -> str:
+    """A claim made of parts: fails if any part fails, else unmeasurable if any part is, else holds."""
+    statuses = list(statuses)
+    if FAILS in statuses:
+        return FAILS
+    if UNMEASURABLE in statuses or not statuses:
+        return UNMEASURABLE
+    return HOLDS
+
+
+def _fmt(x, whole: bool = False) -> str:
+    """A number for a sentence: two decimals, or whole (batch sizes and widths in batch sizes)."""
+    return f"{x:.0f}" if whole else f"{x:.2f}"
+
+
+def _verdict(claim: str, statement: str, status: str, numbers, details: str) -> Verdict:
+    """A Verdict whose sentence reads ``claim (statement): status - details.``"""
+    numbers = numbers if isinstance(numbers, pd.DataFrame) else pd.DataFrame(numbers)
+    return Verdict(claim, status, numbers, f"{claim} ({statement}): {status} - {details}.")
+
+
+def _span(values, whole: bool = False) -> str:
+    """``a`` or ``a-b`` (``a to b`` if negative): the range of some numbers, for a sentence."""
+    low, high = _fmt(min(values), whole), _fmt(max(values), whole)
+    return low if low == high else f"{low}-{high}" if min(values) >= 0 else f"{low} to {high}"
+
+
+def _shape_phrase(shape: dict) -> str:
+    return (f"{_fmt(shape['first'])} at the smallest B, {_fmt(shape['peak'])} at B = "
+            f"{_fmt(shape['peak_batch_size'], whole=True)}, {_fmt(shape['last'])} at the largest B "
+            f"(rise {_fmt(shape['rise'])}, fall {_fmt(shape['fall'])}; noise margins "
+            f"{_fmt(shape['rise_margin'])}, {_fmt(shape['fall_margin'])})")
+
+
+def _shapes_phrase(rows, prefix: str = "") -> str:
+    """The rise-then-fall numbers of several passing curves at once (``prefix`` names their columns)."""
+    def values(key):
+        return [row[prefix + key] for row in rows]
+    margins = values("rise_margin") + values("fall_margin")
+    return (f"{_span(values('first'))} at the smallest B, {_span(values('peak'))} at B = "
+            f"{_span(values('peak_batch_size'), whole=True)}, {_span(values('last'))} at the largest B (rise "
+            f"{_span(values('rise'))}, fall {_span(values('fall'))}; noise margins at most {_fmt(max(margins))})")
+
+
+def _fall_phrase(fall: dict) -> str:
+    bump = (f"largest rise {_fmt(fall['largest_rise'])} from B = {_fmt(fall['largest_rise_from'], whole=True)} to "
+            f"{_fmt(fall['largest_rise_to'], whole=True)}" if fall["largest_rise"] > 0 else "no rise anywhere")
+    return (f"{_fmt(fall['first'])} -> {_fmt(fall['last'])} (fall {_fmt(fall['fall'])}, margin "
+            f"{_fmt(fall['fall_margin'])}; {bump})")
+
+
+def _noise_phrase(rows, key: str = "noise") -> str:
+    noise = sorted({row[key] for row in rows if key in row})
+    return f"noise from {', '.join(noise)}" if noise else ""
+
+
+def _join(*phrases) -> str:
+    return "; ".join(p for p in phrases if p)
+
+
+def tracks(leader: Curve, follower: Curve) -> dict:
+    """Whether ``follower`` tracks ``leader`` over batch size.
+
+    Both conditions must hold: the rank correlation (Spearman) of the two curves' means over their
+    common batch sizes is positive at the one-sided 5 % level (a permutation-free t approximation,
+    ``scipy.stats.spearmanr``), and their peak regions (:func:`peak_region`) overlap, so they peak
+    at batch sizes that noise cannot tell apart. Rank correlation alone would pass a follower that
+    only falls (both curves fall over most of the grid); overlapping peaks alone would pass a flat
+    follower (its peak region is the whole grid).
+    """
+    from scipy.stats import spearmanr
+
+    common = np.intersect1d(leader.batch_size, follower.batch_size)
+    a = leader.value[np.isin(leader.batch_size, common)]
+    b = follower.value[np.isin(follower.batch_size, common)]
+    result = spearmanr(a, b, alternative="greater")
+    correlation, p_value = float(result.statistic), float(result.pvalue)
+    (lead_lo, lead_hi), (follow_lo, follow_hi) = peak_region(leader), peak_region(follower)
+    overlap = lead_lo <= follow_hi and follow_lo <= lead_hi
+    return {"rank_correlation": correlation, "p_value": p_value, "follower_peak_low": follow_lo,
+            "follower_peak_high": follow_hi, "leader_peak_low": lead_lo, "leader_peak_high": lead_hi,
+            "tracks": bool(p_value < 0.05 and overlap)}
+
+
+def speedup_rises_then_falls(e2e: pd.DataFrame | None) -> Verdict:
+    """Fig. 2: the MoE SD speedup rises then falls with batch size, and target efficiency tracks it.
+
+    Criterion, for every gamma of the e2e study (columns ``batch_size``, ``gamma``, ``run``,
+    ``speedup``, ``target_efficiency``; one row per point and repeat):
+
+    * the speedup curve :func:`rises_then_falls`: its peak is interior and both the rise from the
+      smallest batch size and the fall to the largest exceed the noise margin;
+    * the target-efficiency curve (the same runs' ``target_efficiency``: a decode step's time over
+      the verification pass's) :func:`tracks` the speedup: positive rank correlation at the 5 %
+      level and peak regions that overlap.
+
+    Holds when both hold at every gamma; not measurable without the study or with fewer than
+    :data:`MIN_BATCH_SIZES` batch sizes at some gamma.
+    """
+    claim, statement = "Fig. 2", CLAIMS["Fig. 2"]
+    if e2e is None or e2e.empty:
+        return _verdict(claim, statement, UNMEASURABLE, [], "no e2e study on this device")
+    rows, phrases = [], []
+    for gamma, group in e2e.groupby("gamma"):
+        speed, efficiency = curve(group, "speedup"), curve(group, "target_efficiency")
+        if min(len(speed.batch_size), len(efficiency.batch_size)) < MIN_BATCH_SIZES:
+            rows.append({"gamma": gamma, "status": UNMEASURABLE})
+            phrases.append(f"gamma = {gamma} has fewer than {MIN_BATCH_SIZES} batch sizes")
+            continue
+        shape, track = rises_then_falls(speed), tracks(speed, efficiency)
+        status = HOLDS if shape["rises_then_falls"] and track["tracks"] else FAILS
+        rows.append({"gamma": gamma, "status": status, **shape, **track, "noise": speed.noise})
+        if status == FAILS:
+            phrases.append(f"gamma = {gamma}: the speedup is {_shape_phrase(shape)}, "
+                           f"{'rising then falling' if shape['rises_then_falls'] else 'not rising then falling'}, "
+                           f"and target efficiency peaks within B = "
+                           f"{_span([track['follower_peak_low'], track['follower_peak_high']], whole=True)}, "
+                           f"rank correlation {track['rank_correlation']:.2f} "
+                           f"({'tracks' if track['tracks'] else 'does not track'})")
+    held = [row for row in rows if row["status"] == HOLDS]
+    if held:
+        phrases.insert(0, f"at gamma = {', '.join(str(r['gamma']) for r in held)} the speedup is "
+                          f"{_shapes_phrase(held)} and target efficiency peaks within B = "
+                          f"{_span([r[k] for r in held for k in ('follower_peak_low', 'follower_peak_high')], True)}"
+                          f", rank correlation "
+                          f"{_span([r['rank_correlation'] for r in held])} with the speedup")
+    status = combine(r["status"] for r in rows)
+    return _verdict(claim, statement, status, rows, _join(*phrases, _noise_phrase(rows)))
+
+
+def forward_efficiency(forward: pd.DataFrame, gamma: int) -> pd.DataFrame:
+    """Target efficiency ``T_T(B, 1) / T_T(B, gamma + 1)`` per run and batch size, from a forward study.
+
+    The verification pass scores ``gamma + 1`` positions per sequence (as in
+    :func:`moesd.measurements.forward_target_efficiency`); the ratio is taken within each run, so
+    the runs are the repeats of the curve. Columns ``run``, ``batch_size``, ``efficiency``; empty
+    when the study has no pass of 1 or of ``gamma + 1`` tokens per sequence.
+    """
+    target = forward[forward["role"] == "target"]
+    seconds = target.groupby(["run", "batch_size", "tokens"])["seconds"].median().unstack("tokens")
+    if 1 not in seconds.columns or gamma + 1 not in seconds.columns:
+        return pd.DataFrame(columns=["run", "batch_size", "efficiency"])
+    return (seconds[1] / seconds[gamma + 1]).rename("efficiency").dropna().reset_index()
+
+
+def efficiency_moe_rises_dense_falls(forward: pd.DataFrame | None, dense_forward: pd.DataFrame | None,
+                                     gammas=(2, 3, 4)) -> Verdict:
+    """Fig. 3: MoE target efficiency rises then falls with batch size; the dense model's only falls.
+
+    Criterion, for every gamma in ``gammas`` that both forward studies can give (a pass of
+    ``gamma + 1`` tokens per sequence), with the efficiency ``T_T(B, 1) / T_T(B, gamma + 1)`` of each
+    run (:func:`forward_efficiency`) as the repeats:
+
+    * the MoE curve :func:`rises_then_falls` (interior peak, rise and fall each beyond noise);
+    * the dense curve :func:`falls_monotonically` (no later point above an earlier one beyond
+      noise, and an overall fall beyond noise). A dense curve that stays flat within noise fails:
+      the claim is that it falls.
+
+    Holds when both hold at every such gamma; not measurable without either study, with no common
+    gamma, or with fewer than :data:`MIN_BATCH_SIZES` batch sizes.
+    """
+    claim, statement = "Fig. 3", CLAIMS["Fig. 3"]
+    if forward is None or dense_forward is None or forward.empty or dense_forward.empty:
+        missing = " and ".join(name for name, frame in (("forward", forward), ("dense_forward", dense_forward))
+                               if frame is None or frame.empty)
+        return _verdict(claim, statement, UNMEASURABLE, [], f"no {missing} study on this device")
+    rows, phrases = [], []
+    for gamma in gammas:
+        moe, dense = forward_efficiency(forward, gamma), forward_efficiency(dense_forward, gamma)
+        if moe.empty or dense.empty:
+            continue
+        moe_curve, dense_curve = curve(moe, "efficiency"), curve(dense, "efficiency")
+        if min(len(moe_curve.batch_size), len(dense_curve.batch_size)) < MIN_BATCH_SIZES:
+            rows.append({"gamma": gamma, "status": UNMEASURABLE})
+            phrases.append(f"gamma = {gamma} has fewer than {MIN_BATCH_SIZES} batch sizes")
+            continue
+        shape, fall = rises_then_falls(moe_curve), falls_monotonically(dense_curve)
+        status = HOLDS if shape["rises_then_falls"] and fall["falls_monotonically"] else FAILS
+        rows.append({"gamma": gamma, "status": status, **{f"moe_{k}": v for k, v in shape.items()},
+                     **{f"dense_{k}": v for k, v in fall.items()}, "noise": moe_curve.noise,
+                     "dense_noise": dense_curve.noise})
+        if status == FAILS:
+            phrases.append(f"gamma = {gamma}: MoE {_shape_phrase(shape)}, "
+                           f"{'rising then falling' if shape['rises_then_falls'] else 'not rising then falling'}; "
+                           f"dense {_fall_phrase(fall)}, "
+                           f"{'falling' if fall['falls_monotonically'] else 'not falling monotonically'}")
+    if not rows:
+        return _verdict(claim, statement, UNMEASURABLE, [],
+                        f"the forward studies share no pass of gamma + 1 tokens for gamma in {list(gammas)}")
+    held = [row for row in rows if row["status"] == HOLDS]
+    if held:
+        phrases.insert(0, f"at gamma = {', '.join(str(r['gamma']) for r in held)} the MoE efficiency is "
+                          f"{_shapes_phrase(held, 'moe_')}, and the dense model's falls from "
+                          f"{_span([r['dense_first'] for r in held])} to {_span([r['dense_last'] for r in held])} "
+                          f"with no rise beyond noise")
+    return _verdict(claim, statement, combine(r["status"] for r in rows), rows,
+                    _join(*phrases, _noise_phrase(rows)))
+
+
+def sparser_peaks_later_and_wider(sparsity: pd.DataFrame | None, monotone_ks=(1, 2)) -> Verdict:
+    """Fig. 4: as K falls, the peak batch size grows and the range above x/sqrt(2) widens; K = 1, 2 only fall.
+
+    Input: the sparsity study (columns ``batch_size``, ``gamma``, ``num_experts_per_tok`` (K),
+    ``speedup``; often one repeat, so the noise is the neighbour scatter). The paper plots speedups
+    rescaled by ``sigma_{K=8} / sigma_K`` (:func:`moesd.fit.sigma_adjusted_speedup`); that factor is
+    one constant per (K, gamma) curve, and every quantity below (peak position, the range relative
+    to the curve's own peak x, margins) is unchanged when a curve is scaled, so the raw speedup gives
+    the same verdict and needs no K = 8 run.
+
+    Criterion, for every gamma:
+
+    * each K in ``monotone_ks`` (the paper's K = 1, 2, attention-dominated by Amdahl's law)
+      :func:`falls_monotonically`;
+    * over the other K ("shaped" K, at least two), ordered from densest to sparsest, the peak
+      region (:func:`peak_region`: batch sizes within noise of the peak) :func:`grows_beyond_noise`:
+      no step to a sparser K moves it wholly below the denser K's, and the sparsest K's lies wholly
+      above the densest K's;
+    * over the same K, the width of the range with speedup >= x/sqrt(2) (x the peak of that K and
+      gamma; :func:`half_power_width`, in batch sizes, with its noise interval from raising and
+      lowering the level by the noise) grows beyond noise in the same sense. A range that may reach
+      beyond the largest batch size measured has no upper bound (``width_high`` infinite): it
+      cannot be shown narrower than another, nor, as the densest K, wider.
+
+    Holds when every part holds at every gamma; does not hold when any measurable part fails; not
+    measurable when a part lacks data (no study, a K of ``monotone_ks`` missing, fewer than two
+    shaped K, or fewer than :data:`MIN_BATCH_SIZES` batch sizes for a curve).
+    """
+    claim = "Fig. 4"
+    statement = CLAIMS[claim].replace("1, 2", ", ".join(map(str, monotone_ks)))
+    if sparsity is None or sparsity.empty:
+        return _verdict(claim, statement, UNMEASURABLE, [], "no sparsity study on this device")
+    rows, statuses, phrases = [], [], []
+    for gamma, group in sparsity.groupby("gamma"):
+        curves = {int(k): curve(rows_k, "speedup") for k, rows_k in group.groupby("num_experts_per_tok")}
+        curves = {k: c for k, c in curves.items() if len(c.batch_size) >= MIN_BATCH_SIZES}
+        gamma_rows, status, phrase = _sparsity_at_gamma(curves, monotone_ks)
+        rows += [{"gamma": gamma, **row} for row in gamma_rows]
+        statuses.append(status)
+        phrases.append(f"gamma = {gamma}: {phrase}")
+    return _verdict(claim, statement, combine(statuses), rows, _join(*phrases, _noise_phrase(rows)))
+
+
+def _sparsity_at_gamma(curves: dict, monotone_ks) -> tuple[list, str, str]:
+    """Rows, status and phrase of :func:`sparser_peaks_later_and_wider` for one gamma's K -> Curve."""
+    rows, parts, phrases = [], [], []
+    for k in monotone_ks:
+        if k not in curves:
+            parts.append(UNMEASURABLE)
+            phrases.append(f"no K = {k} curve of {MIN_BATCH_SIZES}+ batch sizes")
+            continue
+        fall = falls_monotonically(curves[k])
+        parts.append(HOLDS if fall["falls_monotonically"] else FAILS)
+        rows.append({"K": k, "role": "monotone", **fall, "noise": curves[k].noise})
+        phrases.append(f"K = {k} {_fall_phrase(fall)} "
+                       f"{'falls monotonically' if fall['falls_monotonically'] else 'does not fall monotonically'}")
+    shaped = sorted((k for k in curves if k not in monotone_ks), reverse=True)
+    if len(shaped) < 2:
+        parts.append(UNMEASURABLE)
+        phrases.append(f"fewer than two K outside {list(monotone_ks)}")
+        return rows, combine(parts), ", ".join(phrases)
+    peaks, widths = [], []
+    for k in shaped:
+        c = curves[k]
+        low, high = peak_region(c)
+        width, narrowest, widest = half_power_width(c)
+        peaks.append((low, high))
+        widths.append((narrowest, widest))
+        level = c.value[c.peak_index] / math.sqrt(2)
+        rows.append({"K": k, "role": "shaped", "peak_batch_size": float(c.batch_size[c.peak_index]),
+                     "peak": float(c.value[c.peak_index]), "peak_low": low, "peak_high": high, "width": width,
+                     "width_low": narrowest, "width_high": widest,
+                     "reaches_largest_B": bool((c.value[c.peak_index:] >= level).all()), "noise": c.noise})
+    later, wider = grows_beyond_noise(peaks), grows_beyond_noise(widths)
+    parts += [HOLDS if later else FAILS, HOLDS if wider else FAILS]
+    listing = ", ".join(f"K = {k} peak within B = {_span(p, whole=True)}, width {_span(w, whole=True)}"
+                        for k, p, w in zip(shaped, peaks, widths)).replace("-inf", " or more")
+    phrases.append(f"{listing}: the peak {'moves' if later else 'does not move'} to larger B and the range "
+                   f"{'widens' if wider else 'does not widen'} beyond noise as K falls")
+    return rows, combine(parts), ", ".join(phrases)
+
+
+def shape_holds_across_settings(settings: pd.DataFrame | None) -> Verdict:
+    """Fig. 5: the rise-then-fall holds in every setting, with small run-to-run spread.
+
+    Input: the settings study (the e2e columns plus ``setting``, e.g. "humaneval, T=0", emulated by
+    synthetic sigma; several runs). Criterion, for every (setting, gamma):
+
+    * the speedup curve (mean over runs) :func:`rises_then_falls`, the noise from the runs;
+    * the spread is small: the run-to-run range (largest minus smallest run) at a batch size,
+      typically (the median over batch sizes), is below the smaller of the curve's rise and fall.
+      Then a single run's deviation cannot typically undo the shape: each run on its own shows it,
+      which is what the paper's "tiny run-to-run variance" lets a reader see in its Fig. 5.
+
+    Holds when both hold for every setting and gamma; not measurable without the study, with fewer
+    than two settings (nothing to hold *across*), fewer than two runs at every batch size (no
+    spread), or fewer than :data:`MIN_BATCH_SIZES` batch sizes.
+    """
+    claim, statement = "Fig. 5", CLAIMS["Fig. 5"]
+    if settings is None or settings.empty:
+        return _verdict(claim, statement, UNMEASURABLE, [], "no settings study on this device")
+    if settings["setting"].nunique() < 2:
+        return _verdict(claim, statement, UNMEASURABLE, [], "fewer than two settings")
+    rows, phrases = [], []
+    for (setting, gamma), group in settings.groupby(["setting", "gamma"]):
+        c = curve(group, "speedup")
+        runs = group.groupby("batch_size")["speedup"]
+        if len(c.batch_size) < MIN_BATCH_SIZES or (runs.count() < 2).any():
+            rows.append({"setting": setting, "gamma": gamma, "status": UNMEASURABLE})
+            phrases.append(f"{setting}, gamma = {gamma}: fewer than {MIN_BATCH_SIZES} batch sizes or than two runs")
+            continue
+        shape = rises_then_falls(c)
+        spread = float((runs.max() - runs.min()).median())
+        small = spread < min(shape["rise"], shape["fall"])
+        status = HOLDS if shape["rises_then_falls"] and small else FAILS
+        rows.append({"setting": setting, "gamma": gamma, "status": status, **shape, "run_range": spread,
+                     "runs": int(runs.count().min()), "small_spread": small, "noise": c.noise})
+        if status != HOLDS:
+            phrases.append(f"{setting}, gamma = {gamma}: {_shape_phrase(shape)}, typical run range {_fmt(spread)}")
+    status = combine(r["status"] for r in rows)
+    held = [r for r in rows if r["status"] == HOLDS]
+    if held:
+        frame = pd.DataFrame(held)
+        phrases.insert(0, f"{len(held)} of {len(rows)} (setting, gamma) curves rise then fall with small spread "
+                          f"(peaks at B = {_span(frame['peak_batch_size'], whole=True)}, "
+                          f"smallest rise {_fmt(frame['rise'].min())}, "
+                          f"smallest fall {_fmt(frame['fall'].min())}, largest typical run range "
+                          f"{_fmt(frame['run_range'].max())})")
+    return _verdict(claim, statement, status, rows, _join(*phrases, _noise_phrase(rows)))
+
+
+def moe_above_dense(e2e: pd.DataFrame | None, dense: pd.DataFrame | None, beyond: float = 16) -> Verdict:
+    """Fig. 6: the MoE's SD speedup is above the dense pair's when the batch size exceeds ``beyond``.
+
+    Input: the e2e (MoE) and dense studies (``batch_size``, ``gamma``, ``run``, ``speedup``).
+    Criterion, for every gamma both studies measured, over their common batch sizes B > ``beyond``
+    (the paper: "when batch size exceeds 16"), with the difference of the two curves' means and its
+    margin ``NOISE_Z * sqrt(se_moe**2 + se_dense**2)``:
+
+    * at no such B is the MoE below the dense pair beyond noise (difference >= -margin), and
+    * at more than half of them the MoE is above beyond noise (difference > margin).
+
+    The crossover (the smallest common B from which the MoE stays above the dense pair) is reported,
+    not judged. Holds when both hold at every common gamma; not measurable without either study,
+    with no common gamma, or with fewer than three common batch sizes beyond ``beyond``.
+    """
+    claim, statement = "Fig. 6", CLAIMS["Fig. 6"].replace("16", _fmt(beyond, whole=True))
+    if e2e is None or dense is None or e2e.empty or dense.empty:
+        missing = " and ".join(n for n, f in (("e2e", e2e), ("dense", dense)) if f is None or f.empty)
+        return _verdict(claim, statement, UNMEASURABLE, [], f"no {missing} study on this device")
+    rows, phrases = [], []
+    for gamma in sorted(set(e2e["gamma"]) & set(dense["gamma"])):
+        moe, den = curve(e2e[e2e["gamma"] == gamma], "speedup"), curve(dense[dense["gamma"] == gamma], "speedup")
+        common = np.intersect1d(moe.batch_size, den.batch_size)
+        i, j = np.searchsorted(moe.batch_size, common), np.searchsorted(den.batch_size, common)
+        difference = moe.value[i] - den.value[j]
+        margin = NOISE_Z * np.sqrt(moe.se[i] ** 2 + den.se[j] ** 2)
+        late = common > beyond
+        if late.sum() < 3:
+            rows.append({"gamma": gamma, "status": UNMEASURABLE})
+            phrases.append(f"gamma = {gamma}: fewer than three common batch sizes above {_fmt(beyond, whole=True)}")
+            continue
+        below = int((difference[late] < -margin[late]).sum())
+        above = int((difference[late] > margin[late]).sum())
+        staying = np.flatnonzero(np.minimum.accumulate((difference > 0)[::-1])[::-1])
+        crossover = float(common[staying[0]]) if len(staying) else float("nan")
+        status = HOLDS if below == 0 and above > late.sum() / 2 else FAILS
+        rows.append({"gamma": gamma, "status": status, "batch_sizes": int(late.sum()), "above": above,
+                     "below": below, "median_difference": float(np.median(difference[late])),
+                     "median_margin": float(np.median(margin[late])), "crossover": crossover,
+                     "moe_noise": moe.noise, "dense_noise": den.noise})
+        phrases.append(f"gamma = {gamma}: above beyond noise at {above} and below at {below} of {int(late.sum())} "
+                       f"batch sizes (median difference {_fmt(np.median(difference[late]))}, median margin "
+                       f"{_fmt(np.median(margin[late]))}), MoE above from B = "
+                       f"{_fmt(crossover, whole=True) if np.isfinite(crossover) else 'nowhere'}")
+    if not rows:
+        return _verdict(claim, statement, UNMEASURABLE, [], "the e2e and dense studies share no gamma")
+    noise = _join(_noise_phrase(rows, "moe_noise").replace("noise", "MoE noise", 1),
+                  _noise_phrase(rows, "dense_noise").replace("noise", "dense noise", 1))
+    return _verdict(claim, statement, combine(r["status"] for r in rows), rows, _join(*phrases, noise))
+
+
+def longest_missing_run(sample, grid) -> int:
+    """Longest run of consecutive grid batch sizes absent from ``sample`` (ends included)."""
+    present = np.isin(np.asarray(grid, dtype=float), np.asarray(sample, dtype=float))
+    longest = run = 0
+    for here in present:
+        run = 0 if here else run + 1
+        longest = max(longest, run)
+    return longest
+
+
+def poor_coverage_worst_fits(robustness: pd.DataFrame | None, batch_sizes=None, parameters: int = 10) -> Verdict:
+    """Table 3: the worst fits of Algorithm 1 are those whose samples cover the batch sizes poorly.
+
+    Input: :func:`moesd.fit.robustness_study` (one row per stride: ``m``, ``mse`` over every
+    measurement, ``batch_sizes`` of the sample as a space-separated string). ``batch_sizes`` is the
+    study's grid (default: every batch size any sample holds).
+
+    A sample's *gap* is its longest run of consecutive grid batch sizes left out
+    (:func:`longest_missing_run`; the paper's m = 12 leaves out the 7 above 40, m = 13 the 6 from 2
+    to 20). It covers *poorly* when that gap is longer than an even spread of as many points would
+    leave, ``ceil((n - k) / (k - 1))`` with ``n`` grid batch sizes and ``k = min(m, n)``. Only samples
+    with more points than the model's ``parameters`` count (the paper puts m = 10's error down to
+    too few points). Criterion:
+
+    * the worst fit (largest MSE) covers poorly, and
+    * the poorly covering samples' median MSE exceeds the well covering samples' median MSE by more
+      than ``NOISE_Z`` times the scatter of the well covering samples' MSEs (``1.4826 * MAD``: how
+      much the MSE moves between well covering samples, the noise of this comparison).
+
+    Not measurable with fewer than one poorly and three well covering samples. The criterion was
+    written from the paper's words (App. C.3); the paper's own Table 3, with each sample's batch
+    sizes rebuilt by stride sampling its 228-run design, passes it (``tests/test_verdicts.py``).
+    """
+    claim, statement = "Table 3", CLAIMS["Table 3"]
+    if robustness is None or robustness.empty:
+        return _verdict(claim, statement, UNMEASURABLE, [], "no robustness study given")
+    samples = [np.array(str(s).split(), dtype=float) for s in robustness["batch_sizes"]]
+    grid = np.unique(np.concatenate(samples) if batch_sizes is None else np.asarray(batch_sizes, dtype=float))
+    table = robustness[["stride", "m", "mse"]].copy()
+    table["gap"] = [longest_missing_run(s, grid) for s in samples]
+    k = np.minimum(table["m"], len(grid))
+    table["even_gap"] = np.ceil((len(grid) - k) / np.maximum(k - 1, 1)).astype(int)
+    table["poor"] = table["gap"] > table["even_gap"]
+    table["judged"] = table["m"] > parameters
+    used = table[table["judged"]]
+    poor, well = used[used["poor"]], used[~used["poor"]]
+    if len(poor) < 1 or len(well) < 3:
+        return _verdict(claim, statement, UNMEASURABLE, table,
+                        f"{len(poor)} poorly and {len(well)} well covering samples with m > {parameters}")
+    worst = used.loc[used["mse"].idxmax()]
+    scatter = 1.4826 * float((well["mse"] - well["mse"].median()).abs().median())
+    excess = float(poor["mse"].median() - well["mse"].median())
+    status = HOLDS if bool(worst["poor"]) and excess > NOISE_Z * scatter else FAILS
+    details = (f"the worst fit (m = {int(worst['m'])}, MSE {worst['mse']:.3g}) leaves out {int(worst['gap'])} "
+               f"consecutive batch sizes ({'poor' if worst['poor'] else 'even'} coverage); poorly covering samples "
+               f"(m = {', '.join(str(int(m)) for m in poor['m'])}) have median MSE {poor['mse'].median():.3g} against "
+               f"{well['mse'].median():.3g} for the {len(well)} well covering ones (scatter {scatter:.3g}, "
+               f"excess {excess / scatter if scatter else float('inf'):.1f} scatters)")
+    return _verdict(claim, statement, status, table, details)
+
+
+STUDIES = ("e2e", "forward", "dense", "dense_forward", "sparsity", "settings")
+"""The result files the claims read from a device folder."""
+
+
+def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.DataFrame:
+    """Appendix C.3's robustness study of a device's sparsity study, with that device's ridge point.
+
+    E comes from the target named in the sidecar (:func:`moesd.zoo.get_model`), the ridge point from
+    the sidecar's measured roofline (:func:`moesd.measurements.ridge_point_for`).
+
+    Raises
+    ------
+    ValueError
+        If the sidecar holds no measured roofline or names no known MoE target, or the study has
+        too few rows for a fit.
+    """
+    from moesd.fit import from_sweep, robustness_study
+    from moesd.measurements import ridge_point_for
+    from moesd.zoo import get_model
+
+    rp = ridge_point_for(sidecar)
+    target = sidecar.get("settings", {}).get("target")
+    try:
+        num_experts = get_model(str(target)).num_experts
+    except KeyError as error:
+        raise ValueError(f"the sidecar's target {target!r} is not a known model") from error
+    if not num_experts:
+        raise ValueError(f"the sidecar's target {target!r} is not an MoE")
+    return robustness_study(from_sweep(sparsity, num_experts), rp, **fit_options)
+
+
+def load_studies(device: str) -> tuple[dict, dict]:
+    """The claims' result files on one device: (study -> frame, study -> sidecar), missing ones left out."""
+    from moesd.measurements import load
+
+    frames, sidecars = {}, {}
+    for study in STUDIES:
+        try:
+            frames[study], sidecars[study] = load(study, device)
+        except FileNotFoundError:
+            continue
+    return frames, sidecars
+
+
+def verdicts(frames: dict, robustness: pd.DataFrame | None = None, robustness_note: str | None = None) -> list:
+    """Every claim's :class:`Verdict` from a dict of study frames (keys of :data:`STUDIES`; any may be missing).
+
+    ``robustness`` is the Table 3 input (:func:`moesd.fit.robustness_study`); without it, Table 3 is
+    not measurable, for the reason ``robustness_note`` (default: no robustness study).
+    """
+    table3 = poor_coverage_worst_fits(robustness)
+    if robustness is None and robustness_note:
+        table3 = _verdict("Table 3", CLAIMS["Table 3"], UNMEASURABLE, [], robustness_note)
+    return [speedup_rises_then_falls(frames.get("e2e")),
+            efficiency_moe_rises_dense_falls(frames.get("forward"), frames.get("dense_forward")),
+            sparser_peaks_later_and_wider(frames.get("sparsity")),
+            shape_holds_across_settings(frames.get("settings")),
+            moe_above_dense(frames.get("e2e"), frames.get("dense")),
+            table3]
+
+
+def scorecard(device: str, robustness: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per claim for a device folder of ``data/measurements/``: claim, status, sentence.
+
+    Missing result files make their claims "not measurable here". Table 3 uses ``robustness`` when
+    given (an empty frame skips it), else fits the device's sparsity study (:func:`robustness_for`,
+    21 fits, seconds); a sidecar without a measured roofline makes it not measurable, and says so.
+    """
+    frames, sidecars = load_studies(device)
+    note = None if "sparsity" in frames else "no sparsity study on this device"
+    if robustness is None and "sparsity" in frames:
+        try:
+            robustness = robustness_for(frames["sparsity"], sidecars["sparsity"])
+        except ValueError as error:
+            note = f"the robustness study cannot be fitted: {error}"
+    rows = [{"device": device, "claim": v.claim, "status": v.status, "sentence": v.sentence}
+            for v in verdicts(frames, robustness, note)]
+    return pd.DataFrame(rows)
+
+
+def devices() -> list[str]:
+    """Device folders of ``data/measurements/`` (each gets a scorecard)."""
+    from moesd.measurements import MEASUREMENTS_DIR
+
+    return sorted(path.name for path in MEASUREMENTS_DIR.iterdir() if path.is_dir())

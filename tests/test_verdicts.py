@@ -1,0 +1,396 @@
+"""Verdicts on the paper's claims: each criterion on synthetic data built to pass, to fail and to be
+unmeasurable, the noise model's calibration, and Table 3's criterion on the paper's own table."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import moesd.measurements
+from moesd import verdicts as v
+from moesd.fit import stride_sample
+from moesd.paper import paper_table
+from moesd.roofline import HARDWARE
+
+GRID = np.array([1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 80, 100], dtype=float)
+"""The paper's batch sizes (Table 3)."""
+
+
+def hump(batch_size, peak_at, base=1.4, height=0.8):
+    """A rise-then-fall curve: ``base + height (B/p) exp(1 - B/p)``, largest (base + height) at B = p."""
+    ratio = np.asarray(batch_size, dtype=float) / peak_at
+    return base + height * ratio * np.exp(1 - ratio)
+
+
+def falling(batch_size, start=2.0, slope=0.008):
+    return start - slope * np.asarray(batch_size, dtype=float)
+
+
+def sweep(shapes, runs=3, noise=0.01, grid=GRID, seed=0, **columns):
+    """Rows of an e2e-like study: ``shapes`` maps a column name to a function of B; one row per B and run."""
+    rng = np.random.default_rng(seed)
+    rows = pd.DataFrame({"batch_size": np.repeat(grid, runs), "run": np.tile(np.arange(runs), len(grid))})
+    for name, shape in shapes.items():
+        rows[name] = shape(rows["batch_size"]) + rng.normal(0, noise, len(rows))
+    return rows.assign(**columns)
+
+
+def e2e_study(speedup, efficiency, gammas=(2, 3, 4), **options):
+    return pd.concat([sweep({"speedup": speedup, "target_efficiency": efficiency}, seed=g, gamma=g,
+                            num_experts_per_tok=8, **options) for g in gammas], ignore_index=True)
+
+
+# --- the noise model -------------------------------------------------------------------------------------
+
+
+def test_curve_pools_repeats_by_hand():
+    rows = pd.DataFrame({"batch_size": [1, 1, 2, 2, 4, 4], "y": [1.0, 3.0, 2.0, 2.0, 5.0, 6.0]})
+    c = v.curve(rows, "y")
+    assert c.value.tolist() == [2.0, 2.0, 5.5]
+    s = np.sqrt((1 + 1 + 0 + 0 + 0.25 + 0.25) / 3)  # squared deviations over sum(n - 1) degrees of freedom
+    assert c.se == pytest.approx(np.full(3, s / np.sqrt(2)))
+    assert "repeats (2 per batch size)" == c.noise
+
+
+def test_neighbour_scatter_is_zero_on_a_line_and_finds_the_noise():
+    assert v.neighbour_scatter(GRID, 3 - 0.02 * GRID) == pytest.approx(0, abs=1e-12)
+    grid = np.sort(np.unique(np.r_[GRID, np.arange(100, 2000, 7.0)]))  # non-uniform, 300+ points
+    noisy = 3 - 0.001 * grid + np.random.default_rng(1).normal(0, 0.05, len(grid))
+    assert v.neighbour_scatter(grid, noisy) == pytest.approx(0.05, rel=0.15)
+    assert np.isnan(v.neighbour_scatter(GRID[:4], GRID[:4]))
+    single = sweep({"y": falling}, runs=1, noise=0.05)
+    assert v.curve(single, "y").noise == "neighbour scatter (1 repeat)"
+
+
+def _rate(shape, runs, test, key, draws=250):
+    rng = np.random.default_rng(7)
+    mean = shape(GRID)
+    hits = 0
+    for _ in range(draws):
+        rows = pd.DataFrame({"batch_size": np.repeat(GRID, runs),
+                             "y": np.repeat(mean, runs) + rng.normal(0, 0.05, len(GRID) * runs)})
+        hits += test(v.curve(rows, "y"))[key]
+    return hits / draws
+
+
+@pytest.mark.parametrize("runs", [1, 3])
+def test_noise_z_calibration(runs):
+    """The module docstring's simulation: flat curves rarely pass, truly falling ones rarely fail."""
+    flat = _rate(lambda b: np.full(len(b), 1.5), runs, v.rises_then_falls, "rises_then_falls")
+    plateau = _rate(lambda b: np.where(b <= 16, 2.0, 2.0 - 0.01 * (b - 16)), runs,
+                    v.falls_monotonically, "falls_monotonically")
+    assert flat < 0.05 and 1 - plateau < (0.08 if runs == 1 else 0.05)
+    # and the criterion has power: a hump 10 noise standard deviations high passes almost always
+    assert _rate(lambda b: hump(b, 24, height=0.5), runs, v.rises_then_falls, "rises_then_falls") > 0.95
+
+
+def test_shape_helpers_on_clean_curves():
+    c = v.curve(sweep({"y": lambda b: hump(b, 24)}, noise=0.01), "y")
+    shape = v.rises_then_falls(c)
+    assert shape["rises_then_falls"] and shape["peak_batch_size"] == 24
+    assert not v.falls_monotonically(c)["falls_monotonically"]
+    low, high = v.peak_region(c)
+    assert low <= 24 <= high and high < 60
+    width, narrowest, widest = v.half_power_width(c)
+    assert narrowest <= width <= widest and width > 0
+    line = v.curve(sweep({"y": falling}, noise=0.01), "y")
+    assert v.falls_monotonically(line)["falls_monotonically"] and not v.rises_then_falls(line)["rises_then_falls"]
+    flat = v.curve(sweep({"y": lambda b: np.full(len(b), 1.0)}, noise=0.01), "y")
+    assert not v.falls_monotonically(flat)["falls_monotonically"]  # flat is not a fall
+
+
+def test_grows_beyond_noise_and_combine():
+    assert v.grows_beyond_noise([(8, 16), (12, 24), (32, 48)])
+    assert not v.grows_beyond_noise([(8, 16), (12, 24), (14, 20)])  # overall growth within noise
+    assert not v.grows_beyond_noise([(8, 16), (40, 48), (20, 24), (60, 80)])  # a reversal beyond noise
+    assert v.combine([v.HOLDS, v.HOLDS]) == v.HOLDS
+    assert v.combine([v.HOLDS, v.UNMEASURABLE]) == v.UNMEASURABLE
+    assert v.combine([v.UNMEASURABLE, v.FAILS]) == v.FAILS
+    assert v.combine([]) == v.UNMEASURABLE
+
+
+# --- Fig. 2 ----------------------------------------------------------------------------------------------
+
+
+def test_fig2_passes_when_speedup_rises_and_falls_and_efficiency_tracks():
+    verdict = v.speedup_rises_then_falls(e2e_study(lambda b: hump(b, 24), lambda b: hump(b, 20, 0.6, 0.3)))
+    assert verdict.status == v.HOLDS and verdict.sentence.startswith("Fig. 2 (")
+    assert set(verdict.numbers["gamma"]) == {2, 3, 4} and verdict.numbers["tracks"].all()
+    assert "B = 24" in verdict.sentence and "repeats (3 per batch size)" in verdict.sentence
+
+
+@pytest.mark.parametrize("speedup, efficiency, failing", [
+    (falling, lambda b: hump(b, 20, 0.6, 0.3), "rises_then_falls"),          # speedup only falls
+    (lambda b: hump(b, 24), lambda b: falling(b, 1.0, 0.004), "tracks"),     # efficiency only falls
+    (lambda b: hump(b, 24), lambda b: np.full(len(b), 0.8), "tracks"),       # efficiency flat
+    (lambda b: hump(b, 24), lambda b: hump(b, 100, 0.6, 0.3), "tracks"),     # efficiency peaks far away
+])
+def test_fig2_fails(speedup, efficiency, failing):
+    verdict = v.speedup_rises_then_falls(e2e_study(speedup, efficiency))
+    assert verdict.status == v.FAILS and not verdict.numbers[failing].all()
+
+
+def test_fig2_unmeasurable():
+    assert v.speedup_rises_then_falls(None).status == v.UNMEASURABLE
+    few = e2e_study(lambda b: hump(b, 2), lambda b: hump(b, 2), grid=GRID[:4])
+    verdict = v.speedup_rises_then_falls(few)
+    assert verdict.status == v.UNMEASURABLE and "fewer than 5 batch sizes" in verdict.sentence
+    # a failing gamma outweighs an unmeasurable one
+    mixed = pd.concat([few, e2e_study(falling, falling, gammas=(5,))])
+    assert v.speedup_rises_then_falls(mixed).status == v.FAILS
+
+
+# --- Fig. 3 ----------------------------------------------------------------------------------------------
+
+
+def forward_study(efficiency, runs=5, noise=0.005, grid=GRID, tokens=(1, 2, 3, 4, 5), seed=0):
+    """A forward study whose T_T(B, s) = 1 / efficiency(B) (s > 1), T_T(B, 1) = 1, plus draft rows."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for run in range(runs):
+        for b in grid:
+            for s in tokens:
+                seconds = 1.0 if s == 1 else float(1 / efficiency(np.array([b]))[0]) * (1 + 0.02 * (s - 2))
+                rows.append({"run": run, "role": "target", "batch_size": b, "tokens": s, "context": 64,
+                             "seconds": seconds * (1 + rng.normal(0, noise))})
+                rows.append({"run": run, "role": "draft", "batch_size": b, "tokens": s, "context": 64,
+                             "seconds": 0.1})
+    return pd.DataFrame(rows)
+
+
+def test_forward_efficiency_is_the_per_run_ratio():
+    forward = forward_study(lambda b: np.full(len(b), 0.5), runs=2, noise=0.0)
+    table = v.forward_efficiency(forward, gamma=2)
+    assert len(table) == 2 * len(GRID) and table["efficiency"].to_numpy() == pytest.approx(0.5 / 1.02)
+    assert v.forward_efficiency(forward, gamma=7).empty
+
+
+def test_fig3():
+    moe, dense = forward_study(lambda b: hump(b, 32, 0.5, 0.4)), forward_study(lambda b: falling(b, 0.95, 0.006))
+    verdict = v.efficiency_moe_rises_dense_falls(moe, dense)
+    assert verdict.status == v.HOLDS and verdict.numbers["gamma"].tolist() == [2, 3, 4]
+    # dense that also rises then falls, MoE that only falls: both fail
+    assert v.efficiency_moe_rises_dense_falls(moe, moe).status == v.FAILS
+    assert v.efficiency_moe_rises_dense_falls(dense, dense).status == v.FAILS
+    # dense flat within noise: the claim is that it falls
+    flat = forward_study(lambda b: np.full(len(b), 0.9))
+    assert v.efficiency_moe_rises_dense_falls(moe, flat).status == v.FAILS
+
+
+def test_fig3_unmeasurable():
+    moe = forward_study(lambda b: hump(b, 32, 0.5, 0.4))
+    assert v.efficiency_moe_rises_dense_falls(moe, None).status == v.UNMEASURABLE
+    short = forward_study(lambda b: falling(b, 0.95, 0.006), tokens=(1, 2))  # no pass of 3-5 tokens
+    verdict = v.efficiency_moe_rises_dense_falls(moe, short)
+    assert verdict.status == v.UNMEASURABLE and "share no pass" in verdict.sentence
+    few = forward_study(lambda b: falling(b, 0.95, 0.006), grid=GRID[:3])
+    assert v.efficiency_moe_rises_dense_falls(moe, few).status == v.UNMEASURABLE
+
+
+# --- Fig. 4 ----------------------------------------------------------------------------------------------
+
+PEAKS = {4: 48, 8: 32, 16: 20, 32: 12}
+"""Peak batch size of each shaped K in the synthetic sparsity study: sparser K peaks later."""
+
+
+def sparsity_study(peaks=PEAKS, monotone=(1, 2), gammas=(2, 4), runs=1, noise=0.01, grid=GRID):
+    parts = []
+    for g in gammas:
+        for k in monotone:
+            parts.append(sweep({"speedup": lambda b: falling(b, 1.8, 0.006)}, runs, noise, grid, seed=k,
+                               gamma=g, num_experts_per_tok=k))
+        for k, p in peaks.items():
+            parts.append(sweep({"speedup": lambda b, p=p: hump(b, p)}, runs, noise, grid, seed=k + g,
+                               gamma=g, num_experts_per_tok=k))
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_fig4_holds_with_sparser_k_peaking_later_and_wider():
+    verdict = v.sparser_peaks_later_and_wider(sparsity_study())
+    assert verdict.status == v.HOLDS
+    shaped = verdict.numbers[verdict.numbers["role"] == "shaped"]
+    assert shaped.groupby("gamma")["peak_batch_size"].apply(lambda p: p.is_monotonic_increasing).all()
+    assert "neighbour scatter (1 repeat)" in verdict.sentence
+
+
+def test_fig4_is_blind_to_the_sigma_adjustment():
+    """Rescaling each (K, gamma) curve by a constant, as sigma_{K=8}/sigma_K does, changes nothing."""
+    study = sparsity_study()
+    scale = study["num_experts_per_tok"].map({1: 1.3, 2: 1.1, 4: 0.8, 8: 1.0, 16: 0.95, 32: 0.7})
+    plain = v.sparser_peaks_later_and_wider(study)
+    scaled = v.sparser_peaks_later_and_wider(study.assign(speedup=study["speedup"] * scale))
+    assert scaled.status == plain.status
+    columns = ["peak_batch_size", "peak_low", "peak_high", "width", "width_low", "width_high"]
+    pd.testing.assert_frame_equal(scaled.numbers[columns], plain.numbers[columns])
+
+
+@pytest.mark.parametrize("study", [
+    sparsity_study(peaks={4: 12, 8: 20, 16: 32, 32: 48}),          # denser K peaks later
+    sparsity_study(peaks={4: 24, 8: 24, 16: 24, 32: 24}),          # the peak does not move
+    sparsity_study(monotone=()).assign(num_experts_per_tok=lambda f: f["num_experts_per_tok"].replace(
+        {4: 1, 8: 2, 16: 16, 32: 32})),                             # K = 1, 2 rise then fall
+])
+def test_fig4_fails(study):
+    assert v.sparser_peaks_later_and_wider(study).status == v.FAILS
+
+
+def test_fig4_unmeasurable():
+    assert v.sparser_peaks_later_and_wider(None).status == v.UNMEASURABLE
+    no_k1 = sparsity_study(monotone=(2,))
+    verdict = v.sparser_peaks_later_and_wider(no_k1)
+    assert verdict.status == v.UNMEASURABLE and "no K = 1 curve" in verdict.sentence
+    one_shaped = sparsity_study(peaks={8: 32})
+    assert v.sparser_peaks_later_and_wider(one_shaped).status == v.UNMEASURABLE
+    assert v.sparser_peaks_later_and_wider(sparsity_study(grid=GRID[:4])).status == v.UNMEASURABLE
+
+
+# --- Fig. 5 ----------------------------------------------------------------------------------------------
+
+SETTINGS = ("humaneval, T=0", "humaneval, T=1", "mtbench, T=0", "mtbench, T=1")
+
+
+def settings_study(shapes=None, runs=5, noise=0.01, run_offset=0.0):
+    shapes = shapes or {s: (lambda b, h=0.8 - 0.15 * i: hump(b, 24, 1.0, h)) for i, s in enumerate(SETTINGS)}
+    parts = []
+    for index, (setting, shape) in enumerate(shapes.items()):
+        for g in (2, 4):
+            part = sweep({"speedup": shape}, runs, noise, seed=10 * index + g, gamma=g, setting=setting)
+            part["speedup"] += run_offset * (part["run"] - (runs - 1) / 2)
+            parts.append(part)
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_fig5():
+    verdict = v.shape_holds_across_settings(settings_study())
+    assert verdict.status == v.HOLDS and len(verdict.numbers) == 8 and verdict.numbers["small_spread"].all()
+    assert "8 of 8" in verdict.sentence
+    one_flat = dict(zip(SETTINGS, [lambda b: hump(b, 24)] * 3 + [lambda b: np.full(len(b), 1.2)]))
+    verdict = v.shape_holds_across_settings(settings_study(one_flat))
+    assert verdict.status == v.FAILS and "mtbench, T=1" in verdict.sentence
+    # runs that disagree by a steady offset: each run keeps the shape but the spread is not small
+    spread = v.shape_holds_across_settings(settings_study(run_offset=0.12))
+    assert spread.status == v.FAILS and not spread.numbers["small_spread"].all()
+
+
+def test_fig5_unmeasurable():
+    assert v.shape_holds_across_settings(None).status == v.UNMEASURABLE
+    single = settings_study({"humaneval, T=0": lambda b: hump(b, 24)})
+    assert v.shape_holds_across_settings(single).status == v.UNMEASURABLE
+    assert v.shape_holds_across_settings(settings_study(runs=1)).status == v.UNMEASURABLE
+
+
+# --- Fig. 6 ----------------------------------------------------------------------------------------------
+
+
+def test_fig6():
+    moe = e2e_study(lambda b: hump(b, 24), lambda b: hump(b, 24))
+    dense = e2e_study(lambda b: falling(b, 1.9, 0.01), lambda b: falling(b, 1.0, 0.005), runs=2)
+    verdict = v.moe_above_dense(moe, dense)
+    assert verdict.status == v.HOLDS and (verdict.numbers["below"] == 0).all()
+    assert (verdict.numbers["crossover"] <= 16).all()
+    assert v.moe_above_dense(dense, moe).status == v.FAILS
+    # MoE above only from B = 60: below dense beyond noise between 16 and 60
+    late = e2e_study(lambda b: np.where(b < 60, 1.0, 2.0), lambda b: np.ones(len(b)))
+    verdict = v.moe_above_dense(late, dense)
+    assert verdict.status == v.FAILS and (verdict.numbers["crossover"] == 60).all()
+
+
+def test_fig6_unmeasurable():
+    moe = e2e_study(lambda b: hump(b, 24), lambda b: hump(b, 24), gammas=(2,))
+    dense = e2e_study(falling, falling, gammas=(4,))
+    assert v.moe_above_dense(moe, None).status == v.UNMEASURABLE
+    assert "share no gamma" in v.moe_above_dense(moe, dense).sentence
+    small = e2e_study(falling, falling, gammas=(2,), grid=GRID[GRID <= 24])
+    assert v.moe_above_dense(moe, small).status == v.UNMEASURABLE  # only B = 20, 24 beyond 16
+
+
+# --- Table 3 ---------------------------------------------------------------------------------------------
+
+
+def paper_robustness():
+    """The paper's Table 3 with each sample's batch sizes rebuilt by stride sampling its 228-run design."""
+    design = pd.DataFrame([{"K": k, "gamma": g, "B": b} for k in (1, 2, 4, 8, 16, 32) for g in (2, 4)
+                           for b in GRID])
+    table = paper_table("table_3")
+    table["batch_sizes"] = [" ".join(f"{b:g}" for b in sorted(stride_sample(design, s)["B"].unique()))
+                            for s in table["stride"]]
+    return table
+
+
+def test_longest_missing_run_matches_the_papers_coverage_column():
+    table = paper_robustness().set_index("m")
+    assert table.loc[12, "batch_sizes"] == "1 2 4 8 12 16 20 24 28 32 36 40"  # "1-40 only"
+    assert table.loc[13, "batch_sizes"].startswith("1 24 28")  # "1, then 24-100"
+    gaps = {m: v.longest_missing_run(table.loc[m, "batch_sizes"].split(), GRID) for m in (10, 11, 12, 13, 18, 21)}
+    assert gaps == {10: 3, 11: 2, 12: 7, 13: 6, 18: 1, 21: 0}
+
+
+def test_table3_holds_on_the_papers_own_table():
+    verdict = v.poor_coverage_worst_fits(paper_robustness())
+    assert verdict.status == v.HOLDS and "m = 12" in verdict.sentence
+    poor = verdict.numbers.loc[verdict.numbers["judged"] & verdict.numbers["poor"], "m"].tolist()
+    assert poor == [11, 12, 13]
+
+
+def test_table3_fails_when_a_well_covered_sample_fits_worst():
+    table = paper_robustness()
+    worst_well = table.assign(mse=np.where(table["m"] == 228, 9.0, table["mse"]))
+    assert v.poor_coverage_worst_fits(worst_well).status == v.FAILS
+    coverage_irrelevant = table.assign(mse=np.where(table["m"] == 12, 9.0, 1.5 + 0.1 * np.sin(table["m"])))
+    assert v.poor_coverage_worst_fits(coverage_irrelevant).status == v.FAILS  # one outlier is not "the fits"
+
+
+def test_table3_unmeasurable():
+    assert v.poor_coverage_worst_fits(None).status == v.UNMEASURABLE
+    table = paper_robustness()
+    even = table[table["m"] >= 19]  # every sample covers every batch size
+    assert v.poor_coverage_worst_fits(even).status == v.UNMEASURABLE
+
+
+# --- scorecard -------------------------------------------------------------------------------------------
+
+
+def test_scorecard_reads_a_device_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(moesd.measurements, "MEASUREMENTS_DIR", tmp_path)
+    folder = tmp_path / "h100"
+    folder.mkdir()
+    e2e_study(lambda b: hump(b, 24), lambda b: hump(b, 20, 0.6, 0.3)).to_csv(folder / "e2e.csv", index=False)
+    (folder / "e2e.json").write_text(json.dumps({"device": "H100", "complete": True}))
+    (tmp_path / "notes").mkdir()
+    assert v.devices() == ["h100", "notes"]
+    card = v.scorecard("h100")
+    assert card["claim"].tolist() == list(v.CLAIMS) and (card["device"] == "h100").all()
+    assert card.set_index("claim")["status"].to_dict() == {
+        "Fig. 2": v.HOLDS, "Fig. 3": v.UNMEASURABLE, "Fig. 4": v.UNMEASURABLE, "Fig. 5": v.UNMEASURABLE,
+        "Fig. 6": v.UNMEASURABLE, "Table 3": v.UNMEASURABLE}
+    assert card.set_index("claim").loc["Fig. 6", "sentence"].endswith("no dense study on this device.")
+
+
+def test_scorecard_says_why_table3_cannot_be_fitted(tmp_path, monkeypatch):
+    monkeypatch.setattr(moesd.measurements, "MEASUREMENTS_DIR", tmp_path)
+    (tmp_path / "cpu").mkdir()
+    sparsity_study().assign(sigma=0.9).to_csv(tmp_path / "cpu" / "sparsity.csv", index=False)
+    sidecar = {"device": "old CPU", "complete": True, "settings": {"target": "qwen2-57b-a14b"}}
+    (tmp_path / "cpu" / "sparsity.json").write_text(json.dumps(sidecar))
+    card = v.scorecard("cpu").set_index("claim")
+    assert card.loc["Fig. 4", "status"] == v.HOLDS
+    assert card.loc["Table 3", "status"] == v.UNMEASURABLE and "no measured roofline" in card.loc["Table 3", "sentence"]
+    with pytest.raises(ValueError, match="not a known model"):
+        v.robustness_for(sparsity_study(), {"hardware": HARDWARE["H100"].as_dict(), "settings": {"target": "x"}})
+
+
+def test_robustness_for_fits_with_the_sidecars_ridge_point():
+    raw, sidecar = moesd.measurements.load("sparsity", "cpu")
+    sidecar = {**sidecar, "hardware": HARDWARE["H100"].as_dict()}
+    study = v.robustness_for(raw, sidecar, strides=(25, 11))
+    assert study["m"].tolist() == [int(np.ceil(len(raw) / 25)), int(np.ceil(len(raw) / 11))]
+    assert all(result.rp == HARDWARE["H100"].ridge_point for result in study["result"])
+    assert v.poor_coverage_worst_fits(study).status == v.UNMEASURABLE  # two samples say nothing
+
+
+def test_scorecard_of_the_shipped_folders_runs():
+    for device in v.devices():
+        card = v.scorecard(device, robustness=pd.DataFrame())  # Table 3's fits: see the test above
+        assert len(card) == len(v.CLAIMS) and card["status"].isin(v.STATUSES).all()
+        assert card["sentence"].str.len().gt(40).all()
