@@ -71,37 +71,48 @@ def sigma_adjusted_speedup(frame: pd.DataFrame, reference_k: int = 8) -> pd.Seri
 
 def check_measurements(frame: pd.DataFrame) -> pd.DataFrame:
     """Validate a frame of measurements (columns :data:`COLUMNS`), raising ValueError on bad rows."""
+    _measurement_array(frame)
+    return frame
+
+
+def _measurement_array(frame: pd.DataFrame) -> np.ndarray:
+    """The checked :data:`COLUMNS` of a frame of measurements as a float array, one row per measurement."""
     if not isinstance(frame, pd.DataFrame):
         raise ValueError(f"measurements must be a pandas DataFrame, got {type(frame).__name__}")
     missing = [column for column in COLUMNS if column not in frame.columns]
     if missing:
         raise ValueError(f"measurements lack the column(s) {', '.join(missing)}")
-    for column in COLUMNS:
-        numbers = pd.to_numeric(frame[column], errors="coerce")
-        text = numbers.isna() & frame[column].notna()
-        if text.any():
-            label = text.idxmax()
-            raise ValueError(f"measurements column {column} holds {frame[column][label]!r} (row {label}), "
-                             "not a number")
-    values = frame[list(COLUMNS)].apply(pd.to_numeric)
-    if values.isna().any().any():
-        bad = values.columns[values.isna().any()].tolist()
+    values = frame[list(COLUMNS)]
+    if not all(pd.api.types.is_numeric_dtype(dtype) for dtype in values.dtypes):
+        for column in COLUMNS:
+            numbers = pd.to_numeric(values[column], errors="coerce")
+            text = numbers.isna() & values[column].notna()
+            if text.any():
+                label = text.idxmax()
+                raise ValueError(f"measurements column {column} holds {values[column][label]!r} (row {label}), "
+                                 "not a number")
+        values = values.apply(pd.to_numeric)
+    array = values.to_numpy(dtype=float)
+    if np.isnan(array).any():
+        bad = [column for column, nan in zip(COLUMNS, np.isnan(array).any(axis=0)) if nan]
         raise ValueError(f"measurements have NaN in {', '.join(bad)}")
-    if (values["B"] < 1).any() or (values["gamma"] < 1).any():
+    B, gamma, K, E, sigma, speedup = array.T
+    if (B < 1).any() or (gamma < 1).any():
         raise ValueError("B and gamma must be >= 1")
-    if ((values["K"] < 1) | (values["K"] > values["E"])).any():
+    if ((K < 1) | (K > E)).any():
         raise ValueError("K must be in [1, E]")
-    low = 1 / (values["gamma"] + 1)
-    if ((values["sigma"] < low - 1e-9) | (values["sigma"] > 1)).any():
+    if ((sigma < 1 / (gamma + 1) - 1e-9) | (sigma > 1)).any():
         raise ValueError("sigma must be in [1/(gamma+1), 1] (Eq. 5)")
-    if (values["speedup"] <= 0).any():
+    if (speedup <= 0).any():
         raise ValueError("speedup must be > 0")
-    return frame
+    return array
 
 
-def _inputs(frame: pd.DataFrame, rp: float, verify_tokens) -> SpeedupInputs:
-    columns = [frame[c].to_numpy(dtype=float) for c in ("B", "gamma", "K", "E", "sigma")]
-    return SpeedupInputs.build(*columns, rp, verify_tokens)
+def _inputs(frame: pd.DataFrame, rp: float, verify_tokens, array: np.ndarray | None = None) -> SpeedupInputs:
+    """:class:`SpeedupInputs` of the rows of a fitting frame (or of its :func:`_measurement_array`)."""
+    if array is None:
+        array = frame[list(COLUMNS[:5])].to_numpy(dtype=float)
+    return SpeedupInputs.build(*array[:, :5].T, rp, verify_tokens)
 
 
 @dataclass
@@ -278,6 +289,7 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
     if _scale_is_free(lower, upper) and values[0] > 0 and start[0] > 0:  # report the point of the ray with bias at its start
         values = values.copy()
         values[:len(TIME_PARAMETERS)] *= start[0] / values[0]
+        values[0] = start[0]
         values = np.clip(values, lower, upper)
     residuals = residual(values)
     return FitResult(SpeedupParams.from_vector(values), variant, rp, float(np.mean(residuals ** 2)), residuals,
@@ -285,20 +297,21 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
                      int(solution.nfev), int(solution.njev or 0))
 
 
-def _held_back(result: FitResult, frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows of ``frame`` the fit did not use, found by index label."""
+def _held_back(result: FitResult, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Which rows of ``frame`` the fit did not use (found by index label), and the frame's checked values."""
     if not isinstance(result, FitResult):
         raise ValueError(f"result must be a FitResult, got {type(result).__name__}")
-    check_measurements(frame)
+    array = _measurement_array(frame)
     if not frame.index.is_unique:
         raise ValueError("frame's index must be unique (held-back rows are found by label)")
-    labels = result.fitted.index
-    if not labels.isin(frame.index).all():
+    positions = frame.index.get_indexer(result.fitted.index)
+    if (positions < 0).any():
         raise ValueError("frame lacks rows the fit used: pass the frame the result was fitted on")
-    used = frame.loc[labels, list(COLUMNS)].to_numpy(dtype=float)
-    if not np.array_equal(used, result.fitted[list(COLUMNS)].to_numpy(dtype=float)):
+    if not np.array_equal(array[positions], result.fitted[list(COLUMNS)].to_numpy(dtype=float)):
         raise ValueError("frame's rows differ from those the fit used: pass the frame the result was fitted on")
-    return frame.drop(index=labels)
+    held = np.ones(len(frame), dtype=bool)
+    held[positions] = False
+    return held, array
 
 
 def held_out_errors(result: FitResult, frame: pd.DataFrame) -> dict:
@@ -313,12 +326,15 @@ def held_out_errors(result: FitResult, frame: pd.DataFrame) -> dict:
         ``points``, ``mse``, ``mape`` (percent) and ``max_abs_error`` on the held-back rows, and
         ``mse_all`` over every row.
     """
-    held = _held_back(result, frame)
-    error = result.predict(held) - held["speedup"].to_numpy(dtype=float) if len(held) else np.array([])
-    all_error = result.predict(frame) - frame["speedup"].to_numpy(dtype=float)
-    return {"points": len(held), "mse": float(np.mean(error ** 2)) if len(held) else float("nan"),
-            "mape": float(100 * np.mean(np.abs(error) / held["speedup"])) if len(held) else float("nan"),
-            "max_abs_error": float(np.max(np.abs(error))) if len(held) else float("nan"),
+    held, array = _held_back(result, frame)
+    measured = array[:, 5]
+    all_error = _inputs(frame, result.rp, result.verify_tokens, array)._speedup(
+        result.parameters.vector(), result.variant) - measured
+    error = all_error[held]
+    points = int(held.sum())
+    return {"points": points, "mse": float(np.mean(error ** 2)) if points else float("nan"),
+            "mape": float(100 * np.mean(np.abs(error) / measured[held])) if points else float("nan"),
+            "max_abs_error": float(np.max(np.abs(error))) if points else float("nan"),
             "mse_all": float(np.mean(all_error ** 2))}
 
 
@@ -356,13 +372,13 @@ def residual_table(result: FitResult, frame: pd.DataFrame) -> pd.DataFrame:
         measured), ``relative_residual`` (over measured) and ``fitted`` (whether the fit used the row),
         sorted by K, gamma, B, with ``frame``'s index.
     """
-    held = _held_back(result, frame)
-    predicted = result.predict(frame)
-    measured = frame["speedup"].to_numpy(dtype=float)
+    held, array = _held_back(result, frame)
+    predicted = _inputs(frame, result.rp, result.verify_tokens, array).speedup(result.parameters, result.variant)
+    measured = array[:, 5]
     table = pd.DataFrame({"K": frame["K"], "gamma": frame["gamma"], "B": frame["B"], "measured": measured,
                           "predicted": predicted, "residual": predicted - measured,
-                          "relative_residual": (predicted - measured) / measured,
-                          "fitted": ~frame.index.isin(held.index)}, index=frame.index)
+                          "relative_residual": (predicted - measured) / measured, "fitted": ~held},
+                         index=frame.index)
     return table.sort_values(["K", "gamma", "B"], kind="stable")
 
 

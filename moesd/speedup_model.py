@@ -23,6 +23,7 @@ counts its parameters through :mod:`moesd.zoo`, which imports torch only then).
 
 from __future__ import annotations
 
+import math
 from dataclasses import astuple, dataclass, fields
 
 import numpy as np
@@ -145,8 +146,8 @@ def _growth(t, transition: float, s: float, derivatives: bool = False):
     and ``dG/ds = s**(L - 1) (L (1 + ln s (t - L)) + t - L)``. Both derivatives are continuous at
     ``t = L`` (0 and ``L s**(L - 1)`` from either side).
     """
-    log_s = np.log(s)
-    at_transition = np.power(s, transition)
+    log_s = math.log(s)
+    at_transition = s ** transition
     excess = t - transition
     below = t <= transition
     linear = 1.0 + log_s * excess
@@ -239,7 +240,7 @@ class SpeedupInputs:
 
     def _times(self, p: np.ndarray, growth: np.ndarray):
         """Target times (decode, verify), draft and reject times for parameters ``p`` and G at the stacked tokens."""
-        bias, k1, k2, k3, draft_bias, draft_k, reject_bias, reject_k, _, _ = p
+        bias, k1, k2, k3, draft_bias, draft_k, reject_bias, reject_k, _, _ = p.tolist()
         target = bias + k1 * growth[:2] + k2 * self.experts + k3 * growth[2:]
         return target, draft_bias + draft_k * growth[0], reject_bias + reject_k * self.batch
 
@@ -264,7 +265,8 @@ class SpeedupInputs:
     def _speedup(self, p: np.ndarray, variant: str, tokens: np.ndarray | None = None) -> np.ndarray:
         draft_weight, ar_weight = self._weights(variant)
         tokens = self._growth_tokens if tokens is None else tokens
-        target, draft, reject = self._times(p, _growth(tokens, p[8] * self.rp, p[9]))
+        lam, s = p[8:].tolist()
+        target, draft, reject = self._times(p, _growth(tokens, lam * self.rp, s))
         denominator = draft_weight * draft + ar_weight * target[0] + target[1] + reject
         return self.acceptance * target[0] / denominator
 
@@ -282,7 +284,8 @@ class SpeedupInputs:
     def _jacobian(self, p: np.ndarray, variant: str, tokens: np.ndarray | None = None) -> np.ndarray:
         draft_weight, ar_weight = self._weights(variant)
         tokens = self._growth_tokens if tokens is None else tokens
-        growth, d_transition, d_s = _growth(tokens, p[8] * self.rp, p[9], derivatives=True)
+        lam, s = p[8:].tolist()
+        growth, d_transition, d_s = _growth(tokens, lam * self.rp, s, derivatives=True)
         target, draft, reject = self._times(p, growth)
         denominator = draft_weight * draft + ar_weight * target[0] + target[1] + reject
         on_ar = self.acceptance / denominator  # dS/d(ar) through the numerator
@@ -298,11 +301,16 @@ class SpeedupInputs:
         jacobian[5] = -on_draft * growth[0]
         jacobian[6] = -on_denominator
         jacobian[7] = -on_denominator * self.batch
-        # lam (through the transition lam RP) and s: G's derivatives, weighted by k1, k3 and draft_k.
-        k1, k3, draft_k = p[1], p[3], p[5]
-        d_growth = np.stack([self.rp * d_transition, d_s])
-        d_target = k1 * d_growth[:, :2] + k3 * d_growth[:, 2:]
-        jacobian[8:] = on_ar * d_target[:, 0] - on_denominator * d_target[:, 1] - on_draft * draft_k * d_growth[:, 0]
+        # lam (through the transition lam RP) and s act through G at the four stacked token counts:
+        # dS = (on_ar k1 - on_draft draft_k) dG(B) - on_den k1 dG(B w) + k3 (on_ar dG(T_ar) - on_den dG(T_verify)).
+        k1, k3, draft_k = p[[1, 3, 5]].tolist()
+        weights = np.empty_like(d_s)
+        weights[0] = k1 * on_ar - draft_k * on_draft
+        weights[1] = -k1 * on_denominator
+        weights[2] = k3 * on_ar
+        weights[3] = -k3 * on_denominator
+        jacobian[8] = self.rp * (weights * d_transition).sum(axis=0)
+        jacobian[9] = (weights * d_s).sum(axis=0)
         return jacobian.T
 
 
