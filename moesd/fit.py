@@ -9,8 +9,9 @@ Speedup is a ratio of times: multiplying the eight time-like parameters by one c
 prediction. Only bounds (Appendix C.2: parameter volumes over memory bandwidth) fix that scale. When
 the bounds leave it free, the optimum is a ray of equally good points and where the solver ends on it
 depends on its path; the fit then reports the point with ``bias`` at its start value.
-:meth:`FitResult.relative_params` reports the time-like parameters over ``bias``, which is identifiable. :func:`fit_stage_times` fits the same
-stage-time model to measured stage times instead, where the scale is identifiable.
+:meth:`FitResult.relative_params` reports the time-like parameters over ``bias``, which is
+identifiable. :func:`fit_stage_times` fits the same stage-time model to measured stage times
+instead, where the scale is identifiable.
 
 Diagnostics: :meth:`FitResult.on_bounds` (parameters that end on a bound), :func:`residual_table`
 (residuals against B for each K and gamma), :func:`compare_stage_times` (fitted draft and rejection
@@ -33,11 +34,12 @@ from moesd.speedup_model import (PARAMETERS, TIME_PARAMETERS, VARIANTS, VERIFY_T
                                  SpeedupParams, as_params, compute_speedup, parameter_bounds, stage_times,
                                  target_time)
 
-__all__ = ["PARAMETERS", "TIME_PARAMETERS", "VARIANTS", "VERIFY_TOKENS", "PAPER_STRIDES", "COLUMNS", "SpeedupParams",
-           "SpeedupInputs", "as_params", "compute_speedup", "stage_times", "target_time", "parameter_bounds",
-           "from_sweep", "sigma_adjusted_speedup", "check_measurements", "FitResult", "stride_sample",
-           "fit_speedup_model", "held_out_errors", "robustness_study", "residual_table", "compare_stage_times",
-           "model_variant_errors", "best_model_variant", "StageTimeFit", "fit_stage_times"]
+__all__ = ["PARAMETERS", "TIME_PARAMETERS", "VARIANTS", "VERIFY_TOKENS", "PAPER_STRIDES", "COLUMNS",
+           "SpeedupParams", "SpeedupInputs", "as_params", "compute_speedup", "stage_times", "target_time",
+           "parameter_bounds", "from_sweep", "sigma_adjusted_speedup", "check_measurements", "FitResult",
+           "stride_sample", "fit_speedup_model", "held_out_errors", "robustness_study", "residual_table",
+           "STAGE_COLUMNS", "compare_stage_times", "model_variant_errors", "best_model_variant", "StageTimeFit",
+           "fit_stage_times"]
 
 PAPER_STRIDES = (25, 22, 20, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1)
 """The 21 strides of Appendix C.3 (m = 10 ... 228 of 228 measurements, Table 3)."""
@@ -51,6 +53,10 @@ rule, sets every printed digit (the analytic Jacobian makes that cheap)."""
 
 def from_sweep(rows: pd.DataFrame, num_experts: int) -> pd.DataFrame:
     """The fitting frame (columns :data:`COLUMNS`) of an e2e or sparsity result file of :mod:`moesd.bench`."""
+    missing = [c for c in ("batch_size", "gamma", "num_experts_per_tok", "sigma", "speedup") if c not in rows]
+    if missing:
+        raise ValueError(f"rows lack the column(s) {', '.join(missing)} of an e2e or sparsity result file")
+    num_experts = int(as_array("num_experts", num_experts, low=1, whole=True))
     return pd.DataFrame({"B": rows["batch_size"], "gamma": rows["gamma"], "K": rows["num_experts_per_tok"],
                          "E": num_experts, "sigma": rows["sigma"], "speedup": rows["speedup"]})
 
@@ -286,7 +292,8 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
                              ftol=TOLERANCE, xtol=TOLERANCE, gtol=TOLERANCE)
     seconds = time.perf_counter() - tick
     values = solution.x
-    if _scale_is_free(lower, upper) and values[0] > 0 and start[0] > 0:  # report the point of the ray with bias at its start
+    if _scale_is_free(lower, upper) and values[0] > 0 and start[0] > 0:
+        # Every point of the ray through the optimum fits equally: report the one with bias at its start.
         values = values.copy()
         values[:len(TIME_PARAMETERS)] *= start[0] / values[0]
         values[0] = start[0]
@@ -393,7 +400,8 @@ def compare_stage_times(result: FitResult, measured: pd.DataFrame, num_experts: 
     Absolute times are not identifiable from speedups (see the module docstring), so the comparison
     is of ``draft_time / ar_time`` with ``t_draft / t_target_1`` and ``reject_time / ar_time`` with
     ``t_reject / t_target_1`` (and, when ``t_target_gamma`` is there, ``verify_time / ar_time`` with
-    ``t_target_gamma / t_target_1``).
+    ``t_target_gamma / t_target_1``; :mod:`moesd.sd` verifies ``gamma + 1`` positions, the fitted term
+    the fit's ``verify_tokens``).
 
     Parameters
     ----------
@@ -484,6 +492,8 @@ def best_model_variant(errors: pd.DataFrame, metric: str = "mse") -> dict:
     """
     if metric not in ("mse", "mape", "worst_mse"):
         raise ValueError(f"metric must be mse, mape or worst_mse, got {metric!r}")
+    if not isinstance(errors, pd.DataFrame) or metric not in errors.columns or errors.empty:
+        raise ValueError(f"errors must be the table of model_variant_errors (with a {metric} column)")
     ranked = errors[metric].sort_values(kind="stable")
     (verify_tokens, variant), value = ranked.index[0], float(ranked.iloc[0])
     return {"verify_tokens": verify_tokens, "variant": variant, "metric": metric, "value": value,

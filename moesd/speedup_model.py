@@ -129,19 +129,18 @@ def as_params(params) -> SpeedupParams:
             raise ValueError(f"params lacks {', '.join(missing)}")
         return SpeedupParams(**{name: float(params[name]) for name in PARAMETERS})
     try:
-        return SpeedupParams.from_vector(params)
-    except (TypeError, ValueError) as error:
-        if "must" in str(error):
-            raise
+        vector = np.asarray(params, dtype=float)
+    except (TypeError, ValueError):
         raise ValueError(f"params must be SpeedupParams, a dict or {len(PARAMETERS)} numbers, got {params!r}") \
-            from error
+            from None
+    return SpeedupParams.from_vector(vector)
 
 
 def _growth(t, transition: float, s: float, derivatives: bool = False):
     """G(t; transition, s) of Eq. 11 and, if asked, its derivatives in the transition point and in s.
 
-    Same formulas as :func:`moesd.roofline.G` (identical values), without its input checks; the
-    transition and s are scalars. Below the transition ``G = s**t``: ``dG/dL = 0``,
+    The formulas of :func:`moesd.roofline.G`, without its input checks; the transition and s are
+    scalars. Below the transition ``G = s**t``: ``dG/dL = 0``,
     ``dG/ds = t s**(t - 1)``. Above it ``G = s**L (1 + ln s (t - L))``: ``dG/dL = s**L (ln s)**2 (t - L)``
     and ``dG/ds = s**(L - 1) (L (1 + ln s (t - L)) + t - L)``. Both derivatives are continuous at
     ``t = L`` (0 and ``L s**(L - 1)`` from either side).

@@ -69,7 +69,7 @@ def test_matches_the_reference_sketch_across_the_roofline(variant):
 def test_growth_is_eq_11():
     t = np.array([0.0, 1.0, 2.5, 10.0, 10.000001, 37.0, 400.0])
     for transition, s in ((10.0, 1.0), (10.0, 1.3), (3.7, 2.0)):
-        assert np.array_equal(_growth(t, transition, s), G(t, transition, s))
+        np.testing.assert_allclose(_growth(t, transition, s), G(t, transition, s), rtol=1e-15)
 
 
 @pytest.mark.parametrize("variant", ["eq4", "printed"])
@@ -291,6 +291,7 @@ def test_bad_frames_raise(change, match):
     (lambda: compute_speedup(TRUE, 1, 2, 8, 64, 0.9, 200, "line11"), "variant"),
     (lambda: compute_speedup([1, 2, 3], 1, 2, 8, 64, 0.9, 200), "10 values"),
     (lambda: compute_speedup({"bias": 1}, 1, 2, 8, 64, 0.9, 200), "lacks"),
+    (lambda: compute_speedup("fast", 1, 2, 8, 64, 0.9, 200), "params must be SpeedupParams"),
     (lambda: compute_speedup(TRUE, 1, 2, 8, 64, 5, 200), "sigma must be <= 1"),
     (lambda: compute_speedup(TRUE, 1, 2, 8, 64, -1, 200), "sigma must be in"),
     (lambda: compute_speedup(TRUE, 1, 4, 8, 64, 0.19, 200), "sigma must be in"),
@@ -316,6 +317,9 @@ def test_bad_frames_raise(change, match):
     (lambda: fit_speedup_model(synthetic()[0], 200, x0=[1, 2]), "10 values"),
     (lambda: SpeedupInputs.build(np.ones((2, 2)), 2, 8, 64, 0.9, 200).jacobian(TRUE), "one-dimensional"),
     (lambda: best_model_variant(pd.DataFrame({"mse": [1.0]}), metric="r2"), "metric"),
+    (lambda: best_model_variant(pd.DataFrame({"mape": [1.0]})), "errors must be"),
+    (lambda: from_sweep(pd.DataFrame({"batch_size": [1]}), 64), "rows lack the column"),
+    (lambda: model_variant_errors(synthetic()[0], 200, variant="eq4"), "sets variant itself"),
 ])
 def test_bad_arguments_raise(call, match):
     with pytest.raises(ValueError, match=match):
