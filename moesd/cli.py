@@ -94,18 +94,102 @@ def _sweep(args: argparse.Namespace) -> None:
     print(f"{config.study} study -> {path}")
 
 
+def _read_result_file(path) -> tuple[pd.DataFrame, dict | None]:
+    """The rows of an e2e or sparsity result file and its sidecar (None if absent), or a one-line ValueError."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_dir():
+        found = [str(path / f"{study}.csv") for study in ("sparsity", "e2e") if (path / f"{study}.csv").exists()]
+        raise ValueError(f"{path} is a directory; give an e2e or sparsity result file"
+                         + (f", e.g. {found[0]}" if found else ""))
+    if not path.exists():
+        raise ValueError(f"{path}: no such file")
+    if path.suffix == ".npz":
+        raise ValueError(f"{path} is a routing trace (.npz); moesd fit reads an e2e or sparsity result file (.csv)")
+    if path.suffix == ".json":
+        raise ValueError(f"{path} is a sidecar; give the result file beside it ({path.with_suffix('.csv')})")
+    try:
+        rows = pd.read_csv(path)
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+        raise ValueError(f"{path} is not a readable CSV file ({str(error).splitlines()[0]})") from None
+    if {"role", "tokens", "seconds"} <= set(rows.columns):
+        siblings = [str(path.parent / f"{study}.csv") for study in ("sparsity", "e2e")
+                    if (path.parent / f"{study}.csv").exists()]
+        hint = f"fit {' or '.join(siblings)}" if siblings else "measure one with `moesd sweep sparsity`"
+        raise ValueError(f"{path} is a forward study (stage times per forward, no speedups); moesd fit needs an "
+                         f"e2e or sparsity result: {hint}")
+    needed = ["batch_size", "gamma", "num_experts_per_tok", "sigma", "speedup"]
+    missing = [column for column in needed if column not in rows.columns]
+    if missing:
+        raise ValueError(f"{path} lacks the column(s) {', '.join(missing)}; moesd fit reads the e2e or sparsity "
+                         "result files of `moesd sweep`")
+    if rows["num_experts_per_tok"].isna().all():
+        raise ValueError(f"{path} has no experts per token (a dense target?); Algorithm 1 fits an MoE target")
+    sidecar = path.with_suffix(".json")
+    try:
+        return rows, json.loads(sidecar.read_text()) if sidecar.exists() else None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{sidecar} is not valid JSON ({error})") from None
+
+
+def _experts_from_sidecar(path, sidecar: dict | None) -> int:
+    """Routed experts per layer E of the target a result file measured, from its sidecar."""
+    from moesd.zoo import get_model
+
+    if sidecar is None:
+        raise ValueError(f"{path} has no sidecar (.json beside it) to read E from; pass --E")
+    settings = sidecar.get("settings", {})
+    for record in (sidecar, settings):
+        if record.get("num_experts"):
+            return int(record["num_experts"])
+    try:
+        experts = get_model(settings.get("target", "")).num_experts
+    except KeyError:
+        experts = None
+    if not experts:
+        raise ValueError(f"the sidecar of {path} names no MoE target of moesd.zoo "
+                         f"(target {settings.get('target')!r}); pass --E")
+    return int(experts)
+
+
 def _fit(args: argparse.Namespace) -> None:
     from moesd.fit import fit_speedup_model, from_sweep, held_out_errors
+    from moesd.measurements import ridge_point_for
     from moesd.roofline import ridge_point
 
-    frame = from_sweep(pd.read_csv(args.measurements), args.E)
-    rp = float(ridge_point(args.hardware))
-    result = fit_speedup_model(frame, rp, variant=args.variant, stride=args.stride)
+    rows, sidecar = _read_result_file(args.measurements)
+    if args.E is not None:
+        experts, experts_source = args.E, "--E"
+    else:
+        experts, experts_source = _experts_from_sidecar(args.measurements, sidecar), "sidecar"
+    try:
+        rp, rp_source = ridge_point_for(sidecar or {}), "measured roofline in the sidecar"
+        if args.hardware is not None:
+            rp_source += f"; --hardware {args.hardware} not used"
+    except ValueError as error:
+        if args.hardware is None:
+            raise ValueError(f"{args.measurements}: {str(error).split(';')[0]}; pass --hardware NAME to use a "
+                             "data-sheet ridge point (moesd hardware lists them)") from None
+        rp, rp_source = float(ridge_point(args.hardware)), f"{args.hardware} data sheet, --hardware"
+    frame = from_sweep(rows, experts)
+    try:
+        result = fit_speedup_model(frame, rp, variant=args.variant, stride=args.stride,
+                                   verify_tokens=args.verify_tokens)
+    except ValueError as error:
+        raise ValueError(f"{args.measurements}: {error}") from None
     errors = held_out_errors(result, frame)
-    print(f"{len(result.fitted)} of {len(frame)} measurements, variant {args.variant}, ridge point {rp:.4g} "
-          f"({args.hardware}); fit {result.fit_seconds:.3f} s")
+    verified = "B gamma" if args.verify_tokens == "gamma" else "B (gamma + 1)"
+    print(f"{len(result.fitted)} of {len(frame)} measurements, variant {args.variant}, {verified} verified tokens; "
+          f"E = {experts} ({experts_source}); ridge point {rp:.4g} FLOP/byte ({rp_source}); "
+          f"fit {result.fit_seconds:.3f} s")
+    print(f"solver: status {result.status} ({'converged' if result.status > 0 else 'NOT converged'}), "
+          f"{result.nfev} evaluations: {result.message}")
+    bounds = result.on_bounds()
+    print("on bounds: " + (", ".join(f"{name} ({side})" for name, side in bounds.items()) if bounds else "none"))
     print(f"MSE fitted {result.mse:.4g}; over all {errors['mse_all']:.4g}; held back ({errors['points']}): "
-          f"MAPE {errors['mape']:.2f} %, max error {errors['max_abs_error']:.3f}")
+          f"MAPE {errors['mape']:.4g} %, max error {errors['max_abs_error']:.4g}")
     print(pd.DataFrame({"fitted": result.params, "relative to bias": result.relative_params()})
           .to_string(float_format=lambda v: f"{v:.4g}"))
 
@@ -171,10 +255,13 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.set_defaults(run=_sweep)
 
     fit = commands.add_parser("fit", help="fit Algorithm 1 to an e2e or sparsity result file (moesd.fit)")
-    fit.add_argument("measurements", help="CSV written by moesd sweep (e2e, sparsity)")
-    fit.add_argument("--E", type=int, default=64, help="routed experts per layer of the target (default 64)")
-    fit.add_argument("--hardware", default="CPU", help="moesd.roofline.HARDWARE name for the ridge point")
+    fit.add_argument("measurements", help="CSV written by moesd sweep (e2e, sparsity), with its .json sidecar")
+    fit.add_argument("--E", type=int, help="override E, the routed experts per layer (default: from the sidecar)")
+    fit.add_argument("--hardware", help="moesd.roofline.HARDWARE name whose data-sheet ridge point is used when "
+                                        "the sidecar holds no measured roofline")
     fit.add_argument("--variant", default="eq4", choices=["eq4", "printed"], help="Algorithm 1 denominator")
+    fit.add_argument("--verify-tokens", default="gamma", choices=["gamma", "gamma+1"],
+                     help="tokens per sequence verified: Algorithm 1's gamma or vLLM's gamma + 1")
     fit.add_argument("--stride", type=int, help="fit df[::stride] of the rows sorted by K, gamma, B")
     fit.set_defaults(run=_fit)
     return parser

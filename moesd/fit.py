@@ -1,21 +1,23 @@
-"""The paper's fitted model of SD speedup (Algorithm 1, Appendix C) and its robustness study.
+"""Fitting Algorithm 1 to measured speedups (Appendix C), its robustness study and its diagnostics.
 
-``compute_speedup`` is Algorithm 1's ``ComputeSpeedup``: stage times built from the expected
-activated experts N(t) (Eq. 8), tokens per expert (Eq. 10) and the roofline growth G (Eq. 11),
-
-* ``ar_time     = bias + k1 G(B) + k2 N(B) + k3 G(B K / N(B))``
-* ``verify_time = bias + k1 G(B gamma) + k2 N(B gamma) + k3 G(B gamma K / N(B gamma))``
-* ``draft_time  = draft_bias + draft_k G(B)``,  ``reject_time = reject_bias + reject_k B``
-
-with ``G(t) = G(t; lam RP, s)``, and the speedup ``sigma (gamma + 1) ar_time / denominator``. Line 11
-of the paper prints ``draft + ar + verify + reject`` as the denominator (``variant="printed"``); Eq. 4
-implies ``gamma draft + verify + reject`` (``variant="eq4"``). Both are implemented and fitted.
+The forward model (``ComputeSpeedup``, stage times, bounds) lives in :mod:`moesd.speedup_model`; its
+names are importable from here too. :func:`fit_speedup_model` runs ``least_squares`` (trust region
+reflective, as the paper) with the model's analytic Jacobian on inputs precomputed once
+(:class:`moesd.speedup_model.SpeedupInputs`).
 
 Speedup is a ratio of times: multiplying the eight time-like parameters by one constant changes no
-prediction. Only the bounds (Appendix C.2: parameter volumes over memory bandwidth) fix that scale, so
-:meth:`FitResult.relative_params` reports them divided by ``bias``, which is identifiable.
-:func:`fit_stage_times` fits the same stage-time model to measured stage times instead, where the
-scale is identifiable.
+prediction. Only bounds (Appendix C.2: parameter volumes over memory bandwidth) fix that scale. When
+the bounds leave it free, the optimum is a ray of equally good points and where the solver ends on it
+depends on its path; the fit then reports the point with ``bias`` at its start value.
+:meth:`FitResult.relative_params` reports the time-like parameters over ``bias``, which is
+identifiable. :func:`fit_stage_times` fits the same stage-time model to measured stage times
+instead, where the scale is identifiable.
+
+Diagnostics: :meth:`FitResult.on_bounds` (parameters that end on a bound), :func:`residual_table`
+(residuals against B for each K and gamma), :func:`compare_stage_times` (fitted draft and rejection
+terms against measured stage times) and :func:`model_variant_errors` / :func:`best_model_variant`
+(Algorithm 1's ``B gamma`` verified tokens against ``B (gamma + 1)``, in both denominators, judged on
+held-back points).
 """
 
 from __future__ import annotations
@@ -28,139 +30,33 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from moesd._checks import as_array
-from moesd.experts import expected_active_experts
-from moesd.roofline import HARDWARE, G
+from moesd.speedup_model import (PARAMETERS, TIME_PARAMETERS, VARIANTS, VERIFY_TOKENS, SpeedupInputs,
+                                 SpeedupParams, as_params, compute_speedup, parameter_bounds, stage_times,
+                                 target_time)
 
-PARAMETERS = ("bias", "k1", "k2", "k3", "draft_bias", "draft_k", "reject_bias", "reject_k", "lam", "s")
-"""Algorithm 1's ten parameters, in its order."""
-TIME_PARAMETERS = PARAMETERS[:8]
-"""The parameters in seconds (or seconds per unit of G, expert or token): one common scale."""
-VARIANTS = ("printed", "eq4")
+__all__ = ["PARAMETERS", "TIME_PARAMETERS", "VARIANTS", "VERIFY_TOKENS", "PAPER_STRIDES", "COLUMNS",
+           "SpeedupParams", "SpeedupInputs", "as_params", "compute_speedup", "stage_times", "target_time",
+           "parameter_bounds", "from_sweep", "sigma_adjusted_speedup", "check_measurements", "FitResult",
+           "stride_sample", "fit_speedup_model", "held_out_errors", "robustness_study", "residual_table",
+           "STAGE_COLUMNS", "compare_stage_times", "model_variant_errors", "best_model_variant", "StageTimeFit",
+           "fit_stage_times"]
+
 PAPER_STRIDES = (25, 22, 20, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1)
 """The 21 strides of Appendix C.3 (m = 10 ... 228 of 228 measurements, Table 3)."""
 COLUMNS = ("B", "gamma", "K", "E", "sigma", "speedup")
-
-
-def _vector(params) -> np.ndarray:
-    if isinstance(params, dict):
-        missing = [name for name in PARAMETERS if name not in params]
-        if missing:
-            raise ValueError(f"params lacks {', '.join(missing)}")
-        return np.array([params[name] for name in PARAMETERS], dtype=float)
-    vector = np.asarray(params, dtype=float)
-    if vector.shape != (len(PARAMETERS),):
-        raise ValueError(f"params must hold {len(PARAMETERS)} values ({', '.join(PARAMETERS)}), got shape "
-                         f"{vector.shape}")
-    return vector
-
-
-def target_time(params, tokens, K, E, rp):
-    """Algorithm 1's target forward time for ``tokens`` tokens (its ar_time and verify_time).
-
-    Parameters
-    ----------
-    params : dict or sequence of 10 floats
-        See :data:`PARAMETERS`.
-    tokens : array_like
-        Tokens in the forward pass (B for a decode step, B gamma for verification).
-    K, E : array_like
-        Experts per token and routed experts per layer.
-    rp : float
-        Ridge point of the hardware (FLOP/byte); the transition of G is at ``lam * rp`` tokens.
-
-    Returns
-    -------
-    numpy.ndarray
-        Seconds (in the scale of the time-like parameters).
-    """
-    bias, k1, k2, k3, _, _, _, _, lam, s = _vector(params)
-    tokens = as_array("tokens", tokens, low=1)
-    active = expected_active_experts(tokens, E, K)
-    per_expert = tokens * np.asarray(K, dtype=float) / active
-    return bias + k1 * G(tokens, lam * rp, s) + k2 * active + k3 * G(per_expert, lam * rp, s)
-
-
-def stage_times(params, B, gamma, K, E, rp, verify_tokens=None) -> dict:
-    """Algorithm 1's four stage times: ``ar``, ``verify``, ``draft`` and ``reject`` (seconds).
-
-    ``verify_tokens`` is the number of tokens per sequence the verification forward scores: ``gamma``
-    as Algorithm 1 writes it (default), or ``gamma + 1`` as vLLM and :mod:`moesd.sd` do.
-    """
-    p = _vector(params)
-    B = as_array("B", B, low=1)
-    gamma = as_array("gamma", gamma, low=1, whole=True)
-    width = gamma if verify_tokens is None else as_array("verify_tokens", verify_tokens, low=1)
-    lam_rp = p[8] * rp
-    return {"ar": target_time(p, B, K, E, rp), "verify": target_time(p, B * width, K, E, rp),
-            "draft": p[4] + p[5] * G(B, lam_rp, p[9]), "reject": p[6] + p[7] * B}
-
-
-def compute_speedup(params, B, gamma, K, E, sigma, rp, variant: str = "eq4", verify_tokens=None):
-    """Algorithm 1's ``ComputeSpeedup``, vectorised over measurements.
-
-    Parameters
-    ----------
-    params : dict or sequence of 10 floats
-        See :data:`PARAMETERS`.
-    B, gamma, K, E : array_like
-        Batch size, draft length, experts per token, routed experts per layer.
-    sigma : array_like
-        Measured sigma (Eq. 5).
-    rp : float
-        Ridge point (FLOP/byte).
-    variant : {"eq4", "printed"}
-        The denominator: ``gamma draft + verify + reject`` (Eq. 4) or, as line 11 prints it,
-        ``draft + ar + verify + reject``.
-    verify_tokens : array_like, optional
-        Tokens per sequence in the verification forward: ``gamma`` as Algorithm 1 writes it (default)
-        or ``gamma + 1`` as vLLM and :mod:`moesd.sd` verify.
-
-    Returns
-    -------
-    numpy.ndarray
-        Predicted speedups.
-    """
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
-    times = stage_times(params, B, gamma, K, E, rp, verify_tokens)
-    gamma = np.asarray(gamma, dtype=float)
-    if variant == "printed":
-        denominator = times["draft"] + times["ar"] + times["verify"] + times["reject"]
-    else:
-        denominator = gamma * times["draft"] + times["verify"] + times["reject"]
-    return np.asarray(sigma, dtype=float) * (gamma + 1) * times["ar"] / denominator
-
-
-def parameter_bounds(model=None, hardware=None, draft=None, bytes_per_parameter: float = 2.0,
-                     t_reject: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Bounds of Appendix C.2 as (lower, upper) arrays in :data:`PARAMETERS` order.
-
-    With a target ``model`` (a :class:`moesd.zoo.ModelSpec`), a ``draft`` and ``hardware`` (a
-    :class:`moesd.roofline.Hardware` or its name), ``bias``, ``k2`` and ``draft_bias`` lie between
-    the time to read their parameters at peak bandwidth (dense part, one expert of every MoE layer,
-    the draft) and 5 times that. ``t_reject`` (the largest measured rejection time) caps
-    ``reject_bias`` and ``reject_k``. Without them those bounds are [0, inf). ``lam`` is in
-    [0.2, 1] and ``s`` in [1, 2] always; ``k1`` is kept above 0 (G's growth would vanish).
-    """
-    lower = np.array([0, 1e-12, 0, 0, 0, 0, 0, 0, 0.2, 1.0])
-    upper = np.array([np.inf] * 8 + [1.0, 2.0])
-    if model is not None and hardware is not None:
-        hw = HARDWARE[hardware] if isinstance(hardware, str) else hardware
-        counts = model.parameter_counts()
-        seconds = bytes_per_parameter / hw.memory_bandwidth
-        lower[0] = counts["dense"] * seconds
-        lower[2] = counts["experts"] / model.num_experts * seconds
-        if draft is not None:
-            lower[4] = draft.parameter_counts()["total"] * seconds
-        for index in (0, 2, 4):
-            upper[index] = 5 * lower[index] if lower[index] > 0 else np.inf
-    if t_reject is not None:
-        upper[6] = upper[7] = float(t_reject)
-    return lower, upper
+"""Columns of a fitting frame: batch size, draft length, experts per token, experts per layer,
+sigma (Eq. 5) and measured speedup."""
+TOLERANCE = 1e-12
+"""``ftol``, ``xtol`` and ``gtol`` of ``least_squares``: tight enough that the optimum, not the stopping
+rule, sets every printed digit (the analytic Jacobian makes that cheap)."""
 
 
 def from_sweep(rows: pd.DataFrame, num_experts: int) -> pd.DataFrame:
     """The fitting frame (columns :data:`COLUMNS`) of an e2e or sparsity result file of :mod:`moesd.bench`."""
+    missing = [c for c in ("batch_size", "gamma", "num_experts_per_tok", "sigma", "speedup") if c not in rows]
+    if missing:
+        raise ValueError(f"rows lack the column(s) {', '.join(missing)} of an e2e or sparsity result file")
+    num_experts = int(as_array("num_experts", num_experts, low=1, whole=True))
     return pd.DataFrame({"B": rows["batch_size"], "gamma": rows["gamma"], "K": rows["num_experts_per_tok"],
                          "E": num_experts, "sigma": rows["sigma"], "speedup": rows["speedup"]})
 
@@ -181,23 +77,48 @@ def sigma_adjusted_speedup(frame: pd.DataFrame, reference_k: int = 8) -> pd.Seri
 
 def check_measurements(frame: pd.DataFrame) -> pd.DataFrame:
     """Validate a frame of measurements (columns :data:`COLUMNS`), raising ValueError on bad rows."""
+    _measurement_array(frame)
+    return frame
+
+
+def _measurement_array(frame: pd.DataFrame) -> np.ndarray:
+    """The checked :data:`COLUMNS` of a frame of measurements as a float array, one row per measurement."""
+    if not isinstance(frame, pd.DataFrame):
+        raise ValueError(f"measurements must be a pandas DataFrame, got {type(frame).__name__}")
     missing = [column for column in COLUMNS if column not in frame.columns]
     if missing:
         raise ValueError(f"measurements lack the column(s) {', '.join(missing)}")
     values = frame[list(COLUMNS)]
-    if values.isna().any().any():
-        bad = values.columns[values.isna().any()].tolist()
+    if not all(pd.api.types.is_numeric_dtype(dtype) for dtype in values.dtypes):
+        for column in COLUMNS:
+            numbers = pd.to_numeric(values[column], errors="coerce")
+            text = numbers.isna() & values[column].notna()
+            if text.any():
+                label = text.idxmax()
+                raise ValueError(f"measurements column {column} holds {values[column][label]!r} (row {label}), "
+                                 "not a number")
+        values = values.apply(pd.to_numeric)
+    array = values.to_numpy(dtype=float)
+    if np.isnan(array).any():
+        bad = [column for column, nan in zip(COLUMNS, np.isnan(array).any(axis=0)) if nan]
         raise ValueError(f"measurements have NaN in {', '.join(bad)}")
-    if (values["B"] < 1).any() or (values["gamma"] < 1).any():
+    B, gamma, K, E, sigma, speedup = array.T
+    if (B < 1).any() or (gamma < 1).any():
         raise ValueError("B and gamma must be >= 1")
-    if ((values["K"] < 1) | (values["K"] > values["E"])).any():
+    if ((K < 1) | (K > E)).any():
         raise ValueError("K must be in [1, E]")
-    low = 1 / (values["gamma"] + 1)
-    if ((values["sigma"] < low - 1e-9) | (values["sigma"] > 1)).any():
+    if ((sigma < 1 / (gamma + 1) - 1e-9) | (sigma > 1)).any():
         raise ValueError("sigma must be in [1/(gamma+1), 1] (Eq. 5)")
-    if (values["speedup"] <= 0).any():
+    if (speedup <= 0).any():
         raise ValueError("speedup must be > 0")
-    return frame
+    return array
+
+
+def _inputs(frame: pd.DataFrame, rp: float, verify_tokens, array: np.ndarray | None = None) -> SpeedupInputs:
+    """:class:`SpeedupInputs` of the rows of a fitting frame (or of its :func:`_measurement_array`)."""
+    if array is None:
+        array = frame[list(COLUMNS[:5])].to_numpy(dtype=float)
+    return SpeedupInputs.build(*array[:, :5].T, rp, verify_tokens)
 
 
 @dataclass
@@ -206,45 +127,89 @@ class FitResult:
 
     Attributes
     ----------
-    params : dict
-        The ten fitted parameters by name (time-like ones in the scale the bounds fixed).
+    parameters : SpeedupParams
+        The ten fitted parameters. When the bounds leave the time scale free, every scale fits equally
+        well and the time-like ones are reported with ``bias`` at its start value.
     variant : str
+        The denominator fitted (``"eq4"`` or ``"printed"``).
     rp : float
+        Ridge point (FLOP/byte) used in G.
     mse : float
         Mean squared error of the predicted speedup on the points fitted.
     residuals : numpy.ndarray
         Predicted minus measured speedup on the points fitted.
     fit_seconds : float
-        Wall time of the optimisation.
+        Wall time of the optimisation (seconds).
     fitted : pandas.DataFrame
-        The measurements used.
+        The measurements used, with the index labels of the frame they came from.
+    verify_tokens : str
+        ``"gamma"`` (Algorithm 1's ``B gamma`` verified tokens) or ``"gamma+1"`` (vLLM's, moesd.sd's).
+    lower, upper : numpy.ndarray
+        The bounds, in :data:`PARAMETERS` order.
+    status, message, nfev, njev
+        ``least_squares``'s exit status (> 0: converged), its message, and its numbers of residual and
+        Jacobian evaluations.
     """
 
-    params: dict
+    parameters: SpeedupParams
     variant: str
     rp: float
     mse: float
     residuals: np.ndarray = field(repr=False)
-    fit_seconds: float = 0.0
-    fitted: pd.DataFrame = field(default=None, repr=False)
+    fit_seconds: float
+    fitted: pd.DataFrame = field(repr=False)
+    verify_tokens: str
+    lower: np.ndarray = field(repr=False)
+    upper: np.ndarray = field(repr=False)
+    status: int
+    message: str
+    nfev: int
+    njev: int
+
+    @property
+    def params(self) -> dict:
+        """The ten fitted parameters as a ``{name: value}`` dict."""
+        return self.parameters.as_dict()
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
         """Predicted speedups of the rows of ``frame`` (columns B, gamma, K, E, sigma)."""
-        return compute_speedup(self.params, frame["B"], frame["gamma"], frame["K"], frame["E"],
-                               frame["sigma"], self.rp, self.variant)
+        missing = [column for column in COLUMNS[:5] if column not in frame.columns]
+        if missing:
+            raise ValueError(f"frame lacks the column(s) {', '.join(missing)}")
+        return _inputs(frame, self.rp, self.verify_tokens).speedup(self.parameters, self.variant)
 
     def relative_params(self) -> dict:
         """The identifiable form: time-like parameters over ``bias``, with ``lam`` and ``s``."""
-        return {name: (self.params[name] / self.params["bias"] if name in TIME_PARAMETERS else self.params[name])
-                for name in PARAMETERS}
+        return self.parameters.relative().as_dict()
+
+    def on_bounds(self, tolerance: float = 1e-6) -> dict:
+        """Parameters that ended on (within ``tolerance`` of) a bound: ``{name: "lower" or "upper"}``.
+
+        The distance is relative: to the largest time-like parameter for those, to the bound's size
+        (at least 1) for ``lam`` and ``s``.
+        """
+        tolerance = float(as_array("tolerance", tolerance, low=0))
+        values = self.parameters.vector()
+        scale = np.r_[np.full(len(TIME_PARAMETERS), np.max(values[:len(TIME_PARAMETERS)])),
+                      np.maximum(1.0, np.abs(self.upper[len(TIME_PARAMETERS):]))]
+        found = {}
+        for index, name in enumerate(PARAMETERS):
+            if values[index] - self.lower[index] <= tolerance * scale[index]:
+                found[name] = "lower"
+            elif self.upper[index] - values[index] <= tolerance * scale[index]:
+                found[name] = "upper"
+        return found
 
 
 def stride_sample(frame: pd.DataFrame, stride: int, begin: int = 0) -> pd.DataFrame:
-    """Rows ``begin::stride`` of the measurements sorted by K, gamma, B (Appendix C.2's ``df[::11]``)."""
-    if int(stride) != stride or stride < 1:
-        raise ValueError(f"stride must be a whole number >= 1, got {stride!r}")
-    ordered = frame.sort_values(["K", "gamma", "B"], kind="stable").reset_index(drop=True)
-    return ordered.iloc[begin::int(stride)]
+    """Rows ``begin::stride`` of the measurements sorted by K, gamma, B (Appendix C.2's ``df[::11]``).
+
+    The rows keep their index labels, so the rows not sampled can be found again.
+    """
+    stride = int(as_array("stride", stride, low=1, whole=True))
+    begin = int(as_array("begin", begin, low=0, whole=True))
+    ordered = frame.sort_values(["K", "gamma", "B"], kind="stable")
+    return ordered.iloc[begin::stride]
 
 
 def _initial_guess(bias: float, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
@@ -254,24 +219,36 @@ def _initial_guess(bias: float, lower: np.ndarray, upper: np.ndarray) -> np.ndar
     return np.clip(x0, lower, upper)
 
 
+def _scale_is_free(lower: np.ndarray, upper: np.ndarray) -> bool:
+    """Whether the bounds leave the common scale of the time-like parameters undetermined."""
+    times = slice(0, len(TIME_PARAMETERS))
+    return bool(np.all(lower[times] <= 1e-12) and np.all(np.isinf(upper[times])))
+
+
 def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None, variant: str = "eq4",
                       stride: int | None = None, x0=None, begin: int = 0, draft=None,
-                      bytes_per_parameter: float = 2.0, t_reject: float | None = None) -> FitResult:
+                      bytes_per_parameter: float = 2.0, t_reject: float | None = None,
+                      verify_tokens: str = "gamma") -> FitResult:
     """Fit Algorithm 1 to measured speedups with ``least_squares(method="trf")`` and Appendix C.2's bounds.
 
     Parameters
     ----------
     frame : pandas.DataFrame
-        Measurements with columns ``B``, ``gamma``, ``K``, ``E``, ``sigma``, ``speedup``.
+        Measurements with columns ``B``, ``gamma``, ``K``, ``E``, ``sigma``, ``speedup`` and a unique index.
     rp : float
         Ridge point (FLOP/byte) of the hardware measured.
     model, hardware, draft, bytes_per_parameter, t_reject
         Passed to :func:`parameter_bounds`.
     variant : {"eq4", "printed"}
+        The denominator (see :func:`compute_speedup`).
     stride : int, optional
         Fit only :func:`stride_sample` ``(frame, stride, begin)`` (default: every row).
-    x0 : dict or sequence, optional
-        Starting parameters (default: a start derived from the bounds).
+    x0 : SpeedupParams, dict or sequence, optional
+        Starting parameters (default: a start derived from the bounds), clipped into the bounds.
+    begin : int
+        First row of the stride sample (only with ``stride``).
+    verify_tokens : {"gamma", "gamma+1"}
+        Tokens per sequence in the verification forward: Algorithm 1's ``gamma`` or vLLM's ``gamma + 1``.
 
     Returns
     -------
@@ -281,7 +258,17 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
     rp = float(as_array("rp", rp, low=0, low_open=True))
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
-    data = stride_sample(frame, stride, begin) if stride else frame
+    if verify_tokens not in VERIFY_TOKENS:
+        raise ValueError(f"verify_tokens must be one of {', '.join(VERIFY_TOKENS)}, got {verify_tokens!r}")
+    if not frame.index.is_unique:
+        raise ValueError("the measurements' index must be unique (held-back rows are found by label); "
+                         "use frame.reset_index(drop=True)")
+    if stride is None:
+        if begin != 0:
+            raise ValueError(f"begin applies only with a stride, got begin = {begin!r}")
+        data = frame
+    else:
+        data = stride_sample(frame, stride, begin)
     if len(data) < len(PARAMETERS):
         raise ValueError(f"{len(data)} measurements cannot determine {len(PARAMETERS)} parameters")
     lower, upper = parameter_bounds(model, hardware, draft, bytes_per_parameter, t_reject)
@@ -289,23 +276,56 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
         bias = np.sqrt(lower[0] * upper[0]) if 0 < lower[0] and np.isfinite(upper[0]) else 1.0
         start = _initial_guess(bias, lower, upper)
     else:
-        start = np.clip(_vector(x0), lower, upper)
-    columns = [data[c].to_numpy(dtype=float) for c in ("B", "gamma", "K", "E", "sigma")]
+        start = np.clip(as_params(x0).vector(), lower, upper)
+    inputs = _inputs(data, rp, verify_tokens)
+    tokens = inputs._growth_tokens  # stacked once: the token counts G is evaluated at never change
     measured = data["speedup"].to_numpy(dtype=float)
 
     def residual(p):
-        return compute_speedup(p, *columns, rp, variant) - measured
+        return inputs._speedup(p, variant, tokens) - measured
+
+    def jacobian(p):
+        return inputs._jacobian(p, variant, tokens)
 
     tick = time.perf_counter()
-    solution = least_squares(residual, start, bounds=(lower, upper), method="trf", x_scale="jac")
+    solution = least_squares(residual, start, jac=jacobian, bounds=(lower, upper), method="trf", x_scale="jac",
+                             ftol=TOLERANCE, xtol=TOLERANCE, gtol=TOLERANCE)
     seconds = time.perf_counter() - tick
-    residuals = residual(solution.x)
-    return FitResult(dict(zip(PARAMETERS, solution.x.tolist())), variant, rp, float(np.mean(residuals ** 2)),
-                     residuals, seconds, data)
+    values = solution.x
+    if _scale_is_free(lower, upper) and values[0] > 0 and start[0] > 0:
+        # Every point of the ray through the optimum fits equally: report the one with bias at its start.
+        values = values.copy()
+        values[:len(TIME_PARAMETERS)] *= start[0] / values[0]
+        values[0] = start[0]
+        values = np.clip(values, lower, upper)
+    residuals = residual(values)
+    return FitResult(SpeedupParams.from_vector(values), variant, rp, float(np.mean(residuals ** 2)), residuals,
+                     seconds, data, verify_tokens, lower, upper, int(solution.status), str(solution.message),
+                     int(solution.nfev), int(solution.njev or 0))
+
+
+def _held_back(result: FitResult, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Which rows of ``frame`` the fit did not use (found by index label), and the frame's checked values."""
+    if not isinstance(result, FitResult):
+        raise ValueError(f"result must be a FitResult, got {type(result).__name__}")
+    array = _measurement_array(frame)
+    if not frame.index.is_unique:
+        raise ValueError("frame's index must be unique (held-back rows are found by label)")
+    positions = frame.index.get_indexer(result.fitted.index)
+    if (positions < 0).any():
+        raise ValueError("frame lacks rows the fit used: pass the frame the result was fitted on")
+    if not np.array_equal(array[positions], result.fitted[list(COLUMNS)].to_numpy(dtype=float)):
+        raise ValueError("frame's rows differ from those the fit used: pass the frame the result was fitted on")
+    held = np.ones(len(frame), dtype=bool)
+    held[positions] = False
+    return held, array
 
 
 def held_out_errors(result: FitResult, frame: pd.DataFrame) -> dict:
     """Errors of a fit's predicted speedup on the rows of ``frame`` it was not fitted on.
+
+    ``frame`` must be the frame given to :func:`fit_speedup_model`: the fitted rows are found by their
+    index labels.
 
     Returns
     -------
@@ -313,14 +333,15 @@ def held_out_errors(result: FitResult, frame: pd.DataFrame) -> dict:
         ``points``, ``mse``, ``mape`` (percent) and ``max_abs_error`` on the held-back rows, and
         ``mse_all`` over every row.
     """
-    used = result.fitted[list(COLUMNS)].round(12).apply(tuple, axis=1)
-    rows = frame[list(COLUMNS)].round(12).apply(tuple, axis=1)
-    held = frame[~rows.isin(set(used))]
-    error = result.predict(held) - held["speedup"].to_numpy()
-    all_error = result.predict(frame) - frame["speedup"].to_numpy()
-    return {"points": len(held), "mse": float(np.mean(error ** 2)) if len(held) else float("nan"),
-            "mape": float(100 * np.mean(np.abs(error) / held["speedup"])) if len(held) else float("nan"),
-            "max_abs_error": float(np.max(np.abs(error))) if len(held) else float("nan"),
+    held, array = _held_back(result, frame)
+    measured = array[:, 5]
+    all_error = _inputs(frame, result.rp, result.verify_tokens, array)._speedup(
+        result.parameters.vector(), result.variant) - measured
+    error = all_error[held]
+    points = int(held.sum())
+    return {"points": points, "mse": float(np.mean(error ** 2)) if points else float("nan"),
+            "mape": float(100 * np.mean(np.abs(error) / measured[held])) if points else float("nan"),
+            "max_abs_error": float(np.max(np.abs(error))) if points else float("nan"),
             "mse_all": float(np.mean(all_error ** 2))}
 
 
@@ -331,8 +352,9 @@ def robustness_study(frame: pd.DataFrame, rp: float, strides=PAPER_STRIDES, **fi
     -------
     pandas.DataFrame
         One row per stride: ``stride``, ``m``, ``mse`` (over every measurement, as Table 3),
-        ``mse_fitted``, held-back ``mape`` and ``max_abs_error``, ``fit_seconds``,
-        ``batch_sizes`` (sorted, as a string) and ``result`` (the :class:`FitResult`).
+        ``mse_fitted``, held-back ``mape`` and ``max_abs_error``, ``fit_seconds``, ``status`` (of the
+        solver), ``on_bounds`` (parameters on a bound, as a string), ``batch_sizes`` (sorted, as a
+        string) and ``result`` (the :class:`FitResult`).
     """
     rows = []
     for stride in strides:
@@ -340,10 +362,142 @@ def robustness_study(frame: pd.DataFrame, rp: float, strides=PAPER_STRIDES, **fi
         held = held_out_errors(result, frame)
         rows.append({"stride": stride, "m": len(result.fitted), "mse": held["mse_all"], "mse_fitted": result.mse,
                      "mape": held["mape"], "max_abs_error": held["max_abs_error"],
-                     "fit_seconds": result.fit_seconds,
+                     "fit_seconds": result.fit_seconds, "status": result.status,
+                     "on_bounds": " ".join(f"{name} ({side})" for name, side in result.on_bounds().items()),
                      "batch_sizes": " ".join(str(int(b)) for b in sorted(result.fitted["B"].unique())),
                      "result": result})
     return pd.DataFrame(rows)
+
+
+def residual_table(result: FitResult, frame: pd.DataFrame) -> pd.DataFrame:
+    """Predicted against measured speedup for every row of ``frame``, tidy, for residuals against B per K, gamma.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``K``, ``gamma``, ``B``, ``measured``, ``predicted``, ``residual`` (predicted minus
+        measured), ``relative_residual`` (over measured) and ``fitted`` (whether the fit used the row),
+        sorted by K, gamma, B, with ``frame``'s index.
+    """
+    held, array = _held_back(result, frame)
+    predicted = _inputs(frame, result.rp, result.verify_tokens, array).speedup(result.parameters, result.variant)
+    measured = array[:, 5]
+    table = pd.DataFrame({"K": frame["K"], "gamma": frame["gamma"], "B": frame["B"], "measured": measured,
+                          "predicted": predicted, "residual": predicted - measured,
+                          "relative_residual": (predicted - measured) / measured, "fitted": ~held},
+                         index=frame.index)
+    return table.sort_values(["K", "gamma", "B"], kind="stable")
+
+
+STAGE_COLUMNS = ("t_draft", "t_reject", "t_target_1")
+"""Measured stage times a result file holds per point (seconds): one draft forward of one token per
+sequence, rejection sampling per round, one target decode step (``moesd.bench``)."""
+
+
+def compare_stage_times(result: FitResult, measured: pd.DataFrame, num_experts: int | None = None) -> pd.DataFrame:
+    """The fitted draft and rejection terms against measured stage times, as ratios to a decode step.
+
+    Absolute times are not identifiable from speedups (see the module docstring), so the comparison
+    is of ``draft_time / ar_time`` with ``t_draft / t_target_1`` and ``reject_time / ar_time`` with
+    ``t_reject / t_target_1`` (and, when ``t_target_gamma`` is there, ``verify_time / ar_time`` with
+    ``t_target_gamma / t_target_1``; :mod:`moesd.sd` verifies ``gamma + 1`` positions, the fitted term
+    the fit's ``verify_tokens``).
+
+    Parameters
+    ----------
+    result : FitResult
+    measured : pandas.DataFrame
+        One row per point: ``B``, ``gamma``, ``K``, ``E`` (or a result file's ``batch_size``,
+        ``num_experts_per_tok``) and :data:`STAGE_COLUMNS` in seconds, e.g. the rows of an e2e or
+        sparsity result file.
+    num_experts : int, optional
+        E, when ``measured`` has no ``E`` column.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``B``, ``gamma``, ``K`` and, for each of ``draft``, ``reject`` (and ``verify``),
+        ``<stage>_fitted`` and ``<stage>_measured`` (dimensionless ratios to the decode step).
+    """
+    if not isinstance(result, FitResult):
+        raise ValueError(f"result must be a FitResult, got {type(result).__name__}")
+    frame = measured.rename(columns={"batch_size": "B", "num_experts_per_tok": "K"})
+    if "E" not in frame.columns:
+        if num_experts is None:
+            raise ValueError("measured has no E column: pass num_experts")
+        frame = frame.assign(E=float(as_array("num_experts", num_experts, low=1, whole=True)))
+    missing = [column for column in ("B", "gamma", "K", *STAGE_COLUMNS) if column not in frame.columns]
+    if missing:
+        raise ValueError(f"measured lacks the column(s) {', '.join(missing)}")
+    for column in STAGE_COLUMNS + (("t_target_gamma",) if "t_target_gamma" in frame.columns else ()):
+        as_array(column, frame[column], low=0, low_open=column != "t_reject")
+    times = stage_times(result.parameters, frame["B"].to_numpy(float), frame["gamma"].to_numpy(float),
+                        frame["K"].to_numpy(float), frame["E"].to_numpy(float), result.rp, result.verify_tokens)
+    table = pd.DataFrame({"B": frame["B"], "gamma": frame["gamma"], "K": frame["K"],
+                          "draft_fitted": times["draft"] / times["ar"],
+                          "draft_measured": frame["t_draft"] / frame["t_target_1"],
+                          "reject_fitted": times["reject"] / times["ar"],
+                          "reject_measured": frame["t_reject"] / frame["t_target_1"]}, index=frame.index)
+    if "t_target_gamma" in frame.columns:
+        table["verify_fitted"] = times["verify"] / times["ar"]
+        table["verify_measured"] = frame["t_target_gamma"] / frame["t_target_1"]
+    return table
+
+
+def model_variant_errors(frame: pd.DataFrame, rp: float, stride: int = 11, begins=None, **fit_options) -> pd.DataFrame:
+    """Held-back errors of the four model variants: verified tokens (``B gamma``, ``B (gamma + 1)``) x denominator.
+
+    Each variant is fitted to ``stride_sample(frame, stride, begin)`` for every ``begin`` (default
+    ``0 ... stride - 1``: every row is held back in all folds but one) and judged on the rows held back.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (``verify_tokens``, ``variant``): ``folds``, mean held-back ``mse`` and ``mape`` (%)
+        over the folds, their worst fold (``worst_mse``), ``wins`` (folds in which the variant had the
+        lowest held-back MSE), the mean ``mse_fitted`` and ``on_bounds`` of the ``begin = 0`` fit.
+    """
+    for name in ("variant", "verify_tokens", "stride", "begin"):
+        if name in fit_options:
+            raise ValueError(f"model_variant_errors sets {name} itself")
+    begins = range(int(as_array("stride", stride, low=1, whole=True))) if begins is None else list(begins)
+    if not len(begins):
+        raise ValueError("begins must name at least one fold")
+    folds = []
+    for verify_tokens in VERIFY_TOKENS:
+        for variant in VARIANTS[::-1]:
+            for begin in begins:
+                result = fit_speedup_model(frame, rp, variant=variant, stride=stride, begin=begin,
+                                           verify_tokens=verify_tokens, **fit_options)
+                held = held_out_errors(result, frame)
+                folds.append({"verify_tokens": verify_tokens, "variant": variant, "begin": begin,
+                              "mse": held["mse"], "mape": held["mape"], "mse_fitted": result.mse,
+                              "on_bounds": " ".join(result.on_bounds()) if begin == begins[0] else None})
+    folds = pd.DataFrame(folds)
+    best = folds.loc[folds.groupby("begin")["mse"].idxmin(), ["verify_tokens", "variant"]].value_counts()
+    table = folds.groupby(["verify_tokens", "variant"], sort=False).agg(
+        folds=("mse", "size"), mse=("mse", "mean"), mape=("mape", "mean"), worst_mse=("mse", "max"),
+        mse_fitted=("mse_fitted", "mean"), on_bounds=("on_bounds", "first"))
+    table["wins"] = [int(best.get(key, 0)) for key in table.index]
+    return table
+
+
+def best_model_variant(errors: pd.DataFrame, metric: str = "mse") -> dict:
+    """The variant of :func:`model_variant_errors` that predicts held-back points best by ``metric``.
+
+    Returns
+    -------
+    dict
+        ``verify_tokens``, ``variant``, ``metric``, its ``value`` and ``runner_up_value`` (next best).
+    """
+    if metric not in ("mse", "mape", "worst_mse"):
+        raise ValueError(f"metric must be mse, mape or worst_mse, got {metric!r}")
+    if not isinstance(errors, pd.DataFrame) or metric not in errors.columns or errors.empty:
+        raise ValueError(f"errors must be the table of model_variant_errors (with a {metric} column)")
+    ranked = errors[metric].sort_values(kind="stable")
+    (verify_tokens, variant), value = ranked.index[0], float(ranked.iloc[0])
+    return {"verify_tokens": verify_tokens, "variant": variant, "metric": metric, "value": value,
+            "runner_up_value": float(ranked.iloc[1]) if len(ranked) > 1 else float("nan")}
 
 
 @dataclass
@@ -358,8 +512,8 @@ class StageTimeFit:
     def predict_speedup(self, frame: pd.DataFrame, verify_tokens=None) -> np.ndarray:
         """Speedups of the rows of ``frame`` from the fitted stage times (Eq. 4's denominator).
 
-        ``verify_tokens`` as in :func:`compute_speedup`; pass ``frame["gamma"] + 1`` for the times of an
-        engine that verifies gamma + 1 positions, as the forward study measured them.
+        ``verify_tokens`` as in :func:`compute_speedup`; pass ``"gamma+1"`` (or ``frame["gamma"] + 1``)
+        for the times of an engine that verifies gamma + 1 positions, as the forward study measured them.
         """
         return compute_speedup(self.params, frame["B"], frame["gamma"], frame["K"], frame["E"], frame["sigma"],
                                self.rp, "eq4", verify_tokens)
@@ -387,21 +541,33 @@ def fit_stage_times(target: pd.DataFrame, draft: pd.DataFrame, reject: pd.DataFr
     StageTimeFit
         Residuals are relative (times span orders of magnitude); ``relative_rms`` is their RMS.
     """
+    for name, table, columns in (("target", target, ("tokens", "seconds")), ("draft", draft, ("B", "seconds")),
+                                 ("reject", reject, ("B", "seconds"))):
+        missing = [column for column in columns if column not in table.columns]
+        if missing:
+            raise ValueError(f"{name} lacks the column(s) {', '.join(missing)}")
+        as_array(f"{name} seconds", table["seconds"], low=0, low_open=True)
+    rp = float(as_array("rp", rp, low=0, low_open=True))
     lower, upper = parameter_bounds()
     x0 = _initial_guess(float(np.median(target["seconds"])), lower, upper)
     t_tokens, t_seconds = target["tokens"].to_numpy(float), target["seconds"].to_numpy(float)
     d_batch, d_seconds = draft["B"].to_numpy(float), draft["seconds"].to_numpy(float)
     r_batch, r_seconds = reject["B"].to_numpy(float), reject["seconds"].to_numpy(float)
+    as_array("target tokens", t_tokens, low=1)
+    as_array("draft B", d_batch, low=1)
+    as_array("reject B", r_batch, low=1)
+    forward = SpeedupInputs.build(t_tokens, 1, K, E, 1.0, rp)  # its ar time: a pass of `tokens` tokens
+    draft_inputs = SpeedupInputs.build(d_batch, 1, 1, 1, 1.0, rp)
 
     def residual(p):
-        lam_rp = p[8] * rp
+        p = np.asarray(p, dtype=float)
         return np.concatenate([
-            target_time(p, t_tokens, K, E, rp) / t_seconds - 1,
-            (p[4] + p[5] * G(d_batch, lam_rp, p[9])) / d_seconds - 1,
+            forward.stage_times(p)["ar"] / t_seconds - 1,
+            draft_inputs.stage_times(p)["draft"] / d_seconds - 1,
             (p[6] + p[7] * r_batch) / r_seconds - 1])
 
     tick = time.perf_counter()
     solution = least_squares(residual, x0, bounds=(lower, upper), method="trf", x_scale="jac")
     seconds = time.perf_counter() - tick
-    return StageTimeFit(dict(zip(PARAMETERS, solution.x.tolist())), float(rp),
+    return StageTimeFit(SpeedupParams.from_vector(solution.x).as_dict(), rp,
                         float(np.sqrt(np.mean(residual(solution.x) ** 2))), seconds)

@@ -1,5 +1,7 @@
 """The moesd command."""
 
+import re
+
 import pytest
 
 from moesd.cli import main
@@ -25,21 +27,106 @@ def test_bad_arguments_exit_with_usage(capsys):
     assert "K must be <= E" in capsys.readouterr().err
 
 
+TRUE = dict(bias=1e-2, k1=2e-4, k2=2e-4, k3=5e-4, draft_bias=6e-4, draft_k=2e-5, reject_bias=2e-4, reject_k=2e-6,
+            lam=0.5, s=1.02)
+HOST = dict(name="test host", peak_flops=1e12, memory_bandwidth=2.7e10, memory_bytes=1e9, source="made up")
+"""A measured roofline as new sweeps store it: ridge point 37.04 FLOP/byte."""
 
-def test_fit_reads_a_sweep_file(tmp_path, capsys):
-    import numpy as np
+
+def write_sweep(folder, hardware=HOST, target="mixtral-8x7b", name="sparsity.csv"):
+    """A sparsity result file of Mixtral's shape (E = 8) whose speedups Algorithm 1 gives exactly."""
+    import json
+
     import pandas as pd
 
     from moesd.fit import compute_speedup
 
-    true = dict(bias=1e-2, k1=2e-4, k2=2e-4, k3=5e-4, draft_bias=6e-4, draft_k=2e-5, reject_bias=2e-4,
-                reject_k=2e-6, lam=0.5, s=1.02)
-    grid = pd.DataFrame([dict(batch_size=b, gamma=g, num_experts_per_tok=k, sigma=0.9) for k in (2, 8)
-                         for g in (2, 4) for b in (1, 2, 4, 8, 16, 32, 64, 100)])
-    grid["speedup"] = compute_speedup(true, grid.batch_size, grid.gamma, grid.num_experts_per_tok, 64, 0.9, 10.0)
-    path = tmp_path / "sparsity.csv"
-    grid.to_csv(path, index=False)
-    assert main(["fit", str(path), "--stride", "2"]) == 0
+    rp = HOST["peak_flops"] / HOST["memory_bandwidth"]
+    rows = pd.DataFrame([dict(run=0, batch_size=b, gamma=g, num_experts_per_tok=k, sigma=0.9)
+                         for k in (1, 2) for g in (2, 4) for b in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 100)])
+    rows["speedup"] = compute_speedup(TRUE, rows.batch_size, rows.gamma, rows.num_experts_per_tok, 8, rows.sigma, rp)
+    path = folder / name
+    rows.to_csv(path, index=False)
+    sidecar = {"device": "test", "settings": {"target": target}, "complete": True}
+    if hardware:
+        sidecar["hardware"] = hardware
+    path.with_suffix(".json").write_text(json.dumps(sidecar))
+    return path
+
+
+def number_after(text, label):
+    return float(text.split(label)[1].split()[0].rstrip(";,%"))
+
+
+def test_fit_takes_E_and_the_ridge_point_from_the_sidecar(tmp_path, capsys):
+    path = write_sweep(tmp_path)
+    assert main(["fit", str(path), "--stride", "4"]) == 0
     out = capsys.readouterr().out
-    assert "16 of 32 measurements, variant eq4" in out and "relative to bias" in out
-    assert np.isfinite(float(out.split("MAPE ")[1].split(" %")[0]))
+    assert "12 of 48 measurements" in out and "E = 8 (sidecar)" in out
+    assert "ridge point 37.04 FLOP/byte (measured roofline in the sidecar)" in out
+    assert re.search(r"solver: status [1-4] \(converged\), \d+ evaluations", out)
+    # Noise-free data from known parameters: every speedup is recovered, held back ones too.
+    assert number_after(out, "over all") < 1e-12 and number_after(out, "max error") < 1e-6
+    assert number_after(out, "MAPE") < 1e-4
+    assert "on bounds: none" in out
+
+
+def test_fit_overrides(tmp_path, capsys):
+    path = write_sweep(tmp_path)
+    assert main(["fit", str(path), "--stride", "4", "--E", "64", "--verify-tokens", "gamma+1"]) == 0
+    out = capsys.readouterr().out
+    assert "E = 64 (--E)" in out and "B (gamma + 1) verified tokens" in out
+    assert number_after(out, "max error") > 1e-4  # the wrong E cannot fit these speedups exactly
+
+
+def test_fit_without_a_measured_roofline_needs_hardware(tmp_path, capsys):
+    path = write_sweep(tmp_path, hardware=None)
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", str(path)])
+    assert exit_.value.code == 2
+    assert f"{path}: the sidecar of this result file" in capsys.readouterr().err
+    assert main(["fit", str(path), "--hardware", "CPU", "--stride", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "ridge point 10 FLOP/byte (CPU data sheet, --hardware)" in out
+    assert number_after(out, "max error") > 1e-4  # the data were made with a ridge point of 37
+
+
+def written(name, content):
+    """A maker of a file called ``name`` holding ``content`` (bytes or text) in a folder."""
+    def make(folder):
+        path = folder / name
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+        return path
+    return make
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d / "missing.csv", "missing.csv: no such file"),
+    (lambda d: d, "is a directory; give an e2e or sparsity result file, e.g. "),
+    (written("trace.npz", b"PK\x03\x04"), "is a routing trace (.npz)"),
+    (lambda d: d / "sparsity.json", "is a sidecar; give the result file beside it"),
+    (written("forward.csv", "run,role,batch_size,tokens,context,num_experts_per_tok,seconds\n0,target,1,1,64,8,0.1\n"),
+     "is a forward study (stage times per forward, no speedups); moesd fit needs an e2e or sparsity result: fit "),
+    (written("dense.csv", "batch_size,gamma,num_experts_per_tok,sigma,speedup\n1,2,,0.9,1.5\n"),
+     "has no experts per token (a dense target?)"),
+    (written("other.csv", "a,b\n1,2\n"), "lacks the column(s) batch_size, gamma, num_experts_per_tok, sigma, speedup"),
+    (written("binary.csv", bytes(range(256)) * 4), "is not a readable CSV file"),
+])
+def test_fit_refuses_bad_files_in_one_line(tmp_path, capsys, make, message):
+    write_sweep(tmp_path)
+    path = make(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", str(path)])
+    assert exit_.value.code == 2
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("moesd: error:")]
+    assert len(error) == 1 and message in error[0] and str(path) in error[0]
+
+
+def test_fit_names_a_text_cell(tmp_path, capsys):
+    path = write_sweep(tmp_path)
+    lines = path.read_text().splitlines()
+    lines[4] = lines[4].rsplit(",", 1)[0] + ",fast"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SystemExit):
+        main(["fit", str(path)])
+    assert f"{path}: measurements column speedup holds 'fast' (row 3), not a number" in capsys.readouterr().err

@@ -1,0 +1,429 @@
+"""Algorithm 1's forward model of SD speedup (the paper's ``ComputeSpeedup``, Appendix C).
+
+Stage times are built from the expected activated experts N(t) (Eq. 8), the tokens per expert
+``t K / N(t)`` (Eq. 10) and the roofline growth ``G(t) = G(t; lam RP, s)`` (Eq. 11):
+
+* ``ar_time     = bias + k1 G(B) + k2 N(B) + k3 G(B K / N(B))``
+* ``verify_time = bias + k1 G(B w) + k2 N(B w) + k3 G(B w K / N(B w))``, ``w = gamma`` as Algorithm 1
+  writes it, or ``w = gamma + 1`` as vLLM and :mod:`moesd.sd` verify
+* ``draft_time  = draft_bias + draft_k G(B)``,  ``reject_time = reject_bias + reject_k B``
+
+and the speedup is ``sigma (gamma + 1) ar_time / denominator``. Line 11 of the paper prints
+``draft + ar + verify + reject`` as the denominator (``variant="printed"``); Eq. 4 implies
+``gamma draft + verify + reject`` (``variant="eq4"``).
+
+Speedup is a ratio of times: multiplying the eight time-like parameters by one constant changes no
+prediction. Only bounds (Appendix C.2: parameter volumes over memory bandwidth) fix that scale.
+
+:class:`SpeedupInputs` holds everything that does not depend on the parameters (N, tokens per
+expert), computed once, and evaluates the speedup with its analytic Jacobian, which is what the fit
+in :mod:`moesd.fit` calls many times. This module is pure numpy (``parameter_bounds`` with a model
+counts its parameters through :mod:`moesd.zoo`, which imports torch only then).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import astuple, dataclass, fields
+
+import numpy as np
+
+from moesd._checks import as_array
+from moesd.experts import expected_active_experts
+from moesd.roofline import HARDWARE, G
+
+PARAMETERS = ("bias", "k1", "k2", "k3", "draft_bias", "draft_k", "reject_bias", "reject_k", "lam", "s")
+"""Algorithm 1's ten parameters, in its order (the order of :meth:`SpeedupParams.vector`)."""
+TIME_PARAMETERS = PARAMETERS[:8]
+"""The parameters in seconds (or seconds per unit of G, expert or sequence): one common scale."""
+VARIANTS = ("printed", "eq4")
+"""Denominators of the speedup: as line 11 of Algorithm 1 prints it, or as Eq. 4 implies."""
+VERIFY_TOKENS = ("gamma", "gamma+1")
+"""Named choices of the tokens per sequence in the verification forward."""
+
+
+@dataclass(frozen=True)
+class SpeedupParams:
+    """Algorithm 1's ten parameters, by name.
+
+    Attributes
+    ----------
+    bias : float
+        Seconds: fixed time of a target forward (loading the non-expert weights).
+    k1 : float
+        Seconds per unit of G: growth of the dense parts' time with the tokens in the forward.
+    k2 : float
+        Seconds per activated expert: loading one expert (of every MoE layer).
+    k3 : float
+        Seconds per unit of G: growth of the experts' time with the tokens per expert.
+    draft_bias : float
+        Seconds: fixed time of one draft forward.
+    draft_k : float
+        Seconds per unit of G: growth of the draft forward's time with the batch size.
+    reject_bias : float
+        Seconds: fixed time of rejection sampling per round.
+    reject_k : float
+        Seconds per sequence: rejection sampling's cost per sequence of the batch.
+    lam : float
+        Dimensionless (> 0; the paper bounds it to [0.2, 1]): empirical over theoretical ridge point,
+        G turns from exponential to linear at ``lam * RP`` tokens.
+    s : float
+        Dimensionless (>= 1; the paper bounds it to [1, 2]): base of G, its growth per token below
+        the transition.
+    """
+
+    bias: float
+    k1: float
+    k2: float
+    k3: float
+    draft_bias: float
+    draft_k: float
+    reject_bias: float
+    reject_k: float
+    lam: float
+    s: float
+
+    def __post_init__(self):
+        for name in TIME_PARAMETERS:
+            value = getattr(self, name)
+            if not np.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite time >= 0 (seconds), got {value!r}")
+        if not np.isfinite(self.lam) or self.lam <= 0:
+            raise ValueError(f"lam must be a finite number > 0, got {self.lam!r}")
+        if not np.isfinite(self.s) or self.s < 1:
+            raise ValueError(f"s must be a finite number >= 1, got {self.s!r}")
+
+    @classmethod
+    def from_vector(cls, vector) -> "SpeedupParams":
+        """The parameters from ten numbers in :data:`PARAMETERS` order."""
+        vector = np.asarray(vector, dtype=float)
+        if vector.shape != (len(PARAMETERS),):
+            raise ValueError(f"params must hold {len(PARAMETERS)} values ({', '.join(PARAMETERS)}), got shape "
+                             f"{vector.shape}")
+        return cls(*map(float, vector))
+
+    def vector(self) -> np.ndarray:
+        """The ten values in :data:`PARAMETERS` order (what the optimiser moves)."""
+        return np.array(astuple(self), dtype=float)
+
+    def as_dict(self) -> dict:
+        """The parameters as a ``{name: value}`` dict in :data:`PARAMETERS` order."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+    def relative(self) -> "SpeedupParams":
+        """The identifiable form: time-like parameters divided by ``bias`` (``bias`` becomes 1)."""
+        if self.bias <= 0:
+            raise ValueError("relative parameters need bias > 0")
+        values = self.vector()
+        values[:len(TIME_PARAMETERS)] /= self.bias
+        return SpeedupParams.from_vector(values)
+
+
+def as_params(params) -> SpeedupParams:
+    """``params`` as :class:`SpeedupParams`: one already, a dict by name, or ten numbers in order."""
+    if isinstance(params, SpeedupParams):
+        return params
+    if isinstance(params, dict):
+        missing = [name for name in PARAMETERS if name not in params]
+        if missing:
+            raise ValueError(f"params lacks {', '.join(missing)}")
+        return SpeedupParams(**{name: float(params[name]) for name in PARAMETERS})
+    try:
+        vector = np.asarray(params, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"params must be SpeedupParams, a dict or {len(PARAMETERS)} numbers, got {params!r}") \
+            from None
+    return SpeedupParams.from_vector(vector)
+
+
+def _growth(t, transition: float, s: float, derivatives: bool = False):
+    """G(t; transition, s) of Eq. 11 and, if asked, its derivatives in the transition point and in s.
+
+    The formulas of :func:`moesd.roofline.G`, without its input checks; the transition and s are
+    scalars. Below the transition ``G = s**t``: ``dG/dL = 0``,
+    ``dG/ds = t s**(t - 1)``. Above it ``G = s**L (1 + ln s (t - L))``: ``dG/dL = s**L (ln s)**2 (t - L)``
+    and ``dG/ds = s**(L - 1) (L (1 + ln s (t - L)) + t - L)``. Both derivatives are continuous at
+    ``t = L`` (0 and ``L s**(L - 1)`` from either side).
+    """
+    log_s = math.log(s)
+    at_transition = s ** transition
+    excess = t - transition
+    below = t <= transition
+    linear = 1.0 + log_s * excess
+    value = np.where(below, np.power(s, np.minimum(t, transition)), at_transition * linear)
+    if not derivatives:
+        return value
+    d_transition = np.where(below, 0.0, (at_transition * log_s * log_s) * excess)
+    d_s = np.where(below, t * value / s, (at_transition / s) * (transition * linear + excess))
+    return value, d_transition, d_s
+
+
+def _verify_width(gamma: np.ndarray, verify_tokens) -> np.ndarray:
+    """Tokens per sequence in the verification forward."""
+    if verify_tokens is None or (isinstance(verify_tokens, str) and verify_tokens == "gamma"):
+        return gamma
+    if isinstance(verify_tokens, str):
+        if verify_tokens != "gamma+1":
+            raise ValueError(f"verify_tokens must be {' or '.join(VERIFY_TOKENS)} or numbers >= 1, "
+                             f"got {verify_tokens!r}")
+        return gamma + 1
+    return as_array("verify_tokens", verify_tokens, low=1)
+
+
+@dataclass(frozen=True)
+class SpeedupInputs:
+    """The parameter-free part of ``ComputeSpeedup`` for a set of points, computed once.
+
+    Build it with :meth:`build` (which checks every input); then :meth:`speedup`,
+    :meth:`stage_times` and :meth:`jacobian` evaluate the model for any parameters. Arrays of the
+    two target forwards are stacked: index 0 is the decode step (``ar``), 1 the verification.
+
+    Attributes
+    ----------
+    batch : numpy.ndarray
+        Batch size B (sequences).
+    gamma : numpy.ndarray
+        Draft length (tokens per round).
+    acceptance : numpy.ndarray
+        ``sigma (gamma + 1)``: tokens emitted per round over the target steps it replaces.
+    tokens : numpy.ndarray
+        Tokens in the decode and the verification forward: ``B`` and ``B gamma`` (or ``B (gamma + 1)``).
+    experts : numpy.ndarray
+        Expected activated experts N (Eq. 8) in those forwards.
+    per_expert : numpy.ndarray
+        Tokens per activated expert ``tokens K / N`` (Eq. 10) in those forwards.
+    rp : float
+        Ridge point (FLOP/byte) of the hardware measured.
+    """
+
+    batch: np.ndarray
+    gamma: np.ndarray
+    acceptance: np.ndarray
+    tokens: np.ndarray
+    experts: np.ndarray
+    per_expert: np.ndarray
+    rp: float
+
+    @classmethod
+    def build(cls, B, gamma, K, E, sigma, rp, verify_tokens=None) -> "SpeedupInputs":
+        """Check the inputs of ``ComputeSpeedup`` and precompute N and tokens per expert.
+
+        Parameters
+        ----------
+        B, gamma, K, E, sigma, rp, verify_tokens
+            As in :func:`compute_speedup`.
+        """
+        B = as_array("B", B, low=1)
+        gamma = as_array("gamma", gamma, low=1, whole=True)
+        E = as_array("E", E, low=1, whole=True)
+        K = as_array("K", K, low=1, whole=True)
+        sigma = as_array("sigma", sigma, high=1)
+        rp = float(as_array("rp", rp, low=0, low_open=True))
+        if not np.isfinite(rp):
+            raise ValueError(f"rp must be finite, got {rp!r}")
+        B, gamma, K, E, sigma = np.broadcast_arrays(B, gamma, K, E, sigma)
+        if (K > E).any():
+            raise ValueError(f"K must be <= E, got K = {K[K > E].flat[0]:g} with E = {E[K > E].flat[0]:g}")
+        too_low = sigma < 1 / (gamma + 1) - 1e-9
+        if too_low.any():
+            raise ValueError(f"sigma must be in [1/(gamma+1), 1] (Eq. 5), got {sigma[too_low].flat[0]!r} with "
+                             f"gamma = {gamma[too_low].flat[0]:g}")
+        tokens = np.stack([B, B * _verify_width(gamma, verify_tokens)])
+        experts = expected_active_experts(tokens, E, K)
+        return cls(B, gamma, sigma * (gamma + 1), tokens, experts, tokens * K / experts, rp)
+
+    @property
+    def _growth_tokens(self) -> np.ndarray:
+        """Where G is evaluated, stacked: tokens of the two forwards, then tokens per expert in each."""
+        return np.concatenate([self.tokens, self.per_expert])
+
+    def _times(self, p: np.ndarray, growth: np.ndarray):
+        """Target times (decode, verify), draft and reject times for parameters ``p`` and G at the stacked tokens."""
+        bias, k1, k2, k3, draft_bias, draft_k, reject_bias, reject_k, _, _ = p.tolist()
+        target = bias + k1 * growth[:2] + k2 * self.experts + k3 * growth[2:]
+        return target, draft_bias + draft_k * growth[0], reject_bias + reject_k * self.batch
+
+    def stage_times(self, params) -> dict:
+        """The four stage times ``ar``, ``verify``, ``draft`` and ``reject`` (seconds, the parameters' scale)."""
+        p = as_params(params).vector()
+        target, draft, reject = self._times(p, _growth(self._growth_tokens, p[8] * self.rp, p[9]))
+        return {"ar": target[0], "verify": target[1], "draft": draft, "reject": reject}
+
+    def _weights(self, variant: str):
+        """Weights of the draft and ar times in the denominator (verify and reject have weight 1)."""
+        if variant == "eq4":
+            return self.gamma, 0.0
+        if variant == "printed":
+            return 1.0, 1.0
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+
+    def speedup(self, params, variant: str = "eq4") -> np.ndarray:
+        """Predicted speedups (dimensionless)."""
+        return self._speedup(as_params(params).vector(), variant)
+
+    def _speedup(self, p: np.ndarray, variant: str, tokens: np.ndarray | None = None) -> np.ndarray:
+        draft_weight, ar_weight = self._weights(variant)
+        tokens = self._growth_tokens if tokens is None else tokens
+        lam, s = p[8:].tolist()
+        target, draft, reject = self._times(p, _growth(tokens, lam * self.rp, s))
+        denominator = draft_weight * draft + ar_weight * target[0] + target[1] + reject
+        return self.acceptance * target[0] / denominator
+
+    def jacobian(self, params, variant: str = "eq4") -> np.ndarray:
+        """Derivatives of the speedups in the ten parameters: shape (points, 10), :data:`PARAMETERS` order.
+
+        With ``S = a ar / den`` and ``den = w_d draft + w_a ar + verify + reject``:
+        ``dS = ((a - S w_a) d(ar) - S (d(verify) + w_d d(draft) + d(reject))) / den``. The times are
+        linear in the eight time-like parameters; ``lam`` and ``s`` enter through G (see :func:`_growth`).
+        """
+        if self.batch.ndim != 1:
+            raise ValueError(f"the Jacobian needs one-dimensional inputs (points), got shape {self.batch.shape}")
+        return self._jacobian(as_params(params).vector(), variant)
+
+    def _jacobian(self, p: np.ndarray, variant: str, tokens: np.ndarray | None = None) -> np.ndarray:
+        draft_weight, ar_weight = self._weights(variant)
+        tokens = self._growth_tokens if tokens is None else tokens
+        lam, s = p[8:].tolist()
+        growth, d_transition, d_s = _growth(tokens, lam * self.rp, s, derivatives=True)
+        target, draft, reject = self._times(p, growth)
+        denominator = draft_weight * draft + ar_weight * target[0] + target[1] + reject
+        on_ar = self.acceptance / denominator  # dS/d(ar) through the numerator
+        on_denominator = on_ar * target[0] / denominator  # S / den
+        on_ar = on_ar - on_denominator * ar_weight
+        on_draft = on_denominator * draft_weight
+        jacobian = np.empty((len(PARAMETERS), self.batch.size))
+        # bias, k1, k2, k3: d(ar) = (1, G(B), N(B), G(T_ar)), d(verify) likewise at the verify tokens.
+        jacobian[0] = on_ar - on_denominator
+        jacobian[1:4:2] = on_ar * growth[0:3:2] - on_denominator * growth[1:4:2]
+        jacobian[2] = on_ar * self.experts[0] - on_denominator * self.experts[1]
+        jacobian[4] = -on_draft
+        jacobian[5] = -on_draft * growth[0]
+        jacobian[6] = -on_denominator
+        jacobian[7] = -on_denominator * self.batch
+        # lam (through the transition lam RP) and s act through G at the four stacked token counts:
+        # dS = (on_ar k1 - on_draft draft_k) dG(B) - on_den k1 dG(B w) + k3 (on_ar dG(T_ar) - on_den dG(T_verify)).
+        k1, k3, draft_k = p[[1, 3, 5]].tolist()
+        weights = np.empty_like(d_s)
+        weights[0] = k1 * on_ar - draft_k * on_draft
+        weights[1] = -k1 * on_denominator
+        weights[2] = k3 * on_ar
+        weights[3] = -k3 * on_denominator
+        jacobian[8] = self.rp * (weights * d_transition).sum(axis=0)
+        jacobian[9] = (weights * d_s).sum(axis=0)
+        return jacobian.T
+
+
+def target_time(params, tokens, K, E, rp):
+    """Algorithm 1's target forward time for ``tokens`` tokens (its ar_time and verify_time).
+
+    Parameters
+    ----------
+    params : SpeedupParams, dict or sequence of 10 floats
+        See :data:`PARAMETERS`.
+    tokens : array_like
+        Tokens in the forward pass (B for a decode step, B gamma for verification), >= 1.
+    K, E : array_like
+        Experts per token and routed experts per layer (whole numbers, 1 <= K <= E).
+    rp : float
+        Ridge point of the hardware (FLOP/byte, > 0); the transition of G is at ``lam * rp`` tokens.
+
+    Returns
+    -------
+    numpy.ndarray
+        Seconds (in the scale of the time-like parameters).
+    """
+    p = as_params(params)
+    tokens = as_array("tokens", tokens, low=1)
+    rp = float(as_array("rp", rp, low=0, low_open=True))
+    active = expected_active_experts(tokens, E, K)  # checks E and K
+    per_expert = tokens * np.asarray(K, dtype=float) / active
+    lam_rp = p.lam * rp
+    return p.bias + p.k1 * G(tokens, lam_rp, p.s) + p.k2 * active + p.k3 * G(per_expert, lam_rp, p.s)
+
+
+def stage_times(params, B, gamma, K, E, rp, verify_tokens=None) -> dict:
+    """Algorithm 1's four stage times: ``ar``, ``verify``, ``draft`` and ``reject`` (seconds).
+
+    Parameters
+    ----------
+    params : SpeedupParams, dict or sequence of 10 floats
+    B, gamma, K, E, rp, verify_tokens
+        As in :func:`compute_speedup` (no sigma: the times do not depend on it).
+
+    Returns
+    -------
+    dict
+        ``{"ar", "verify", "draft", "reject"}``: arrays of seconds, in the parameters' scale.
+    """
+    inputs = SpeedupInputs.build(B, gamma, K, E, 1.0, rp, verify_tokens)
+    return inputs.stage_times(params)
+
+
+def compute_speedup(params, B, gamma, K, E, sigma, rp, variant: str = "eq4", verify_tokens=None):
+    """Algorithm 1's ``ComputeSpeedup``, vectorised over measurements.
+
+    Parameters
+    ----------
+    params : SpeedupParams, dict or sequence of 10 floats
+        See :class:`SpeedupParams`.
+    B : array_like
+        Batch size (sequences, >= 1).
+    gamma : array_like
+        Draft length (whole number >= 1).
+    K, E : array_like
+        Experts per token and routed experts per layer (whole numbers, 1 <= K <= E).
+    sigma : array_like
+        Measured sigma (Eq. 5), in [1/(gamma+1), 1].
+    rp : float
+        Ridge point (FLOP/byte, > 0).
+    variant : {"eq4", "printed"}
+        The denominator: ``gamma draft + verify + reject`` (Eq. 4) or, as line 11 prints it,
+        ``draft + ar + verify + reject``.
+    verify_tokens : {"gamma", "gamma+1"} or array_like, optional
+        Tokens per sequence in the verification forward: ``gamma`` as Algorithm 1 writes it (default)
+        or ``gamma + 1`` as vLLM and :mod:`moesd.sd` verify (or any numbers >= 1).
+
+    Returns
+    -------
+    numpy.ndarray
+        Predicted speedups, in the broadcast shape of the inputs.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    return SpeedupInputs.build(B, gamma, K, E, sigma, rp, verify_tokens).speedup(params, variant)
+
+
+def parameter_bounds(model=None, hardware=None, draft=None, bytes_per_parameter: float = 2.0,
+                     t_reject: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds of Appendix C.2 as (lower, upper) arrays in :data:`PARAMETERS` order.
+
+    With a target ``model`` (a :class:`moesd.zoo.ModelSpec`), a ``draft`` and ``hardware`` (a
+    :class:`moesd.roofline.Hardware` or its name), ``bias``, ``k2`` and ``draft_bias`` lie between
+    the time to read their parameters at peak bandwidth (dense part, one expert of every MoE layer,
+    the draft) and 5 times that (seconds). ``t_reject`` (the largest measured rejection time,
+    seconds) caps ``reject_bias`` and ``reject_k``. Without them those bounds are [0, inf). ``lam`` is
+    in [0.2, 1] and ``s`` in [1, 2] always; ``k1`` is kept above 0 (G's growth would vanish).
+    """
+    if (model is None) != (hardware is None):
+        raise ValueError("model and hardware must be given together (the volume bounds need both)")
+    if draft is not None and model is None:
+        raise ValueError("draft bounds need model and hardware too")
+    bytes_per_parameter = float(as_array("bytes_per_parameter", bytes_per_parameter, low=0, low_open=True))
+    lower = np.array([0, 1e-12, 0, 0, 0, 0, 0, 0, 0.2, 1.0])
+    upper = np.array([np.inf] * 8 + [1.0, 2.0])
+    if model is not None:
+        if isinstance(hardware, str):
+            if hardware not in HARDWARE:
+                raise ValueError(f"hardware must be one of {', '.join(HARDWARE)} or a Hardware, got {hardware!r}")
+            hardware = HARDWARE[hardware]
+        counts = model.parameter_counts()
+        seconds = bytes_per_parameter / hardware.memory_bandwidth
+        lower[0] = counts["dense"] * seconds
+        lower[2] = counts["experts"] / model.num_experts * seconds
+        if draft is not None:
+            lower[4] = draft.parameter_counts()["total"] * seconds
+        for index in (0, 2, 4):
+            upper[index] = 5 * lower[index] if lower[index] > 0 else np.inf
+    if t_reject is not None:
+        upper[6] = upper[7] = float(as_array("t_reject", t_reject, low=0, low_open=True))
+    return lower, upper
