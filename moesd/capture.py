@@ -172,6 +172,8 @@ def trace_prompts(model_id: str, prompts, batch_size: int, max_new_tokens: int, 
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if dtype != "auto" and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+        raise ValueError(f"dtype must be 'auto' or a torch dtype name such as 'bfloat16', got {dtype!r}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_id, padding_side="left")
     if tokenizer.pad_token is None:
