@@ -248,7 +248,7 @@ def trace_random_model(name: str, prompts, batch_size: int, max_new_tokens: int,
 
 def _meta(trace, model, model_id, prompts, dataset, batch_size, max_new_tokens, **details) -> dict:
     """A trace's metadata: model, E, K, prompts and capture settings, plus ``details``."""
-    return {"model_id": model_id, "model_type": model.config.model_type, "E": trace.num_experts,
+    return {"source": "moesd.capture", "model_id": model_id, "model_type": model.config.model_type, "E": trace.num_experts,
             "K": trace.top_k, "dataset": dataset, "prompt_ids": prompts["id"].astype(str).tolist(),
             "batch_size": batch_size, "max_new_tokens": max_new_tokens, "dtype": str(model.dtype), **details}
 

@@ -114,6 +114,10 @@ def _read_jsonl(path: Path) -> Iterable[tuple[int, dict]]:
             yield number, record
 
 
+def _count_of(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
 def _check_ragged(ragged: str) -> None:
     if ragged not in RAGGED:
         raise ValueError(f"ragged must be one of {RAGGED}, got {ragged!r}")
@@ -402,10 +406,10 @@ def _aligned_rows(per_layer: dict, layers: list, ragged: str) -> list:
                                  f"{per_layer[longest][0]}:{theirs[6]} has call {theirs[0]} row {theirs[1]} "
                                  f"request {theirs[3]!r}: the layer files do not log the same calls")
     if shortest < len(reference):
-        cut = [f"{per_layer[layer][0].name} ({len(reference) - len(per_layer[layer][1])} rows short)"
+        cut = [f"{per_layer[layer][0].name} ({_count_of(len(reference) - len(per_layer[layer][1]), 'row')} short)"
                for layer in layers if len(per_layer[layer][1]) < len(reference)]
-        message = (f"layer files end early: {', '.join(cut)}; the last {len(reference) - shortest} rows "
-                   f"are not in every layer")
+        message = (f"layer files end early: {', '.join(cut)}; not every layer logs the last "
+                   f"{_count_of(len(reference) - shortest, 'row')}")
         if ragged == "error":
             raise ValueError(message)
         warnings.warn(message + ("; dropped" if ragged == "drop" else "; kept, marked missing where absent"),
@@ -457,9 +461,10 @@ def _warn_uninformative(path: Path, request, phase: np.ndarray, calls: np.ndarra
     unknown_calls = np.unique(calls[phase == "unknown"]).size
     warnings.warn(
         f"{path}: every record has req_id {request!r}, so requests cannot be told apart: "
-        f"{decode_calls} calls of at most {max_decode_rows} row(s) read as decode steps, {unknown_calls} calls "
-        "marked 'unknown' (a prefill, or a decode step of more requests; pass max_decode_rows = the number "
-        "of requests the engine ran at once to read those as decode steps)", stacklevel=3)
+        f"{_count_of(decode_calls, 'call')} of at most {_count_of(max_decode_rows, 'row')} read as decode steps, "
+        f"{_count_of(unknown_calls, 'call')} marked 'unknown' (a prefill, or a decode step of more requests; "
+        "pass max_decode_rows = the number of requests the engine ran at once to read those as decode steps)",
+        stacklevel=3)
 
 
 # --- layer CSV ---------------------------------------------------------------------------------

@@ -137,7 +137,7 @@ def test_vllm_log_excerpt_with_a_constant_request_id():
     with pytest.warns(UserWarning) as caught:
         trace = from_vllm_moe_log(files, num_experts=60, skip_calls=1)
     messages = " ".join(str(w.message) for w in caught)
-    assert "moe_layer12.jsonl (1 rows short)" in messages and "dropped" in messages
+    assert "moe_layer12.jsonl (1 row short)" in messages and "dropped" in messages
     assert "every record has req_id 'r1'" in messages
     assert trace.layers.tolist() == [0, 12] and trace.top_k == 4
     assert trace.num_tokens == 7 + 2 + 2 + 2 + 1  # the last 1-row call is not in layer 12's file
@@ -326,3 +326,13 @@ def test_old_names_still_import_from_traces():
     assert traces.from_token_jsonl is from_token_jsonl and traces.from_vllm_moe_log is from_vllm_moe_log
     with pytest.raises(AttributeError):
         traces.from_nothing  # noqa: B018
+
+
+def test_the_book_reads_the_same_excerpts():
+    from moesd.paper import DATA_DIR
+
+    book = DATA_DIR / "traces" / "examples"
+    ours = sorted(p.relative_to(EXCERPTS) for p in EXCERPTS.rglob("*") if p.is_file())
+    assert ours == sorted(p.relative_to(book) for p in book.rglob("*") if p.is_file())
+    for name in ours:
+        assert (book / name).read_bytes() == (EXCERPTS / name).read_bytes(), name
