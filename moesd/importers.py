@@ -590,7 +590,8 @@ def from_arrays(arrays: Sequence, num_experts=None, layers=None, prompt_tokens=N
 def save_vllm_routed_experts(request_outputs, path, model_id: str = "", num_experts: int | None = None) -> Path:
     """Save the routed experts vLLM returned with its outputs, to ``.npz`` or ``.json``.
 
-    With ``LLM(model, enable_return_routed_experts=True)`` (vLLM >= 0.12), every
+    With ``LLM(model, enable_return_routed_experts=True)`` (an engine option added by vLLM pull
+    request 28284, late 2025), every
     ``RequestOutput.outputs[i].routed_experts`` is a numpy array [tokens, layers, K] of the experts
     each forwarded token of the request went to (the prompt, then the generated tokens; the last
     generated token is never forwarded). This writes them with the prompt length of each request so

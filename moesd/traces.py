@@ -300,23 +300,27 @@ def expert_masks(trace: RoutingTrace, chunk: int = 16384) -> np.ndarray:
     def build():
         words = -(-trace.num_experts // 64)
         layers, top_k = trace.experts.shape[1:]
+        has_missing = _missing(trace) is not None
         masks = np.zeros((trace.num_tokens, layers, words), dtype="<u8")
         for start in range(0, trace.num_tokens, chunk):
-            part = trace.experts[start:start + chunk]
+            part = trace.experts[start:start + chunk].astype(np.int32)
             rows = part.shape[0] * layers
-            if words == 1:
-                target = masks[start:start + chunk].reshape(rows)
-                for k in range(top_k):
-                    ids = part[..., k].reshape(rows).astype(np.int64)
-                    target |= np.where(ids >= 0, np.left_shift(np.uint64(1), (ids & 63).astype(np.uint64)),
-                                       np.uint64(0))
-                continue
-            target = masks[start:start + chunk].view(np.uint8).reshape(-1)
-            base = np.arange(rows, dtype=np.int64) * (8 * words)
+            target = masks[start:start + chunk].reshape(rows) if words == 1 else \
+                masks[start:start + chunk].view(np.uint8).reshape(-1)
+            base = np.arange(rows, dtype=np.int32 if rows * 8 * words < 2**31 else np.int64) * (8 * words)
             for k in range(top_k):
-                ids = part[..., k].reshape(rows).astype(np.int64)
-                bits = np.where(ids >= 0, np.left_shift(1, ids & 7), 0).astype(np.uint8)
-                target[base + (np.maximum(ids, 0) >> 3)] |= bits  # one entry per row: no repeated index
+                ids = part[..., k].reshape(rows)
+                logged = ids >= 0 if has_missing else None
+                if logged is not None:
+                    ids = np.where(logged, ids, 0)
+                if words == 1:
+                    bits = np.left_shift(np.uint64(1), ids.astype(np.uint64))
+                    target |= bits if logged is None else np.where(logged, bits, np.uint64(0))
+                else:  # one entry per row, so no index repeats: take, or, put
+                    bits = np.left_shift(np.uint8(1), (ids & 7).astype(np.uint8))
+                    bits = bits if logged is None else np.where(logged, bits, np.uint8(0))
+                    index = base + (ids >> 3)
+                    np.put(target, index, np.take(target, index) | bits)
         return _frozen(masks)
     return _cached(trace, "masks", build)
 
@@ -475,7 +479,7 @@ def random_union(trace: RoutingTrace, t: int, samples: int = 1000, seed: int = 0
         raise ValueError(f"t must be a whole number in [1, {pool.size}], got {t!r}")
     rng = np.random.default_rng(seed)
     picks = pool[np.stack([rng.choice(pool.size, int(t), replace=False) for _ in range(samples)])]
-    unions = np.bitwise_or.reduce(expert_masks(trace)[picks], axis=1)
+    unions = np.bitwise_or.reduce(np.take(expert_masks(trace), picks, axis=0), axis=1)
     return _long_frame(_count(unions), trace, sample=np.arange(samples))
 
 
@@ -494,14 +498,16 @@ def verify_union(trace: RoutingTrace, batch_size: int, window: int, samples: int
     """
     picks = _verify_picks(trace, batch_size, window, samples, seed)
     masks = _sequence_order(trace)[1]
-    chunk = max(1, 2**18 // max(picks.shape[1] * masks.shape[1] * masks.shape[2], 1))
+    tokens, layers, words = masks.shape
+    flat = masks.reshape(tokens, layers * words)
+    chunk = max(1, 2**18 // max(picks.shape[1] * layers * words, 1))
     counts = []
     for start in range(0, samples, chunk):
         chosen = picks[start:start + chunk]
-        union = masks[chosen]  # (samples, batch_size, layers, words)
+        union = np.take(flat, chosen, axis=0)  # (samples, batch_size, layers * words); take beats indexing
         for step in range(1, int(window)):
-            union |= masks[chosen + step]
-        counts.append(_count(np.bitwise_or.reduce(union, axis=1)))
+            union |= np.take(flat, chosen + step, axis=0)
+        counts.append(_count(np.bitwise_or.reduce(union, axis=1).reshape(len(chosen), layers, words)))
     counts = np.concatenate(counts) if counts else np.zeros((0, len(trace.layers)), np.int64)
     return _long_frame(counts, trace, sample=np.arange(samples))
 
