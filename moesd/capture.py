@@ -172,6 +172,8 @@ def trace_prompts(model_id: str, prompts, batch_size: int, max_new_tokens: int, 
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if dtype != "auto" and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+        raise ValueError(f"dtype must be 'auto' or a torch dtype name such as 'bfloat16', got {dtype!r}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_id, padding_side="left")
     if tokenizer.pad_token is None:
@@ -246,7 +248,7 @@ def trace_random_model(name: str, prompts, batch_size: int, max_new_tokens: int,
 
 def _meta(trace, model, model_id, prompts, dataset, batch_size, max_new_tokens, **details) -> dict:
     """A trace's metadata: model, E, K, prompts and capture settings, plus ``details``."""
-    return {"model_id": model_id, "model_type": model.config.model_type, "E": trace.num_experts,
+    return {"source": "moesd.capture", "model_id": model_id, "model_type": model.config.model_type, "E": trace.num_experts,
             "K": trace.top_k, "dataset": dataset, "prompt_ids": prompts["id"].astype(str).tolist(),
             "batch_size": batch_size, "max_new_tokens": max_new_tokens, "dtype": str(model.dtype), **details}
 

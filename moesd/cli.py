@@ -48,9 +48,21 @@ def _hardware(args: argparse.Namespace) -> None:
 def _trace(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from moesd.capture import trace_prompts, trace_random_model
-    from moesd.prompts import load_prompts
+    for flag, value in (("--num-prompts", args.num_prompts), ("--batch-size", args.batch_size),
+                        ("--max-new-tokens", args.max_new_tokens)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.random_weights and (args.dtype != "auto" or args.device is not None):
+        raise ValueError("--dtype and --device apply only without --random-weights (random models run on the CPU)")
+    if args.device is not None:
+        import torch
 
+        try:
+            device = torch.device(args.device)
+        except RuntimeError:
+            raise ValueError(f"--device {args.device!r} is not a torch device (cuda, cuda:1, cpu, mps...)") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device!r}: no CUDA device is available here")
     if Path(args.out).exists() and not args.overwrite:
         raise ValueError(f"{args.out} exists; pass --overwrite to replace it")
     if args.random_weights:
@@ -59,8 +71,12 @@ def _trace(args: argparse.Namespace) -> None:
         get_model(args.model)  # an unknown architecture fails before any work
     elif args.layers is not None or args.width != 1.0:
         raise ValueError("--layers and --width apply only with --random-weights")
+
+    from moesd.capture import trace_prompts, trace_random_model
+    from moesd.prompts import load_prompts
+
     prompts = load_prompts(args.prompts, args.prompt_source)
-    if args.num_prompts:
+    if args.num_prompts is not None:
         prompts = prompts.head(args.num_prompts)
     if args.random_weights:
         trace = trace_random_model(args.model, prompts, args.batch_size, args.max_new_tokens,
@@ -218,8 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--num-prompts", type=int, help="use only the first N prompts")
     trace.add_argument("--batch-size", type=int, default=8, help="sequences per generate call")
     trace.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per sequence")
-    trace.add_argument("--dtype", default="auto", help="weight dtype, e.g. bfloat16 (default: the checkpoint's)")
-    trace.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    trace.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                       help="weight dtype (default: auto, the checkpoint's)")
+    trace.add_argument("--device", help="torch device, e.g. cuda, cuda:1 or cpu (default: cuda when available)")
     trace.add_argument("--out", required=True, help="trace file to write (.npz)")
     trace.add_argument("--overwrite", action="store_true", help="replace an existing trace file")
     trace.add_argument("--random-weights", action="store_true",

@@ -1,5 +1,7 @@
 """Routing capture on tiny random-weight models of every supported architecture."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -120,18 +122,16 @@ def test_unsupported_model_is_refused():
         RoutingRecorder(model)
 
 
-def test_cli_traces_a_local_model(tmp_path):
-    """`moesd trace` on a saved tiny model with a character-level tokenizer and shared prompts."""
-    from pathlib import Path
+PROMPTS = Path(__file__).parent / "data" / "prompts"
 
+
+def test_cli_traces_a_local_model(tmp_path):
+    """`moesd trace` on a saved tiny model with a character-level tokenizer and the committed prompts."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
     from moesd.cli import main
     from moesd.traces import RoutingTrace
 
-    shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts"
-    if not shared.exists():
-        pytest.skip("shared prompt files not beside the project")
     characters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,?$%'-+*/=()"
     vocab = {"<pad>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(characters)}}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
@@ -142,7 +142,7 @@ def test_cli_traces_a_local_model(tmp_path):
     tiny_model("qwen2_moe").save_pretrained(folder)
     fast.save_pretrained(folder)
     out = tmp_path / "traces" / "tiny.npz"
-    arguments = ["trace", "--model", str(folder), "--prompts", "gsm8k", "--prompt-source", str(shared),
+    arguments = ["trace", "--model", str(folder), "--prompts", "gsm8k", "--prompt-source", str(PROMPTS / "gsm8k"),
                  "--num-prompts", "3", "--batch-size", "2", "--max-new-tokens", "3", "--device", "cpu",
                  "--out", str(out)]
     assert main(arguments) == 0
@@ -152,6 +152,34 @@ def test_cli_traces_a_local_model(tmp_path):
     assert (trace.phase == "decode").sum() == 3 * 2 and trace.layers.tolist() == [1, 2]
     with pytest.raises(SystemExit):
         main(arguments)  # refuses to overwrite
+
+
+@pytest.mark.parametrize("change, message", [
+    (["--num-prompts", "0"], "--num-prompts must be >= 1, got 0"),
+    (["--num-prompts", "-1"], "--num-prompts must be >= 1, got -1"),
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--dtype", "bogus"], "argument --dtype: invalid choice: 'bogus'"),
+    (["--device", "nonsense"], "--device 'nonsense' is not a torch device"),
+    (["--random-weights", "--device", "cpu"], "--dtype and --device apply only without --random-weights"),
+])
+def test_cli_refuses_bad_trace_arguments_before_any_work(tmp_path, capsys, change, message):
+    """The model folder does not exist: an error about the argument shows nothing was loaded first."""
+    from moesd.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["trace", "--model", str(tmp_path / "no-model"), "--prompts", "gsm8k", "--prompt-source",
+              str(PROMPTS / "gsm8k"), "--out", str(tmp_path / "x.npz"), *change])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message in error
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_trace_prompts_refuses_an_unknown_dtype(tmp_path):
+    from moesd.capture import trace_prompts
+
+    with pytest.raises(ValueError, match="dtype must be 'auto' or a torch dtype name"):
+        trace_prompts(str(tmp_path / "no-model"), None, 1, 1, dtype="bogus")
 
 
 def test_random_model_trace_labels_its_weights():

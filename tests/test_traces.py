@@ -1,25 +1,24 @@
-"""RoutingTrace: validation, atomic save/load, importers, and statistics against plain Python."""
+"""RoutingTrace: validation, summary, atomic save/load, and statistics against plain-Python sets."""
 
-import json
-import warnings
+import itertools
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from moesd.experts import expected_active_experts_from_popularity
+from moesd.experts import expected_active_experts, expected_active_experts_from_popularity
 from moesd.traces import (
+    MISSING,
     RoutingTrace,
     adjacent_overlap,
     batch_union,
+    effective_experts,
     expert_masks,
-    from_layer_csv,
-    from_token_jsonl,
-    from_vllm_moe_log,
     popularity,
     random_union,
     verify_union,
     verify_union_predictions,
+    window_activation_probability,
     window_union,
 )
 
@@ -34,27 +33,46 @@ def random_trace(seed=0, tokens=120, layers=3, E=70, K=4, sequences=5, calls=17)
                         call=rng.integers(0, calls, tokens), layers=np.array([1, 3, 4])[:layers])
 
 
-# Reference implementations with Python sets -------------------------------------------------
+def with_gaps_and_missing(trace, seed=0):
+    """The trace with shuffled tokens, a few positions skipped and a few (token, layer) entries unlogged."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(trace.num_tokens)
+    position = trace.position + np.cumsum(rng.random(trace.num_tokens) < 0.08)  # gaps inside sequences
+    experts = trace.experts.copy()
+    experts[rng.random(experts.shape[:2]) < 0.05] = MISSING
+    return RoutingTrace(experts[order], trace.num_experts, trace.sequence[order], position[order],
+                        trace.call[order], layers=trace.layers)
+
+
+# Reference implementations with Python sets --------------------------------------------------
+
+def token_sets(trace):
+    """{(token, layer index): set of experts} for logged entries."""
+    return {(i, j): set(trace.experts[i, j].tolist()) for i in range(trace.num_tokens)
+            for j in range(len(trace.layers)) if trace.experts[i, j, 0] != MISSING}
+
 
 def reference_batch(trace):
-    rows = []
+    sets, rows = token_sets(trace), []
     for call in sorted(set(trace.call.tolist())):
         idx = np.flatnonzero(trace.call == call)
         for j, layer in enumerate(trace.layers):
-            rows.append((layer, call, len(idx), len({e for i in idx for e in trace.experts[i, j]})))
+            logged = [i for i in idx if (i, j) in sets]
+            rows.append((layer, call, len(logged), len(set().union(*[sets[i, j] for i in logged]))))
     return rows
 
 
 def reference_windows(trace, t):
-    rows = []
-    for seq in sorted(set(trace.sequence.tolist())):
-        idx = np.flatnonzero(trace.sequence == seq)
-        idx = idx[np.argsort(trace.position[idx])]
+    """Runs of t tokens with one sequence and positions p, p+1, ..., all logged in the layer."""
+    sets, rows = token_sets(trace), []
+    where = {(s, p): i for i, (s, p) in enumerate(zip(trace.sequence.tolist(), trace.position.tolist()))}
+    for (seq, pos), first in where.items():
+        members = [where.get((seq, pos + k)) for k in range(t)]
+        if None in members:
+            continue
         for j, layer in enumerate(trace.layers):
-            for start in range(len(idx) - t + 1):
-                window = idx[start:start + t]
-                rows.append((layer, seq, trace.position[window[0]],
-                             len({e for i in window for e in trace.experts[i, j]})))
+            if all((i, j) in sets for i in members):
+                rows.append((layer, seq, pos, len(set().union(*[sets[i, j] for i in members]))))
     return sorted(rows)
 
 
@@ -69,9 +87,26 @@ def test_masks_hold_exactly_the_experts(E):
             assert bits == set(trace.experts[i, j].tolist())
 
 
+def test_masks_are_cached_and_reset_when_the_routing_changes():
+    trace = random_trace()
+    assert expert_masks(trace) is expert_masks(trace)
+    with pytest.raises(ValueError, match="read-only"):
+        trace.experts[0, 0, 0] = 1
+    other = random_trace(seed=9)
+    trace.experts = other.experts
+    np.testing.assert_array_equal(expert_masks(trace), expert_masks(other))
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_batch_union_matches_sets(seed):
     trace = random_trace(seed)
+    frame = batch_union(trace).sort_values(["call", "layer"])
+    expected = sorted(reference_batch(trace), key=lambda r: (r[1], r[0]))
+    assert list(frame.itertuples(index=False, name=None)) == expected
+
+
+def test_batch_union_counts_only_logged_entries():
+    trace = with_gaps_and_missing(random_trace(4))
     frame = batch_union(trace).sort_values(["call", "layer"])
     expected = sorted(reference_batch(trace), key=lambda r: (r[1], r[0]))
     assert list(frame.itertuples(index=False, name=None)) == expected
@@ -85,36 +120,94 @@ def test_window_union_matches_sets(t):
     assert got == reference_windows(trace, t)
 
 
+@pytest.mark.parametrize("t", [1, 2, 4, 7])
+def test_windows_stop_at_position_gaps_and_unlogged_entries(t):
+    trace = with_gaps_and_missing(random_trace(5, tokens=200, E=90, K=3), seed=t)
+    got = sorted(window_union(trace, t).itertuples(index=False, name=None))
+    assert got == reference_windows(trace, t)
+    assert len(got) < len(reference_windows(random_trace(5, tokens=200, E=90, K=3), t))
+
+
+def test_a_repeated_position_is_not_consecutive():
+    experts = np.array([[[0, 1]], [[2, 3]], [[4, 5]]])
+    trace = RoutingTrace(experts, 8, sequence=[0, 0, 0], position=[0, 1, 1])
+    assert window_union(trace, 2)["union"].tolist() == [4]  # tokens 0-1 only; 1 and 1 are not a run
+
+
 def test_window_longer_than_every_sequence_is_empty():
     assert window_union(random_trace(), 1000).empty
 
 
-def test_random_union_bounds_and_determinism():
-    trace = random_trace()
-    a, b = random_union(trace, 6, samples=50, seed=4), random_union(trace, 6, samples=50, seed=4)
-    pd.testing.assert_frame_equal(a, b)
-    assert a["union"].between(trace.top_k, 6 * trace.top_k).all()
+def test_random_union_follows_the_exact_distribution_of_pairs():
+    """Five tokens, t = 2: the union of a random pair takes each value with the frequency of the 10 pairs."""
+    experts = np.array([[[0, 1]], [[0, 2]], [[0, 1]], [[3, 4]], [[1, 2]]])
+    trace = RoutingTrace(experts, 5)
+    sizes = [len(set(experts[a, 0]) | set(experts[b, 0])) for a, b in itertools.combinations(range(5), 2)]
+    exact = pd.Series(sizes).value_counts(normalize=True)
+    drawn = random_union(trace, 2, samples=4000, seed=1)["union"]
+    assert set(drawn) <= set(sizes)
+    observed = drawn.value_counts(normalize=True).reindex(exact.index, fill_value=0)
+    np.testing.assert_allclose(observed, exact, atol=0.025)
+    pd.testing.assert_frame_equal(random_union(trace, 2, 50, seed=3), random_union(trace, 2, 50, seed=3))
 
 
-def test_verify_union_is_a_union_of_windows():
-    trace = random_trace(5, tokens=300, sequences=6)
-    one = verify_union(trace, batch_size=1, window=3, samples=200)
-    windows = set(window_union(trace, 3)["union"])
-    assert set(one["union"]) <= windows
-    many = verify_union(trace, batch_size=6, window=3, samples=200)
-    assert many["union"].mean() > one["union"].mean()
-    assert many["union"].max() <= min(trace.num_experts, 6 * 3 * trace.top_k)
+def test_verify_union_takes_one_window_from_each_of_b_sequences():
+    """Four sequences of 2-3 tokens, B = 3, w = 2: every sample is the union of one window of three
+    distinct sequences; its mean is the mean over all such choices, each equally likely."""
+    rng = np.random.default_rng(2)
+    lengths = [3, 2, 3, 2]
+    experts = np.argsort(rng.random((sum(lengths), 2, 12)), axis=-1)[..., :2]
+    sequence = np.repeat(np.arange(4), lengths)
+    position = np.concatenate([np.arange(n) for n in lengths])
+    trace = RoutingTrace(experts, 12, sequence=sequence, position=position)
+    windows = {s: [np.flatnonzero((sequence == s) & (position >= p) & (position < p + 2))
+                   for p in range(lengths[s] - 1)] for s in range(4)}
+    exact = {0: [], 1: []}
+    for chosen in itertools.combinations(range(4), 3):
+        per_choice = {0: [], 1: []}
+        for picks in itertools.product(*[windows[s] for s in chosen]):
+            tokens = np.concatenate(picks)
+            for layer in (0, 1):
+                per_choice[layer].append(len(set(experts[tokens, layer].ravel().tolist())))
+        for layer in (0, 1):
+            exact[layer].append(np.mean(per_choice[layer]))
+    drawn = verify_union(trace, batch_size=3, window=2, samples=6000, seed=0)
+    for layer in (0, 1):
+        values = drawn[drawn["layer"] == layer]["union"]
+        possible = {len(set(experts[np.concatenate(p), layer].ravel().tolist()))
+                    for c in itertools.combinations(range(4), 3) for p in itertools.product(*[windows[s] for s in c])}
+        assert set(values) <= possible
+        assert values.mean() == pytest.approx(np.mean(exact[layer]), abs=0.05)
     with pytest.raises(ValueError, match="batch_size"):
-        verify_union(trace, batch_size=7, window=3)
+        verify_union(trace, batch_size=5, window=2)
 
 
-def test_popularity_sums_to_k_and_predicts_uniform():
-    trace = random_trace(tokens=2000, E=16, K=2)
+def test_verify_union_of_every_sequence_whole_is_deterministic():
+    trace = random_trace(6, tokens=60, sequences=3)
+    lengths = np.bincount(trace.sequence)
+    trace = trace.select(np.isin(trace.sequence, np.flatnonzero(lengths >= 4)))
+    trace = trace.select(trace.position < 4)  # every sequence now has exactly 4 tokens
+    owners = np.unique(trace.sequence).size
+    frame = verify_union(trace, batch_size=owners, window=4, samples=5)
+    for j, layer in enumerate(trace.layers):
+        expected = len(set(trace.experts[:, j].ravel().tolist()))
+        assert (frame[frame["layer"] == layer]["union"] == expected).all()
+
+
+def test_popularity_matches_counting_and_its_prediction_matches_random_tokens():
+    """Tokens drawn independently with a skewed popularity: the popularity form of Eq. 8 predicts
+    the unions of random tokens, and Eq. 8 (uniform) overestimates them."""
+    rng = np.random.default_rng(0)
+    share = rng.dirichlet(np.full(16, 0.5))
+    experts = np.array([rng.choice(16, 2, replace=False, p=share) for _ in range(4000)])[:, None, :]
+    trace = RoutingTrace(experts, 16)
     table = popularity(trace)
-    sums = table.groupby("layer")["probability"].sum()
-    np.testing.assert_allclose(sums, 2.0)
-    p = table["probability"].to_numpy().reshape(3, 16)
-    assert expected_active_experts_from_popularity(1, p) == pytest.approx([2, 2, 2])
+    counted = [sum(e in row for row in experts[:, 0].tolist()) / 4000 for e in range(16)]
+    np.testing.assert_allclose(table["probability"], counted)
+    measured = random_union(trace, 8, samples=3000)["union"].mean()
+    predicted = expected_active_experts_from_popularity(8, table["probability"].to_numpy())
+    assert predicted == pytest.approx(measured, rel=0.02)
+    assert expected_active_experts(8, 16, 2) > 1.1 * measured
 
 
 def test_adjacent_overlap_of_repeated_tokens_is_one():
@@ -130,12 +223,88 @@ def test_adjacent_overlap_of_random_routing_is_near_k_over_e():
     np.testing.assert_allclose(table["overlap"], 2 / 16, atol=0.03)
 
 
-# Save and load ------------------------------------------------------------------------------
+def test_adjacent_overlap_skips_gaps_and_unlogged_entries():
+    trace = with_gaps_and_missing(random_trace(8, tokens=150, E=10, K=3), seed=3)
+    sets = token_sets(trace)
+    where = {(s, p): i for i, (s, p) in enumerate(zip(trace.sequence.tolist(), trace.position.tolist()))}
+    table = adjacent_overlap(trace)
+    for j in range(len(trace.layers)):
+        shared = [len(sets[i, j] & sets[where[s, p + 1], j]) / 3 for (s, p), i in where.items()
+                  if (s, p + 1) in where and (i, j) in sets and (where[s, p + 1], j) in sets]
+        assert table["pairs"][j] == len(shared)
+        assert table["overlap"][j] == pytest.approx(np.mean(shared))
+
+
+def test_window_activation_probability_matches_sets():
+    trace = with_gaps_and_missing(random_trace(2, tokens=150, E=20, K=3), seed=1)
+    q = window_activation_probability(trace, 3)
+    windows = pd.DataFrame(reference_windows(trace, 3), columns=["layer", "sequence", "start", "union"])
+    sets, where = token_sets(trace), {(s, p): i for i, (s, p) in enumerate(zip(trace.sequence.tolist(),
+                                                                                trace.position.tolist()))}
+    for j, layer in enumerate(trace.layers):
+        rows = windows[windows["layer"] == layer]
+        hits = np.zeros(20)
+        for _, row in rows.iterrows():
+            for e in set().union(*[sets[where[row["sequence"], row["start"] + k], j] for k in range(3)]):
+                hits[e] += 1
+        np.testing.assert_allclose(q[j], hits / len(rows))
+
+
+def test_predictions_on_uniform_independent_routing_agree():
+    trace = random_trace(7, tokens=6000, layers=2, E=32, K=2, sequences=40)
+    table = verify_union_predictions(trace, batch_size=4, window=3, samples=2000)
+    for column in ("uniform", "popularity", "windows"):
+        np.testing.assert_allclose(table[column], table["measured"], rtol=0.03)
+
+
+def test_window_prediction_sees_correlated_tokens():
+    # Each sequence repeats one token's routing: a window loads K experts, not w K.
+    rng = np.random.default_rng(0)
+    per_sequence = np.argsort(rng.random((50, 1, 32)), axis=-1)[..., :2]
+    experts = np.repeat(per_sequence, 20, axis=0)
+    trace = RoutingTrace(experts, 32, sequence=np.repeat(np.arange(50), 20),
+                         position=np.tile(np.arange(20), 50))
+    table = verify_union_predictions(trace, batch_size=4, window=4, samples=2000)
+    # Four sequences with independent uniform pairs: E (1 - (1 - K/E)**4) experts, Eq. 8 at t = 4.
+    assert table["windows"].iloc[0] == pytest.approx(float(expected_active_experts(4, 32, 2)), rel=0.05)
+    assert table["windows"].iloc[0] == pytest.approx(table["measured"].iloc[0], rel=0.05)
+    assert table["uniform"].iloc[0] > 1.5 * table["measured"].iloc[0]
+
+
+def test_effective_experts_bounds():
+    rng = np.random.default_rng(0)
+    balanced = np.array([rng.permutation(16)[:4] for _ in range(4000)])[:, None, :]
+    fixed = np.tile(np.array([3, 5, 7, 9]), (50, 1))[:, None, :]
+    spread = effective_experts(RoutingTrace(balanced, 16))["effective_experts"].item()
+    assert 15.5 < spread <= 16
+    assert effective_experts(RoutingTrace(fixed, 16))["effective_experts"].item() == pytest.approx(4)
+
+
+def test_an_empty_trace_reports_no_statistics():
+    empty = RoutingTrace(np.zeros((0, 2, 2), int), 8)
+    assert effective_experts(empty)["effective_experts"].isna().all()
+    assert popularity(empty)["probability"].isna().all()
+    assert adjacent_overlap(empty)["overlap"].isna().all()
+    assert window_union(empty, 1).empty and batch_union(empty).empty
+
+
+# Format, summary, save and load ------------------------------------------------------------
+
+def test_repr_summarises_instead_of_printing_arrays():
+    trace = random_trace(tokens=5000)
+    trace.meta = {"model_id": "tiny-moe"}
+    text = repr(trace)
+    assert len(text) < 250 and "E=70" in text and "tokens=5000" in text and "layers=3 [1,3,4]" in text
+    assert "sequences=5" in text and "decode 5000" in text
+    row = trace.summary()
+    assert len(row) == 1 and row.loc[0, "model"] == "tiny-moe" and row.loc[0, "decode"] == 5000
+    assert row.loc[0, ["E", "K", "tokens", "layers", "sequences"]].tolist() == [70, 4, 5000, 3, 5]
+
 
 def test_round_trip(tmp_path):
     trace = random_trace()
     trace.weights = np.random.default_rng(0).random(trace.experts.shape).astype(np.float32)
-    trace.phase = np.where(trace.position < 3, "prefill", "decode")
+    trace.phase = np.where(trace.position < 3, "prefill", np.where(trace.position < 6, "unknown", "decode"))
     trace.meta = {"model_id": "tiny", "dataset": "humaneval", "prompt_ids": ["HumanEval/0"]}
     path = trace.save(tmp_path / "sub" / "t.npz")
     loaded = RoutingTrace.load(path)
@@ -159,22 +328,36 @@ def test_load_names_the_file_and_the_problem(tmp_path):
     with pytest.raises(ValueError, match=r"bad\.npz.*expert twice"):
         RoutingTrace.load(bad)
     junk = tmp_path / "junk.npz"
-    junk.write_text("not a zip")
-    with pytest.raises(ValueError, match="junk.npz"):
+    junk.write_bytes(b"PK\x03\x04 but not a zip")
+    with pytest.raises(ValueError, match="junk.npz: not a valid routing trace"):
         RoutingTrace.load(junk)
     np.savez(bad, experts=np.array([[[0, 9]]]), num_experts=4)
     with pytest.raises(ValueError, match=r"\[0, 4\)"):
         RoutingTrace.load(bad)
 
 
+def test_load_of_a_text_log_says_what_it_is(tmp_path):
+    log = tmp_path / "routes.jsonl"
+    log.write_text('{"problem_id": 0, "token_idx": 0, "layer": 0, "experts": [1, 2]}\n')
+    with pytest.raises(ValueError, match=r"routes\.jsonl: not a RoutingTrace \.npz.*moesd\.importers") as error:
+        RoutingTrace.load(log)
+    assert "pickle" not in str(error.value)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"experts": np.zeros((2, 2))}, "shape"),
     ({"experts": np.zeros((2, 1, 2), float)}, "integer"),
     ({"num_experts": 1}, "exceeds"),
+    ({"num_experts": 4.7}, "num_experts must be a whole number, got 4.7"),
+    ({"num_experts": "4"}, "num_experts must be a whole number"),
+    ({"num_experts": True}, "num_experts must be a whole number"),
     ({"sequence": np.zeros(3, int)}, "sequence"),
+    ({"position": np.array([0.0, 1.5])}, "position must be an integer array"),
     ({"phase": np.array(["decode", "verify"])}, "phase"),
     ({"weights": np.zeros((2, 1, 3))}, "weights"),
     ({"layers": np.array([0, 1])}, "layers"),
+    ({"experts": np.array([[[0, -1]], [[2, 3]]])}, "only some of its experts missing"),
+    ({"experts": np.array([[[0, -2]], [[2, 3]]])}, r"\[0, 4\)"),
 ])
 def test_bad_traces(kwargs, message):
     arguments = {"experts": np.array([[[0, 1]], [[2, 3]]]), "num_experts": 4, **kwargs}
@@ -182,148 +365,7 @@ def test_bad_traces(kwargs, message):
         RoutingTrace(**arguments)
 
 
-# Importers ----------------------------------------------------------------------------------
-
-def write_jsonl(path, records):
-    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
-
-
-def vllm_layer(layer, calls):
-    lines = [{"type": "meta", "model_id": "tiny-moe", "layers_logged": [1, 3], "top_k": 2}]
-    for call in calls:
-        for row, (request, ids) in enumerate(call):
-            lines.append({"type": "route", "req_id": request, "token_idx": row, "layer": layer,
-                          "topk_ids": [i + layer for i in ids], "topk_weights": [0.6, 0.4]})
-    return lines
-
-
-CALLS = [
-    [("warm", [0, 1])],                                       # warm-up, skipped
-    [("a", [0, 1]), ("a", [1, 2]), ("b", [2, 3])],            # prefill of a (2 rows), b (1 row)
-    [("a", [3, 4]), ("b", [4, 5])],                           # one decode step of both
-]
-
-
-def test_vllm_log(tmp_path):
-    for layer in (1, 3):
-        write_jsonl(tmp_path / f"layer{layer}.jsonl", vllm_layer(layer, CALLS))
-    trace = from_vllm_moe_log([tmp_path / "layer3.jsonl", tmp_path / "layer1.jsonl"], num_experts=16,
-                              skip_calls=1)
-    assert trace.layers.tolist() == [1, 3] and trace.num_tokens == 5
-    assert trace.call.tolist() == [0, 0, 0, 1, 1]
-    assert trace.sequence.tolist() == [0, 0, 1, 0, 1]
-    assert trace.position.tolist() == [0, 1, 0, 2, 1]
-    assert trace.phase.tolist() == ["prefill", "prefill", "decode", "decode", "decode"]
-    assert trace.experts[:, 1].tolist() == [[3, 4], [4, 5], [5, 6], [6, 7], [7, 8]]
-    assert trace.meta["model_id"] == "tiny-moe" and trace.meta["request_ids"] == ["a", "b"]
-
-
-def test_vllm_log_infers_e_with_a_warning(tmp_path):
-    write_jsonl(tmp_path / "l.jsonl", vllm_layer(1, CALLS))
-    with pytest.warns(UserWarning, match="inferring E = 7"):
-        assert from_vllm_moe_log(tmp_path / "l.jsonl").num_experts == 7
-
-
-@pytest.mark.parametrize("mutate, message", [
-    (lambda lines: lines[1:], "no meta line"),
-    (lambda lines: lines + [{"type": "route", "layer": 1}], r"l\.jsonl:\d+: route record"),
-    (lambda lines: lines + [{"type": "oops"}], r"l\.jsonl:\d+: expected type"),
-    (lambda lines: lines[:2] + [dict(lines[2], topk_ids="3")] + lines[3:], r"l\.jsonl:3: expert ids"),
-])
-def test_vllm_log_errors(tmp_path, mutate, message):
-    write_jsonl(tmp_path / "l.jsonl", mutate(vllm_layer(1, CALLS)))
-    with pytest.raises(ValueError, match=message):
-        from_vllm_moe_log(tmp_path / "l.jsonl", num_experts=16)
-
-
-def test_vllm_log_not_json(tmp_path):
-    (tmp_path / "l.jsonl").write_text('{"type": "meta"}\n{oops\n')
-    with pytest.raises(ValueError, match=r"l\.jsonl:2: not JSON"):
-        from_vllm_moe_log(tmp_path / "l.jsonl", num_experts=8)
-
-
-def test_vllm_layers_must_agree(tmp_path):
-    write_jsonl(tmp_path / "a.jsonl", vllm_layer(1, CALLS))
-    write_jsonl(tmp_path / "b.jsonl", vllm_layer(3, CALLS[:2]))
-    with pytest.raises(ValueError, match="same calls"):
-        from_vllm_moe_log([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], num_experts=16)
-
-
-def test_token_jsonl(tmp_path):
-    records = [{"problem_id": p, "layer": layer, "experts": [t + layer, t + layer + 1],
-                "gating_probs": [0.7, 0.3], "token_idx": t}
-               for p in ("HumanEval/1", "HumanEval/0") for t in (1, 0, 2) for layer in (2, 0)]
-    write_jsonl(tmp_path / "r.jsonl", records)
-    trace = from_token_jsonl(tmp_path / "r.jsonl", num_experts=8)
-    assert trace.num_tokens == 6 and trace.layers.tolist() == [0, 2]
-    assert trace.position.tolist() == [0, 1, 2, 0, 1, 2]
-    assert trace.experts[:3, 1].tolist() == [[2, 3], [3, 4], [4, 5]]
-    assert trace.meta["problem_ids"] == ["HumanEval/1", "HumanEval/0"]
-    np.testing.assert_allclose(trace.weights[..., 0], 0.7)
-
-
-def test_token_jsonl_errors(tmp_path):
-    base = {"problem_id": "p", "layer": 0, "experts": [1, 2], "gating_probs": [0.5, 0.5], "token_idx": 0}
-    write_jsonl(tmp_path / "r.jsonl", [base, base])
-    with pytest.raises(ValueError, match=r"r\.jsonl:2: a second record"):
-        from_token_jsonl(tmp_path / "r.jsonl", num_experts=4)
-    write_jsonl(tmp_path / "r.jsonl", [base, dict(base, layer=1), dict(base, token_idx=1)])
-    with pytest.raises(ValueError, match="missing in some layers"):
-        from_token_jsonl(tmp_path / "r.jsonl", num_experts=4)
-    write_jsonl(tmp_path / "r.jsonl", [base, dict(base, token_idx=1, experts=[1])])
-    with pytest.raises(ValueError, match=r"r\.jsonl:2: gating_probs"):
-        from_token_jsonl(tmp_path / "r.jsonl", num_experts=4)
-
-
-def test_layer_csv(tmp_path):
-    path = tmp_path / "r.csv"
-    path.write_text("layer_id,expert_ids\n0,1 2\n5,3 4\n0,2 3\n5,0 7\n")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        trace = from_layer_csv(path, num_experts=8)
-    assert trace.layers.tolist() == [0, 5]
-    assert trace.experts.tolist() == [[[1, 2], [3, 4]], [[2, 3], [0, 7]]]
-
-
-@pytest.mark.parametrize("text, message", [
-    ("0,1 2\n0,x 2\n", r"r\.csv:2"),
-    ("0,1 2\n0\n", r"r\.csv:2: expected two fields"),
-    ("0,1 2\n1,\n", r"r\.csv:2: no expert ids"),
-    ("0,1 2\n1,1 2\n1,2 3\n", "different numbers of tokens"),
-    ("0,1 2\n0,2 1 3\n", "different numbers of experts"),
-    ("", "no routing lines"),
-])
-def test_layer_csv_errors(tmp_path, text, message):
-    (tmp_path / "r.csv").write_text(text)
-    with pytest.raises(ValueError, match=message):
-        from_layer_csv(tmp_path / "r.csv", num_experts=8)
-
-
-def test_predictions_on_uniform_independent_routing_agree():
-    trace = random_trace(7, tokens=6000, layers=2, E=32, K=2, sequences=40)
-    table = verify_union_predictions(trace, batch_size=4, window=3, samples=2000)
-    for column in ("uniform", "popularity", "windows"):
-        np.testing.assert_allclose(table[column], table["measured"], rtol=0.03)
-
-
-def test_window_prediction_sees_correlated_tokens():
-    # Each sequence repeats one token's routing: a window loads K experts, not w K.
-    rng = np.random.default_rng(0)
-    per_sequence = np.argsort(rng.random((50, 1, 32)), axis=-1)[..., :2]
-    experts = np.repeat(per_sequence, 20, axis=0)
-    trace = RoutingTrace(experts, 32, sequence=np.repeat(np.arange(50), 20),
-                         position=np.tile(np.arange(20), 50))
-    table = verify_union_predictions(trace, batch_size=4, window=4, samples=2000)
-    assert table["windows"].iloc[0] == pytest.approx(table["measured"].iloc[0], rel=0.05)
-    assert table["uniform"].iloc[0] > 1.5 * table["measured"].iloc[0]
-
-
-def test_effective_experts_bounds():
-    from moesd.traces import effective_experts
-
-    rng = np.random.default_rng(0)
-    balanced = np.array([rng.permutation(16)[:4] for _ in range(4000)])[:, None, :]
-    fixed = np.tile(np.array([3, 5, 7, 9]), (50, 1))[:, None, :]
-    spread = effective_experts(RoutingTrace(balanced, 16))["effective_experts"].item()
-    assert 15.5 < spread <= 16
-    assert effective_experts(RoutingTrace(fixed, 16))["effective_experts"].item() == pytest.approx(4)
+def test_whole_float_num_experts_is_accepted_and_missing_rows_are_allowed():
+    trace = RoutingTrace(np.array([[[0, 1], [-1, -1]]]), np.float64(4.0))
+    assert trace.num_experts == 4 and trace.num_missing == 1
+    assert "missing 1" in repr(trace)
