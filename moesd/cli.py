@@ -15,22 +15,24 @@ import sys
 import numpy as np
 import pandas as pd
 
-from moesd.experts import expected_active_experts, full_activation_threshold, tokens_per_expert
+from moesd._checks import UsageError, as_array
+from moesd.experts import expected_active_experts, full_activation_threshold, sparsity, tokens_per_expert
 from moesd.roofline import HARDWARE
 
 DEFAULT_TOKENS = [1, 2, 4, 8, 16, 32, 64, 100, 200, 400]
 
 
 def _theory(args: argparse.Namespace) -> None:
-    rho = args.K / args.E
-    tokens = np.asarray(args.tokens, dtype=float)
+    tokens = as_array("--tokens", args.tokens, low=1, whole=True)
+    rho = sparsity(args.E, args.K)  # refuses E < 1 and K outside [1, E]
+    threshold = full_activation_threshold(rho, args.tau)  # refuses tau outside (0, 1), a too small rho
     table = pd.DataFrame({
         "tokens": args.tokens,
         "active_experts": expected_active_experts(tokens, args.E, args.K),
         "tokens_per_expert": tokens_per_expert(tokens, rho),
     })
-    print(f"E = {args.E}, K = {args.K}, rho = {rho:.4g}; "
-          f"T_thres(tau={args.tau}) = {full_activation_threshold(rho, args.tau)} tokens")
+    print(f"E = {args.E}, K = {args.K}, rho = {float(rho):.4g}; "
+          f"T_thres(tau={args.tau}) = {threshold} tokens")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 
 
@@ -181,13 +183,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the ``moesd`` command; returns the exit status."""
+    """Run the ``moesd`` command; returns the exit status.
+
+    A :class:`moesd._checks.UsageError` (a bad argument, raised by a sub-command's checks or by
+    the package's input validation) is printed as a one-line usage error with exit status 2;
+    any other exception is a failure of the program and keeps its traceback.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         args.run(args)
-    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as error:
-        parser.error(str(error.args[0]) if error.args else repr(error))
+    except UsageError as error:
+        parser.error(str(error))
     return 0
 
 
