@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import numpy as np
 import pandas as pd
 
 from moesd._checks import UsageError, as_array

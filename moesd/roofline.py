@@ -316,13 +316,14 @@ def G(t, lam_rp, s):
     lam_rp = as_array("lam_rp", lam_rp, low=0, low_open=True)
     s = as_array("s", s, low=1)
     broadcast(t=t, lam_rp=lam_rp, s=s)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         at_transition = np.power(s, lam_rp)
-    overflow = np.isinf(at_transition)
+        below = np.power(s, np.minimum(t, lam_rp))
+        above = at_transition * (1.0 + np.log(s) * (t - lam_rp))
+        growth = np.where(t <= lam_rp, below, above)
+    overflow = ~np.isfinite(growth)
     if overflow.any():
-        lam_, s_ = (np.broadcast_to(a, overflow.shape)[overflow].flat[0] for a in (lam_rp, s))
-        raise UsageError(f"lam_rp and s must keep s**lam_rp within float64 (lam_rp log2(s) < 1024), "
-                         f"got lam_rp = {lam_:g} with s = {s_:g}")
-    below = np.power(s, np.minimum(t, lam_rp))
-    above = at_transition * (1.0 + np.log(s) * (t - lam_rp))
-    return np.where(t <= lam_rp, below, above)
+        t_, lam_, s_ = (np.broadcast_to(a, overflow.shape)[overflow].flat[0] for a in (t, lam_rp, s))
+        raise UsageError(f"t, lam_rp and s must keep G within float64 (s**lam_rp and the line after it), "
+                         f"got t = {t_:g}, lam_rp = {lam_:g}, s = {s_:g}")
+    return growth
