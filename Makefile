@@ -41,8 +41,9 @@ test: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
-# jupyter-cache keys a chapter by its code cells only: after the package changes, the cache would keep
-# serving the old outputs to make book. Caching the re-executed chapters replaces them.
+# jupyter-cache keys a chapter by its code cells (and their metadata), not by the package: after the
+# package changes, it would keep serving old outputs to make book. Caching the re-executed chapters
+# (which carry new execution metadata, hence new keys) makes make book show exactly what was committed.
 outputs: $(VENV)/.installed
 	mkdir -p $(IPYTHONDIR) $(MPLCONFIGDIR)
 	$(VENV)/bin/jupyter-execute --inplace --timeout=1800 $(CHAPTERS)
