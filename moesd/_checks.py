@@ -2,15 +2,16 @@
 
 Every public theory function turns its inputs into float arrays with :func:`as_array`, which
 rejects values outside their domain with a :class:`UsageError` (a ``ValueError``) naming the
-argument, the value and what is allowed, e.g. ``gamma must be a whole number >= 1, got 2.5``.
+argument, the value and what is allowed, e.g. ``gamma must be a whole number >= 1, got 2.5``;
+:func:`broadcast` names arguments whose shapes clash and :func:`one_of` a name not in a list.
 
 :class:`UsageError` is how the ``moesd`` command tells a bad argument from a failure inside
 the program: ``moesd.cli.main`` prints a ``UsageError`` as a one-line usage error (exit code
 2) and lets every other exception through as a traceback. A sub-command checks its arguments
-before any work, either by raising ``UsageError`` itself or by calling package functions that
-validate inside ``with usage_errors():``, which re-raises their ``ValueError`` as a
-``UsageError``; the work itself runs outside that block, so an internal error stays an
-internal error.
+before any work: it raises ``UsageError`` itself, calls the package's validating functions
+(which raise it), or wraps a check that raises something else (``zoo.get_model``'s KeyError,
+``pandas.read_csv``'s ParserError on the user's file) in ``with usage_errors():``. The work
+itself runs outside that block, so an internal error stays an internal error.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ class UsageError(ValueError):
 
 @contextlib.contextmanager
 def usage_errors():
-    """Re-raise a ``ValueError`` raised inside the block as a :class:`UsageError`.
+    """Re-raise a ``ValueError``, ``KeyError``, ``FileNotFoundError`` or ``FileExistsError`` raised in
+    the block as a :class:`UsageError` with the same message.
 
     Wrap only the checking of a command's arguments, never the work they start.
     """
@@ -35,8 +37,8 @@ def usage_errors():
         yield
     except UsageError:
         raise
-    except ValueError as error:
-        raise UsageError(str(error)) from error
+    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as error:
+        raise UsageError(str(error.args[0]) if error.args else repr(error)) from error
 
 
 def _describe(low, high, low_open, high_open, whole) -> str:

@@ -419,6 +419,17 @@ def test_validation_errors_are_usage_errors():
         load_prompts("gsm8k", HUMANEVAL)
 
 
+def test_usage_errors_turns_argument_checks_into_usage_errors():
+    """The block a sub-command wraps around its argument checks: their errors become UsageErrors."""
+    from moesd._checks import usage_errors
+
+    for error in (ValueError("bad"), KeyError("bad"), FileNotFoundError("bad"), FileExistsError("bad")):
+        with pytest.raises(UsageError, match="^bad$"), usage_errors():
+            raise error
+    with pytest.raises(RuntimeError), usage_errors():  # anything else stays what it is
+        raise RuntimeError("internal")
+
+
 def test_fixed_cases_give_the_right_answer():
     """Cases that used to fail or hang now work: a name for time_floor, a long draft for alpha_from_sigma."""
     h200 = roofline.HARDWARE["H200"]
