@@ -1,6 +1,11 @@
 # Two entry points, each installing what it needs into .venv first:
 #   make book   build the executed book into _build/html (warnings are errors)
 #   make test   pytest over tests/ and nbval over the committed outputs of book/
+# and three for developers:
+#   make lint     ruff (pinned in requirements.txt) with the rules in pyproject.toml
+#   make outputs  re-execute every chapter into its committed outputs (book/*.ipynb) and store the
+#                 fresh notebooks in the book's execution cache, so that make book shows the same
+#   make clean    remove _build (the book, its execution cache, the state folders)
 
 VENV := .venv
 PYTHON := $(VENV)/bin/python
@@ -17,8 +22,13 @@ export HF_HOME := $(STATE)/huggingface
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
+# MPLBACKEND=Agg (common on CI images) would replace the chapters' inline figures by text.
+unexport MPLBACKEND
 
-.PHONY: book test clean
+CHAPTERS := $(wildcard book/*.ipynb)
+BOOK_CACHE := _build/.jupyter_cache
+
+.PHONY: book test lint outputs clean
 
 book: $(VENV)/.installed
 	mkdir -p $(IPYTHONDIR) $(MPLCONFIGDIR)
@@ -27,6 +37,18 @@ book: $(VENV)/.installed
 test: $(VENV)/.installed
 	mkdir -p $(IPYTHONDIR) $(MPLCONFIGDIR)
 	$(PYTHON) -m pytest tests book --nbval --nbval-sanitize-with book/sanitize.cfg
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+# jupyter-cache keys a chapter by its code cells (and their metadata), not by the package: after the
+# package changes, it would keep serving old outputs to make book. Caching the re-executed chapters
+# (which carry new execution metadata, hence new keys) makes make book show exactly what was committed.
+outputs: $(VENV)/.installed
+	mkdir -p $(IPYTHONDIR) $(MPLCONFIGDIR)
+	$(VENV)/bin/jupyter-execute --inplace --timeout=1800 $(CHAPTERS)
+	$(PYTHON) -c "import sys; from jupyter_cache import get_cache; cache = get_cache(sys.argv[1]); \
+	    [cache.cache_notebook_file(path, overwrite=True) for path in sys.argv[2:]]" $(BOOK_CACHE) $(CHAPTERS)
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)

@@ -1,16 +1,66 @@
-"""Input checks shared by the theory modules.
+"""Input checks shared by the package, and the error that marks a caller's mistake.
 
-Every public theory function turns its inputs into float arrays with :func:`as_array`
-and rejects values outside their domain with a ``ValueError`` that names the argument.
+Every public theory function turns its inputs into float arrays with :func:`as_array`, which
+rejects values outside their domain with a :class:`UsageError` (a ``ValueError``) naming the
+argument, the value and what is allowed, e.g. ``gamma must be a whole number >= 1, got 2.5``;
+:func:`broadcast` names arguments whose shapes clash and :func:`one_of` a name not in a list.
+
+:class:`UsageError` is how the ``moesd`` command tells a bad argument from a failure inside
+the program: ``moesd.cli.main`` prints a ``UsageError`` as a one-line usage error (exit code
+2) and lets every other exception through as a traceback. A sub-command checks its arguments
+before any work: it raises ``UsageError`` itself, calls the package's validating functions
+(which raise it), or wraps a check that raises something else (``zoo.get_model``'s KeyError,
+``pandas.read_csv``'s ParserError on the user's file) in ``with usage_errors():``. The work
+itself runs outside that block, so an internal error stays an internal error.
 """
 
 from __future__ import annotations
 
+import contextlib
+import numbers
+
 import numpy as np
 
 
+class UsageError(ValueError):
+    """A bad argument: the caller's mistake, reported in one line, never a program failure."""
+
+
+@contextlib.contextmanager
+def usage_errors():
+    """Re-raise a ``ValueError``, ``KeyError``, ``FileNotFoundError`` or ``FileExistsError`` raised in
+    the block as a :class:`UsageError` with the same message.
+
+    Wrap only the checking of a command's arguments, never the work they start.
+    """
+    try:
+        yield
+    except UsageError:
+        raise
+    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as error:
+        raise UsageError(str(error.args[0]) if error.args else repr(error)) from error
+
+
+def _describe(low, high, low_open, high_open, whole) -> str:
+    """``a whole number >= 1``, ``a number in (0, 1]``..., what a domain allows."""
+    kind = "a whole number" if whole else "a number"
+    if low is not None and high is not None:
+        return f"{kind} in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{kind} {'>' if low_open else '>='} {low:g}"
+    if high is not None:
+        return f"{kind} {'<' if high_open else '<='} {high:g}"
+    return kind
+
+
+def _first(array: np.ndarray, bad: np.ndarray) -> str:
+    """The first offending value, written as the caller would: ``8``, ``2.5``, ``1e-19``, ``inf``."""
+    value = (array[bad].flat[0] if array.ndim else array).item()
+    return str(int(value)) if value.is_integer() and abs(value) < 1e16 else repr(value)
+
+
 def as_array(name: str, value, *, low=None, high=None, low_open=False, high_open=False,
-             whole=False) -> np.ndarray:
+             whole=False, finite=True) -> np.ndarray:
     """Return ``value`` as a float array after checking it lies in its domain.
 
     Parameters
@@ -18,35 +68,80 @@ def as_array(name: str, value, *, low=None, high=None, low_open=False, high_open
     name : str
         The argument's name, used in the error message.
     value : array_like
-        The value to check.
+        Real numbers: Python or numpy numbers, sequences or arrays of them, pandas columns.
+        Booleans, strings, complex numbers and ``None`` are refused, not converted.
     low, high : float, optional
         Bounds of the domain; ``None`` means unbounded on that side.
     low_open, high_open : bool
         Whether the bound itself is excluded.
     whole : bool
         Require whole numbers (counts such as ``E`` or ``gamma``).
+    finite : bool, default True
+        Refuse infinities.
 
     Raises
     ------
-    ValueError
-        If any element is NaN, outside the bounds, or not whole when ``whole`` is set.
+    UsageError
+        A ``ValueError`` naming the argument, the offending value and the domain, if any element
+        is not a real number, NaN, infinite (unless ``finite`` is False), outside the bounds, or
+        not whole when ``whole`` is set.
     """
+    allowed = _describe(low, high, low_open, high_open, whole)
+    raw = value if isinstance(value, np.ndarray) else None
+    if raw is None:
+        try:
+            raw = np.asarray(value)
+        except (TypeError, ValueError) as error:  # ragged nesting
+            raise UsageError(f"{name} must be {allowed} or an array of them, got {value!r}") from error
+    kind = raw.dtype.kind
+    if kind == "O":
+        items = raw.ravel().tolist()
+        if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in items):
+            wrong = next(v for v in items if not isinstance(v, numbers.Real) or isinstance(v, bool))
+            raise UsageError(f"{name} must be {allowed}, got {wrong!r} (a {type(wrong).__name__})")
+    elif kind not in "iuf":
+        raise UsageError(f"{name} must be {allowed}, got {_short(value)} "
+                         f"(of type {type(value).__name__}, dtype {raw.dtype})")
     try:
-        array = np.asarray(value, dtype=float)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{name} must be numeric, got {value!r}") from error
-    if np.isnan(array).any():
-        raise ValueError(f"{name} must not be NaN")
+        array = np.asarray(raw, dtype=float)
+    except OverflowError as error:  # Python integers beyond float range
+        raise UsageError(f"{name} must be {allowed} within float range, got {_short(value)}") from error
+    nan = np.isnan(array)
+    if nan.any():
+        raise UsageError(f"{name} must be {allowed}, got NaN")
+    if finite and np.isinf(array).any():
+        raise UsageError(f"{name} must be {allowed}, got {_first(array, np.isinf(array))}")
     if low is not None:
         bad = array <= low if low_open else array < low
         if bad.any():
-            relation = ">" if low_open else ">="
-            raise ValueError(f"{name} must be {relation} {low}, got {array[bad].flat[0]!r}")
+            raise UsageError(f"{name} must be {allowed}, got {_first(array, bad)}")
     if high is not None:
         bad = array >= high if high_open else array > high
         if bad.any():
-            relation = "<" if high_open else "<="
-            raise ValueError(f"{name} must be {relation} {high}, got {array[bad].flat[0]!r}")
-    if whole and (np.isinf(array).any() or (array != np.round(array)).any()):
-        raise ValueError(f"{name} must be a whole number")
+            raise UsageError(f"{name} must be {allowed}, got {_first(array, bad)}")
+    if whole:
+        bad = np.isinf(array) | (array != np.round(array))
+        if bad.any():
+            raise UsageError(f"{name} must be {allowed}, got {_first(array, bad)}")
     return array
+
+
+def _short(value) -> str:
+    """``repr`` cut to one short line, for messages about arbitrary objects."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def broadcast(**arrays: np.ndarray) -> tuple[int, ...]:
+    """The common shape of named arrays, or a ``UsageError`` naming the arguments that clash."""
+    try:
+        return np.broadcast_shapes(*(np.shape(a) for a in arrays.values()))
+    except ValueError:
+        shapes = ", ".join(f"{name} {np.shape(a)}" for name, a in arrays.items())
+        raise UsageError(f"{' and '.join(arrays)} must broadcast together, got shapes {shapes}") from None
+
+
+def one_of(name: str, value, allowed) -> None:
+    """Refuse ``value`` unless it is one of the strings ``allowed``, naming them."""
+    if not isinstance(value, str) or value not in allowed:
+        raise UsageError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {_short(value)}")

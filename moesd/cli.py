@@ -12,25 +12,26 @@ from __future__ import annotations
 import argparse
 import sys
 
-import numpy as np
 import pandas as pd
 
-from moesd.experts import expected_active_experts, full_activation_threshold, tokens_per_expert
+from moesd._checks import UsageError, as_array
+from moesd.experts import expected_active_experts, full_activation_threshold, sparsity, tokens_per_expert
 from moesd.roofline import HARDWARE
 
 DEFAULT_TOKENS = [1, 2, 4, 8, 16, 32, 64, 100, 200, 400]
 
 
 def _theory(args: argparse.Namespace) -> None:
-    rho = args.K / args.E
-    tokens = np.asarray(args.tokens, dtype=float)
+    tokens = as_array("--tokens", args.tokens, low=1, whole=True)
+    rho = sparsity(args.E, args.K)  # refuses E < 1 and K outside [1, E]
+    threshold = full_activation_threshold(rho, args.tau)  # refuses tau outside (0, 1), a too small rho
     table = pd.DataFrame({
         "tokens": args.tokens,
         "active_experts": expected_active_experts(tokens, args.E, args.K),
         "tokens_per_expert": tokens_per_expert(tokens, rho),
     })
-    print(f"E = {args.E}, K = {args.K}, rho = {rho:.4g}; "
-          f"T_thres(tau={args.tau}) = {full_activation_threshold(rho, args.tau)} tokens")
+    print(f"E = {args.E}, K = {args.K}, rho = {float(rho):.4g}; "
+          f"T_thres(tau={args.tau}) = {threshold} tokens")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 
 
@@ -284,13 +285,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_UNCONVERTED_COMMANDS = {"trace", "sweep", "fit"}
+"""Sub-commands that do not raise UsageError yet (edited on other branches): until they do, they keep the
+old behaviour, any ValueError, KeyError, FileNotFoundError or FileExistsError printed as a usage error.
+Remove a name once its sub-command checks its arguments with UsageError."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the ``moesd`` command; returns the exit status."""
+    """Run the ``moesd`` command; returns the exit status.
+
+    A :class:`moesd._checks.UsageError` (a bad argument, raised by a sub-command's checks or by
+    the package's input validation) is printed as a one-line usage error with exit status 2;
+    any other exception is a failure of the program and keeps its traceback.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         args.run(args)
+    except UsageError as error:
+        parser.error(str(error))
     except (ValueError, KeyError, FileNotFoundError, FileExistsError) as error:
+        if args.command not in _UNCONVERTED_COMMANDS:
+            raise
         parser.error(str(error.args[0]) if error.args else repr(error))
     return 0
 

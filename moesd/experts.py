@@ -14,15 +14,15 @@ models keep experts memory-bound at larger batches. Real routing is not uniform;
 :func:`expected_active_experts_from_popularity` generalises Eq. 8 to measured per-expert
 selection probabilities.
 
-Every function broadcasts over numpy arrays and raises ``ValueError`` naming the argument
-on input outside its domain.
+Every function broadcasts over numpy arrays and raises ``ValueError`` naming the argument,
+the value and what is allowed on input outside its domain.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from moesd._checks import as_array
+from moesd._checks import UsageError, as_array, broadcast
 
 
 def _log_miss(t: np.ndarray, rho: np.ndarray) -> np.ndarray:
@@ -37,11 +37,33 @@ def _activation_probability(t: np.ndarray, rho: np.ndarray) -> np.ndarray:
     return -np.expm1(_log_miss(t, rho))
 
 
-def _sparsity(E, K) -> np.ndarray:
+_LARGEST_EXACT_COUNT = 2.0**53
+"""Beyond this, float64 no longer holds every whole number: a larger ``T_thres`` is not exact."""
+
+
+def sparsity(E, K):
+    """MoE sparsity ``rho = K / E``, the probability that one token selects a given expert.
+
+    Parameters
+    ----------
+    E : array_like
+        Routed experts per MoE layer (whole number >= 1).
+    K : array_like
+        Experts each token activates (whole number, 1 <= K <= E).
+
+    Returns
+    -------
+    numpy.ndarray or float
+        ``rho`` in (0, 1].
+    """
     E = as_array("E", E, low=1, whole=True)
     K = as_array("K", K, low=1, whole=True)
-    if (K > E).any():
-        raise ValueError("K must be <= E (a token cannot pick more experts than exist)")
+    broadcast(E=E, K=K)
+    over = K > E
+    if over.any():
+        k, e = np.broadcast_arrays(K, E)
+        raise UsageError(f"K must be <= E (a token cannot pick more experts than exist), "
+                         f"got K = {k[over].flat[0]:g} with E = {e[over].flat[0]:g}")
     return K / E
 
 
@@ -71,7 +93,8 @@ def expected_active_experts(t, E, K):
     26.48
     """
     t = as_array("t", t, low=0)
-    rho = _sparsity(E, K)
+    rho = sparsity(E, K)
+    broadcast(t=t, E=E, K=K)
     return np.asarray(E, dtype=float) * _activation_probability(t, rho)
 
 
@@ -95,6 +118,7 @@ def tokens_per_expert(t, rho):
     """
     t = as_array("t", t, low=1)
     rho = as_array("rho", rho, low=0, high=1, low_open=True)
+    broadcast(t=t, rho=rho)
     return rho * t / _activation_probability(t, rho)
 
 
@@ -116,11 +140,25 @@ def full_activation_threshold(rho, tau=0.95):
     -------
     numpy.ndarray or int
         The threshold in tokens (whole numbers, >= 1).
+
+    Raises
+    ------
+    ValueError
+        For ``rho`` or ``tau`` outside their ranges, and for a ``rho`` so small that the threshold
+        exceeds 2**53 tokens (``rho`` below about 3.3e-16 at ``tau = 0.95``), where float64 no
+        longer represents every whole number.
     """
     rho = as_array("rho", rho, low=0, high=1, low_open=True)
     tau = as_array("tau", tau, low=0, high=1, low_open=True, high_open=True)
+    broadcast(rho=rho, tau=tau)
     with np.errstate(divide="ignore"):
         exact = np.log1p(-tau) / np.log1p(-rho)
+    too_large = exact > _LARGEST_EXACT_COUNT
+    if too_large.any():
+        rho_, tau_ = (np.broadcast_to(a, exact.shape)[too_large].flat[0] for a in (rho, tau))
+        smallest = -np.expm1(np.log1p(-tau_) / _LARGEST_EXACT_COUNT)
+        raise UsageError(f"rho must be >= {smallest:.3g} for tau = {tau_:g} (T_thres would exceed 2**53 "
+                         f"tokens, where float64 stops counting whole numbers), got {rho_:g}")
     # Round away float noise first so that an exact whole ratio is not pushed up by one.
     threshold = np.maximum(np.ceil(np.round(exact, 9)), 1.0).astype(np.int64)
     return threshold if threshold.ndim else int(threshold)
@@ -146,9 +184,20 @@ def tokens_per_expert_derivative(t, rho):
     """
     t = as_array("t", t, low=1)
     rho = as_array("rho", rho, low=0, high=1, low_open=True)
+    broadcast(t=t, rho=rho)
     activated = _activation_probability(t, rho)
-    numerator = t * (activated - rho * t * np.exp(_log_miss(t - 1.0, rho)))
-    return numerator / activated**2
+    with np.errstate(divide="ignore", invalid="ignore", under="ignore"):
+        numerator = t * (activated - rho * t * np.exp(_log_miss(t - 1.0, rho)))
+        exact = numerator / activated / activated
+    # For rho t << 1 the numerator cancels to rounding noise (and activated**2 underflows): use the
+    # Taylor series T_exp = 1 + (t - 1) rho / 2 + (t**2 - 1) rho**2 / 12 + O((rho t)**3) instead,
+    # whose truncation error there is below the noise of the closed form.
+    series = (t - 1.0) / 2.0 + (t - 1.0) / 6.0 * ((t + 1.0) * rho)
+    return np.where(rho * t < _SERIES_BELOW, series, exact)
+
+
+_SERIES_BELOW = 1e-5
+"""``rho t`` under which :func:`tokens_per_expert_derivative` uses its Taylor series."""
 
 
 def appendix_b_f(rho, t):
@@ -172,6 +221,7 @@ def appendix_b_f(rho, t):
     """
     rho = as_array("rho", rho, low=0, high=1, low_open=True)
     t = as_array("t", t, low=1)
+    broadcast(rho=rho, t=t)
     return np.exp(_log_miss(t - 1.0, rho)) * (rho * t + 1.0 - rho)
 
 
@@ -200,9 +250,12 @@ def expected_active_experts_from_popularity(t, p):
     """
     t = as_array("t", t, low=0)
     p = as_array("p", p, low=0, high=1)
-    if p.ndim == 0:
-        raise ValueError("p must have a last axis over the experts")
+    if p.ndim == 0 or p.shape[-1] == 0:
+        raise UsageError(f"p must have a last axis over the experts (at least one), got shape {p.shape}")
     total = p.sum(axis=-1)
-    if (total < 1 - 1e-6).any() or (np.abs(total - np.round(total)) > 1e-6 * total).any():
-        raise ValueError("p must sum to a whole number K >= 1 over its last axis")
+    wrong = (total < 1 - 1e-6) | (np.abs(total - np.round(total)) > 1e-6 * total)
+    if wrong.any():
+        raise UsageError(f"p must sum to a whole number K >= 1 over its last axis, "
+                         f"got a sum of {total[wrong].flat[0] if total.ndim else total.item():.6g}")
+    broadcast(t=t, **{"p[..., 0]": p[..., 0]})
     return np.sum(_activation_probability(np.expand_dims(t, -1), p), axis=-1)

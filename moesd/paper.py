@@ -17,10 +17,21 @@ from pathlib import Path
 
 import pandas as pd
 
+from moesd._checks import one_of
+
 DATA_DIR = Path(os.environ.get("MOESD_DATA", Path(__file__).resolve().parents[1] / "data"))
 """The project's ``data/`` folder; set ``MOESD_DATA`` to read another."""
 
 PAPER_TABLES = ("tables_1_2", "table_3", "models")
+
+_COLUMNS = {
+    "tables_1_2": ("table", "model", "device", "dataset", "temperature", "gamma", "T_AR", "T_SD", "sigma",
+                   "speedup", "source"),
+    "table_3": ("m", "stride", "mse", "source"),
+    "models": ("model", "hub_id", "num_experts", "num_experts_per_tok", "total_params", "active_params",
+               "config_source", "params_source"),
+}
+"""Columns each table must have (the chapters and tests read them)."""
 
 
 def paper_table(name: str) -> pd.DataFrame:
@@ -36,13 +47,25 @@ def paper_table(name: str) -> pd.DataFrame:
     pandas.DataFrame
         The table, with a ``source`` column (or ``config_source`` and ``params_source``)
         citing where each row stands in the paper or the model's public files.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``name``, or a file that is not a CSV table with the table's columns.
+    FileNotFoundError
+        When ``data/paper/`` (or ``MOESD_DATA``'s) has no such file.
     """
-    if name not in PAPER_TABLES:
-        raise ValueError(f"name must be one of {PAPER_TABLES}, got {name!r}")
+    one_of("name", name, PAPER_TABLES)
     path = DATA_DIR / "paper" / f"{name}.csv"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: install moesd from its repository "
                                 "(pip install -e .) or set MOESD_DATA to its data/ folder")
-    table = pd.read_csv(path)
+    try:
+        table = pd.read_csv(path)
+    except (ValueError, UnicodeDecodeError) as error:  # pandas' parser errors are ValueErrors
+        raise ValueError(f"{path}: not a readable CSV table ({error})") from error
+    missing = [c for c in _COLUMNS[name] if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path}: not the paper's {name}: it lacks the column(s) {', '.join(missing)}")
     counts = [c for c in table.columns if c.startswith("num_") or c.endswith("_size")]
     return table.astype({c: "Int64" for c in counts})

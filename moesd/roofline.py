@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moesd._checks import as_array
+from moesd._checks import UsageError, as_array, broadcast
 from moesd.experts import expected_active_experts
 
 
@@ -114,11 +114,19 @@ def ridge_point(hardware) -> float:
     float
         Peak FLOP/s over memory bandwidth (FLOP/byte).
     """
-    if isinstance(hardware, str):
-        if hardware not in HARDWARE:
-            raise ValueError(f"hardware must be one of {sorted(HARDWARE)}, got {hardware!r}")
-        hardware = HARDWARE[hardware]
-    return hardware.ridge_point
+    return _device(hardware).ridge_point
+
+
+def _device(hardware) -> Hardware:
+    """The :class:`Hardware` record given, or named; its peak numbers checked."""
+    if isinstance(hardware, str) and hardware in HARDWARE:
+        return HARDWARE[hardware]
+    if not isinstance(hardware, Hardware):
+        raise UsageError(f"hardware must be one of {', '.join(HARDWARE)} or a Hardware record, "
+                         f"got {hardware!r}")
+    as_array("hardware.peak_flops", hardware.peak_flops, low=0, low_open=True)
+    as_array("hardware.memory_bandwidth", hardware.memory_bandwidth, low=0, low_open=True)
+    return hardware
 
 
 def ffn_cost(tokens, d_model, d_ff, E=1, K=1, num_matrices=3, bytes_per_value=2):
@@ -153,12 +161,16 @@ def ffn_cost(tokens, d_model, d_ff, E=1, K=1, num_matrices=3, bytes_per_value=2)
     tokens = as_array("tokens", tokens, low=0)
     d_model = as_array("d_model", d_model, low=1, whole=True)
     d_ff = as_array("d_ff", d_ff, low=1, whole=True)
+    E = as_array("E", E, low=1, whole=True)
+    K = as_array("K", K, low=1, whole=True)
     num_matrices = as_array("num_matrices", num_matrices, low=1, whole=True)
     bytes_per_value = as_array("bytes_per_value", bytes_per_value, low=0, low_open=True)
+    broadcast(tokens=tokens, d_model=d_model, d_ff=d_ff, E=E, K=K, num_matrices=num_matrices,
+              bytes_per_value=bytes_per_value)
     weights_per_expert = num_matrices * d_model * d_ff
-    flops = 2.0 * weights_per_expert * tokens * np.asarray(K, dtype=float)
+    flops = 2.0 * weights_per_expert * tokens * K
     loaded = expected_active_experts(tokens, E, K) * weights_per_expert
-    activations = 2.0 * tokens * np.asarray(K, dtype=float) * d_model
+    activations = 2.0 * tokens * K * d_model
     return flops, (loaded + activations) * bytes_per_value
 
 
@@ -179,20 +191,21 @@ def arithmetic_intensity(flops, traffic):
     """
     flops = as_array("flops", flops, low=0)
     traffic = as_array("traffic", traffic, low=0, low_open=True)
+    broadcast(flops=flops, traffic=traffic)
     return flops / traffic
 
 
-def time_floor(flops, traffic, hardware: Hardware):
+def time_floor(flops, traffic, hardware):
     """Roofline lower bound on a kernel's time, ``max(traffic / bandwidth, flops / peak)``.
 
     Parameters
     ----------
     flops : array_like
-        Operations (FLOP).
+        Operations (FLOP, >= 0).
     traffic : array_like
-        Bytes moved.
-    hardware : Hardware
-        The device.
+        Bytes moved (>= 0).
+    hardware : Hardware or str
+        The device, or its name in :data:`HARDWARE`.
 
     Returns
     -------
@@ -201,10 +214,12 @@ def time_floor(flops, traffic, hardware: Hardware):
     """
     flops = as_array("flops", flops, low=0)
     traffic = as_array("traffic", traffic, low=0)
+    broadcast(flops=flops, traffic=traffic)
+    hardware = _device(hardware)
     return np.maximum(traffic / hardware.memory_bandwidth, flops / hardware.peak_flops)
 
 
-def ffn_target_efficiency(batch_size, gamma, hardware: Hardware, d_model, d_ff, E=1, K=1,
+def ffn_target_efficiency(batch_size, gamma, hardware, d_model, d_ff, E=1, K=1,
                           num_matrices=3, bytes_per_value=2):
     """Roofline-floor target efficiency of one FFN layer, ``T(B) / T(B gamma)``.
 
@@ -216,11 +231,11 @@ def ffn_target_efficiency(batch_size, gamma, hardware: Hardware, d_model, d_ff, 
     Parameters
     ----------
     batch_size : array_like
-        Sequences ``B`` (>= 0), one token each in the decode step.
+        Sequences ``B`` (whole number >= 1), one token each in the decode step.
     gamma : array_like
-        Tokens per sequence in the verification pass.
-    hardware : Hardware
-        The device.
+        Tokens per sequence in the verification pass (whole number >= 1).
+    hardware : Hardware or str
+        The device, or its name in :data:`HARDWARE`.
     d_model, d_ff, E, K, num_matrices, bytes_per_value
         As in :func:`ffn_cost`.
 
@@ -229,25 +244,32 @@ def ffn_target_efficiency(batch_size, gamma, hardware: Hardware, d_model, d_ff, 
     numpy.ndarray or float
         Between ``1 / gamma`` (compute-bound) and 1 (memory-bound, no extra experts).
     """
+    batch_size = as_array("batch_size", batch_size, low=1, whole=True)
+    gamma = as_array("gamma", gamma, low=1, whole=True)
+    broadcast(batch_size=batch_size, gamma=gamma)
     decode = time_floor(*ffn_cost(batch_size, d_model, d_ff, E, K, num_matrices, bytes_per_value),
                         hardware)
-    verify = time_floor(*ffn_cost(np.asarray(batch_size) * np.asarray(gamma), d_model, d_ff, E, K,
-                                  num_matrices, bytes_per_value), hardware)
+    verify = time_floor(*ffn_cost(batch_size * gamma, d_model, d_ff, E, K, num_matrices,
+                                  bytes_per_value), hardware)
     return decode / verify
 
 
-def compute_bound_tokens(hardware: Hardware, d_model, d_ff, E=1, K=1, num_matrices=3,
+_MAX_SEARCHED_TOKENS = 10**7
+"""Largest ``max_tokens`` of :func:`compute_bound_tokens`, which holds one float per count."""
+
+
+def compute_bound_tokens(hardware, d_model, d_ff, E=1, K=1, num_matrices=3,
                          bytes_per_value=2, max_tokens=1_000_000):
     """Fewest tokens at which an FFN layer's arithmetic intensity reaches the ridge point.
 
     Parameters
     ----------
-    hardware : Hardware
-        The device.
+    hardware : Hardware or str
+        The device, or its name in :data:`HARDWARE`.
     d_model, d_ff, E, K, num_matrices, bytes_per_value
-        As in :func:`ffn_cost`.
+        As in :func:`ffn_cost`, single numbers.
     max_tokens : int, default 1,000,000
-        Largest token count searched.
+        Largest token count searched (whole number in [1, 10**7]: the search holds every count).
 
     Returns
     -------
@@ -255,6 +277,13 @@ def compute_bound_tokens(hardware: Hardware, d_model, d_ff, E=1, K=1, num_matric
         Tokens per forward pass where the layer turns compute-bound, or ``None`` when it stays
         memory-bound up to ``max_tokens``.
     """
+    hardware = _device(hardware)
+    shape = {"d_model": d_model, "d_ff": d_ff, "E": E, "K": K, "num_matrices": num_matrices,
+             "bytes_per_value": bytes_per_value}
+    for name, value in shape.items():
+        if np.ndim(value) != 0:
+            raise UsageError(f"{name} must be a single number here, got shape {np.shape(value)}")
+    max_tokens = as_array("max_tokens", max_tokens, low=1, high=_MAX_SEARCHED_TOKENS, whole=True)
     tokens = np.arange(1, int(max_tokens) + 1, dtype=float)
     intensity = arithmetic_intensity(*ffn_cost(tokens, d_model, d_ff, E, K, num_matrices,
                                                bytes_per_value))
@@ -286,7 +315,15 @@ def G(t, lam_rp, s):
     t = as_array("t", t, low=0)
     lam_rp = as_array("lam_rp", lam_rp, low=0, low_open=True)
     s = as_array("s", s, low=1)
-    at_transition = np.power(s, lam_rp)
-    below = np.power(s, np.minimum(t, lam_rp))
-    above = at_transition * (1.0 + np.log(s) * (t - lam_rp))
-    return np.where(t <= lam_rp, below, above)
+    broadcast(t=t, lam_rp=lam_rp, s=s)
+    with np.errstate(over="ignore", invalid="ignore"):
+        at_transition = np.power(s, lam_rp)
+        below = np.power(s, np.minimum(t, lam_rp))
+        above = at_transition * (1.0 + np.log(s) * (t - lam_rp))
+        growth = np.where(t <= lam_rp, below, above)
+    overflow = ~np.isfinite(growth)
+    if overflow.any():
+        t_, lam_, s_ = (np.broadcast_to(a, overflow.shape)[overflow].flat[0] for a in (t, lam_rp, s))
+        raise UsageError(f"t, lam_rp and s must keep G within float64 (s**lam_rp and the line after it), "
+                         f"got t = {t_:g}, lam_rp = {lam_:g}, s = {s_:g}")
+    return growth

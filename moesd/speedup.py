@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moesd._checks import as_array
+from moesd._checks import UsageError, as_array, broadcast
 
 
 def _draft_length(gamma) -> np.ndarray:
@@ -34,9 +34,14 @@ def _draft_length(gamma) -> np.ndarray:
 
 
 def _emitted_fraction(sigma, gamma: np.ndarray) -> np.ndarray:
-    sigma = as_array("sigma", sigma, high=1)
-    if (sigma < (1 - 1e-12) / (gamma + 1.0)).any():
-        raise ValueError("sigma must be >= 1 / (gamma + 1): a round emits at least one token")
+    sigma = as_array("sigma", sigma, low=0, high=1, low_open=True)
+    broadcast(sigma=sigma, gamma=gamma)
+    floor = 1.0 / (gamma + 1.0)
+    low = sigma < (1 - 1e-12) * floor
+    if low.any():
+        s, f = (np.broadcast_to(a, low.shape)[low].flat[0] for a in (sigma, floor))
+        raise UsageError(f"sigma must be in [1 / (gamma + 1), 1] (a round emits at least one token), "
+                         f"got {s:g} where 1 / (gamma + 1) = {f:g}")
     return sigma
 
 
@@ -61,6 +66,12 @@ def expected_tokens_per_round(alpha, gamma):
     """
     alpha = as_array("alpha", alpha, low=0, high=1)
     gamma = _draft_length(gamma)
+    broadcast(alpha=alpha, gamma=gamma)
+    return _power_sum_closed(alpha, gamma)
+
+
+def _power_sum_closed(alpha: np.ndarray, gamma: np.ndarray) -> np.ndarray:
+    """``sum_{i=0..gamma} alpha**i = (1 - alpha**(gamma+1)) / (1 - alpha)``, in a time independent of ``gamma``."""
     with np.errstate(divide="ignore", invalid="ignore"):
         tokens = -np.expm1((gamma + 1.0) * np.log(alpha)) / (1.0 - alpha)
     return np.where(alpha == 1.0, gamma + 1.0, tokens)
@@ -87,6 +98,10 @@ def sigma(alpha, gamma):
     return expected_tokens_per_round(alpha, gamma) / (_draft_length(gamma) + 1.0)
 
 
+_HORNER_MAX = 64
+"""Longest draft inverted by Horner's rule, whose cost grows with ``gamma``; longer ones are bisected."""
+
+
 def _power_sum(alpha: np.ndarray, gamma: int) -> tuple[np.ndarray, np.ndarray]:
     """``sum_{i=0..gamma} alpha**i`` and its derivative in ``alpha``, by Horner's rule."""
     value, slope = np.ones_like(alpha), np.zeros_like(alpha)
@@ -107,11 +122,22 @@ def _inverse_power_sum_table(gamma: int, size: int = 4097) -> np.ndarray:
     return alpha
 
 
+def _bisect_power_sum(wanted: np.ndarray, gamma: np.ndarray) -> np.ndarray:
+    """``alpha`` in [0, 1] with ``sum_{i=0..gamma} alpha**i = wanted``, by 64 halvings (any ``gamma``)."""
+    low, high = np.zeros_like(wanted), np.ones_like(wanted)
+    for _ in range(64):  # 2**-64 is below the spacing of float64 in [0.5, 1]
+        middle = 0.5 * (low + high)
+        below = _power_sum_closed(middle, gamma) < wanted
+        low, high = np.where(below, middle, low), np.where(below, high, middle)
+    return 0.5 * (low + high)
+
+
 def alpha_from_sigma(sigma, gamma):
     """Invert Eq. 5: the acceptance probability that yields ``sigma`` at draft length ``gamma``.
 
     Solves ``sum_{i=0..gamma} alpha**i = sigma (gamma + 1)``, whose left side increases on
-    [0, 1], by interpolation in a table of the inverse followed by Newton's method.
+    [0, 1]: for ``gamma <= 64`` by interpolation in a table of the inverse followed by Newton's
+    method, for longer drafts by bisection on the closed form (a time independent of ``gamma``).
 
     Parameters
     ----------
@@ -134,11 +160,14 @@ def alpha_from_sigma(sigma, gamma):
     sigma_ = _emitted_fraction(sigma, gamma)
     shape = np.broadcast_shapes(sigma_.shape, gamma.shape)
     target = np.broadcast_to(sigma_ * (gamma + 1.0), shape).ravel()
-    draft_lengths = np.unique(gamma)
     gamma = np.broadcast_to(gamma, shape).ravel()
     alpha = np.empty(target.shape)
+    long_draft = gamma > _HORNER_MAX
+    if long_draft.any():
+        alpha[long_draft] = _bisect_power_sum(target[long_draft], gamma[long_draft])
+    draft_lengths = np.unique(gamma[~long_draft])
     for draft_length in draft_lengths:
-        chosen = slice(None) if draft_lengths.size == 1 else gamma == draft_length
+        chosen = slice(None) if not long_draft.any() and draft_lengths.size == 1 else gamma == draft_length
         wanted = target[chosen]
         # Start within ~1e-7 of the root from a table of the inverse on a uniform grid of
         # sum_i alpha**i in [1, gamma + 1], then take three quadratically convergent steps.
@@ -172,6 +201,7 @@ def target_efficiency(t_target_1, t_target_gamma):
     """
     t_target_1 = as_array("t_target_1", t_target_1, low=0, low_open=True)
     t_target_gamma = as_array("t_target_gamma", t_target_gamma, low=0, low_open=True)
+    broadcast(t_target_1=t_target_1, t_target_gamma=t_target_gamma)
     return t_target_1 / t_target_gamma
 
 
@@ -201,6 +231,7 @@ def sd_time(rounds, gamma, t_draft, t_target_gamma, t_reject):
     t_draft = as_array("t_draft", t_draft, low=0)
     t_target_gamma = as_array("t_target_gamma", t_target_gamma, low=0)
     t_reject = as_array("t_reject", t_reject, low=0)
+    broadcast(rounds=rounds, gamma=gamma, t_draft=t_draft, t_target_gamma=t_target_gamma, t_reject=t_reject)
     return rounds * (gamma * t_draft + t_target_gamma + t_reject)
 
 
@@ -265,6 +296,8 @@ def speedup_terms(sigma, gamma, t_target_1, t_target_gamma, t_draft, t_reject=0.
     efficiency = target_efficiency(t_target_1, t_target_gamma)
     t_draft = as_array("t_draft", t_draft, low=0)
     t_reject = as_array("t_reject", t_reject, low=0)
+    broadcast(sigma=sigma_, gamma=gamma, t_target_1=t_target_1, t_target_gamma=efficiency, t_draft=t_draft,
+              t_reject=t_reject)
     return SpeedupTerms(
         tokens_per_round=sigma_ * (gamma + 1.0),
         verify=1.0 / efficiency,
@@ -308,6 +341,7 @@ def leviathan_speedup(alpha, gamma, cost_ratio):
         The expected speedup.
     """
     cost_ratio = as_array("cost_ratio", cost_ratio, low=0)
+    broadcast(alpha=alpha, gamma=gamma, cost_ratio=cost_ratio)
     return expected_tokens_per_round(alpha, gamma) / (_draft_length(gamma) * cost_ratio + 1.0)
 
 
@@ -331,8 +365,25 @@ def min_target_efficiency(observed_speedup, sigma, gamma):
     Returns
     -------
     numpy.ndarray or float
-        Lower bound on ``T_T(B, 1) / T_T(B, gamma)``.
+        Lower bound on ``T_T(B, 1) / T_T(B, gamma)``, in (0, 1].
+
+    Raises
+    ------
+    ValueError
+        If the bound exceeds 1, i.e. ``observed_speedup > sigma (gamma + 1)``: Eq. 4 cannot
+        produce such a speedup, since verifying ``gamma`` tokens costs at least one decode step
+        (target efficiency <= 1) and drafting is not negative. The three inputs then disagree
+        (a misread table, sigma of another gamma, or a noisy measurement): check them rather
+        than read a "bound" above 1.
     """
     observed_speedup = as_array("observed_speedup", observed_speedup, low=0, low_open=True)
     gamma = _draft_length(gamma)
-    return observed_speedup / (_emitted_fraction(sigma, gamma) * (gamma + 1.0))
+    ceiling = _emitted_fraction(sigma, gamma) * (gamma + 1.0)
+    broadcast(observed_speedup=observed_speedup, sigma=sigma, gamma=gamma)
+    bound = observed_speedup / ceiling
+    impossible = bound > 1.0 + 1e-12
+    if impossible.any():
+        x, c = (np.broadcast_to(a, bound.shape)[impossible].flat[0] for a in (observed_speedup, ceiling))
+        raise UsageError(f"observed_speedup must be <= sigma (gamma + 1), Eq. 4's ceiling, got {x:g} "
+                         f"where sigma (gamma + 1) = {c:g}: no target efficiency <= 1 explains it")
+    return bound

@@ -1,6 +1,57 @@
-"""Test configuration: hypothesis runs derandomised so that CI is reproducible."""
+"""Test configuration: the same run in any clone and any environment, offline by construction.
 
-from hypothesis import settings
+pytest imports this file before any test module, so the variables below are set before
+huggingface_hub, datasets or transformers read them at import: the tests are offline whether or
+not the Makefile exported them. ``MPLBACKEND`` is removed so that the notebooks nbval runs keep
+IPython's inline figures (``MPLBACKEND=Agg``, common on CI images, turns them into text).
+Hypothesis runs derandomised, without a database, so that CI is reproducible.
 
-settings.register_profile("moesd", derandomize=True, max_examples=200, deadline=None)
+Tests in a module that uses torch models (imports torch, transformers or a torch-importing moesd
+module) are marked ``slow``; ``pytest -m "not slow"`` skips them while iterating, and ``make test``
+runs everything. A test elsewhere can be marked ``@pytest.mark.slow`` by hand.
+"""
+
+import inspect
+import os
+import sys
+from pathlib import Path
+
+for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
+    os.environ[_name] = "1"
+os.environ.pop("MPLBACKEND", None)
+_STATE = Path(__file__).resolve().parents[1] / "_build" / ".state"  # as the Makefile keeps it
+for _name, _folder in (("HF_HOME", "huggingface"), ("MPLCONFIGDIR", "matplotlib")):
+    if _name not in os.environ:
+        os.environ[_name] = str(_STATE / _folder)
+        (_STATE / _folder).mkdir(parents=True, exist_ok=True)
+
+_TOO_EARLY = sorted({"huggingface_hub", "datasets", "transformers"} & set(sys.modules))
+if _TOO_EARLY:  # a plugin imported them first: their offline switches were read already
+    raise RuntimeError(f"{', '.join(_TOO_EARLY)} imported before tests/conftest.py set the offline variables")
+
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("moesd", derandomize=True, database=None, max_examples=200, deadline=None)
 settings.load_profile("moesd")
+
+MODEL_MODULES = ("torch", "transformers", "moesd.sd", "moesd.capture", "moesd.bench", "moesd.zoo")
+"""Modules whose use makes a test module model-heavy."""
+
+
+def _uses_models(module) -> bool:
+    """Whether a test module imported torch, transformers or a torch-importing moesd module."""
+    for value in vars(module).values():
+        origin = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
+        if isinstance(origin, str) and any(origin == m or origin.startswith(m + ".") for m in MODEL_MODULES):
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    heavy = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and heavy.setdefault(module.__name__, _uses_models(module)):
+            item.add_marker(pytest.mark.slow)

@@ -1,5 +1,6 @@
 """Eqs. 6-10 and 12-14: expected activated experts, tokens per expert, T_thres, Appendix B."""
 
+import mpmath  # pinned (a dependency of sympy): an independent high-precision reference
 import numpy as np
 import pytest
 from hypothesis import given
@@ -85,6 +86,27 @@ def test_derivative_matches_finite_difference():
     h = 1e-6
     numeric = (tokens_per_expert(t, rho + h) - tokens_per_expert(t, rho - h)) / (2 * h)
     np.testing.assert_allclose(tokens_per_expert_derivative(t, rho), numeric, rtol=1e-6)
+
+
+@pytest.mark.parametrize("t", [1.0, 1.5, 2.0, 10.0, 1e4, 1e6])
+@pytest.mark.parametrize("rho", [1e-300, 1e-20, 1e-9, 1e-6, 3e-6, 1e-4, 0.01, 0.5, 1.0])
+def test_derivative_against_high_precision(t, rho):
+    """Against Eq. 12 in 700-digit arithmetic (mpmath): within 1e-9 even where rho t is tiny,
+    where the float64 closed form cancels to noise and its denominator underflows."""
+    with mpmath.workdps(700):
+        T, r = mpmath.mpf(t), mpmath.mpf(rho)
+        activated = 1 - (1 - r)**T
+        reference = T * (activated - r * T * (1 - r)**(T - 1)) / activated**2
+    assert tokens_per_expert_derivative(t, rho) == pytest.approx(float(reference), rel=1e-9, abs=1e-300)
+
+
+def test_threshold_up_to_the_largest_exact_count():
+    """Just above the smallest allowed rho the threshold is about 2**53 tokens, and still exact Eq. 9."""
+    rho = 3.4e-16
+    threshold = full_activation_threshold(rho)
+    assert threshold == pytest.approx(np.log(0.05) / np.log1p(-rho), rel=1e-12) and threshold < 2**53
+    with pytest.raises(ValueError, match="rho must be >= 3.33e-16"):
+        full_activation_threshold(3.2e-16)
 
 
 def test_f_by_hand_and_limits():

@@ -17,3 +17,19 @@ def test_submodules_are_not_shadowed_by_exports():
     for name in ("experts", "speedup", "roofline"):
         assert importlib.import_module(f"moesd.{name}").__name__ == f"moesd.{name}"
         assert getattr(moesd, name).__name__ == f"moesd.{name}"
+
+
+def test_hub_libraries_are_offline_without_the_makefile():
+    """tests/conftest.py set the offline switches before huggingface_hub and datasets read them."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    assert constants.HF_HUB_OFFLINE and constants.is_offline_mode()
+    assert datasets.config.HF_HUB_OFFLINE
+
+
+def test_no_backend_forced_on_the_notebooks():
+    """MPLBACKEND is removed, so the kernels nbval starts keep IPython's inline figures."""
+    import os
+
+    assert "MPLBACKEND" not in os.environ

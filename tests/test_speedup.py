@@ -105,6 +105,18 @@ def test_alpha_from_sigma_inverts_sigma(alpha, gamma):
     assert alpha_from_sigma(s, gamma) == pytest.approx(alpha, abs=1e-7)
 
 
+@given(alphas, st.integers(65, 10**9))
+def test_alpha_from_sigma_inverts_sigma_for_long_drafts(alpha, gamma):
+    """Past gamma = 64 the inverse bisects the closed form, in a time independent of gamma."""
+    assert alpha_from_sigma(sigma(alpha, gamma), gamma) == pytest.approx(alpha, abs=1e-12)
+
+
+def test_alpha_from_sigma_mixes_short_and_long_drafts():
+    alpha = np.array([0.3, 0.9, 0.99, 0.5])
+    gamma = np.array([4, 100, 64, 100_000])
+    np.testing.assert_allclose(alpha_from_sigma(sigma(alpha, gamma), gamma), alpha, atol=1e-12)
+
+
 def test_alpha_from_sigma_broadcasts_over_gamma():
     alpha = np.linspace(0, 1, 11)[:, None]
     gamma = np.array([1, 2, 5, 9])[None, :]
