@@ -68,7 +68,7 @@ def test_routed_target_efficiency_with_eq8_counts_is_the_roofline_one():
     (lambda t: activated_experts(np.full((2, 2, 8), 0.25), 2, 1), r"shape \(E,\) or \(layers, E\)"),
     (lambda t: activated_experts(t, 2.5, 2, "measured"), "whole batch sizes"),
     (lambda t: activated_experts(t, 2, 1.5), "tokens_per_sequence must be a whole number"),
-    (lambda t: activated_experts(t, -1, 1), "batch_size must be .*>=\ 0"),
+    (lambda t: activated_experts(t, -1, 1), "batch_size must be .*>= 0"),
 ])
 def test_bad_inputs(call, message):
     with pytest.raises(ValueError, match=message):
