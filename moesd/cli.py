@@ -138,17 +138,26 @@ def _predict(args: argparse.Namespace) -> None:
     from moesd.predict import batch_range, best_gamma, predict_sd
 
     batch, gammas = _integers(args.batch, "--batch"), _integers(args.gamma, "--gamma")
-    sigmas = _numbers(args.sigma, "--sigma")
     for name, values in (("--batch", batch), ("--gamma", gammas)):
         if values.min() < 1:
             raise ValueError(f"{name} must be >= 1, got {values.min()}")
-    if ((sigmas <= 0) | (sigmas > 1)).any():
-        raise ValueError(f"--sigma must be in (0, 1], got {args.sigma}")
-    if (sigmas[:, None] < 1 / (gammas[None, :] + 1)).any():
-        raise ValueError(f"--sigma must be >= 1 / (gamma + 1) for every --gamma, got {args.sigma}")
+    if args.alpha is not None and args.sigma is not None:
+        raise ValueError("--sigma and --alpha exclude each other")
+    if args.alpha is not None:
+        column, values = "alpha", _numbers(args.alpha, "--alpha")
+        if ((values < 0) | (values > 1)).any():
+            raise ValueError(f"--alpha must be in [0, 1], got {args.alpha}")
+        acceptance = dict(alpha=values)
+    else:
+        column, values = "sigma", _numbers(args.sigma or "0.8", "--sigma")
+        if ((values <= 0) | (values > 1)).any():
+            raise ValueError(f"--sigma must be in (0, 1], got {args.sigma}")
+        if (values[:, None] < 1 / (gammas[None, :] + 1)).any():
+            raise ValueError(f"--sigma must be >= 1 / (gamma + 1) for every --gamma, got {args.sigma}")
+        acceptance = dict(sigma=values)
     try:
-        frame = predict_sd(args.target, args.draft, args.hardware, batch, gammas, sigmas, tp=args.tp,
-                           draft_tp=args.draft_tp, context=args.context, ep=args.ep, dtype=args.dtype)
+        frame = predict_sd(args.target, args.draft, args.hardware, batch, gammas, tp=args.tp, draft_tp=args.draft_tp,
+                           context=args.context, ep=args.ep, dtype=args.dtype, **acceptance)
     except ValueError as error:  # name the command-line flag of the argument the package names
         message = str(error)
         first = message.split(" ", 1)[0].rstrip(":")
@@ -160,8 +169,8 @@ def _predict(args: argparse.Namespace) -> None:
     print(f"{args.target} on {args.tp} x {args.hardware} (ep {args.ep}), draft {args.draft} on {args.draft_tp} "
           f"GPU(s), {args.dtype}, context {args.context} tokens; speedup of Eq. 4 predicted by moesd.predict "
           "(roofline at achieved fractions of data-sheet peaks, no engine overhead)")
-    for sigma in sigmas:
-        rows = frame[frame["sigma"] == sigma]
+    for value in values:
+        rows = frame[frame[column] == value]
         best = best_gamma(rows)
         shown = best
         if len(best) > 24:  # a readable table: powers of two and the ends
@@ -174,14 +183,14 @@ def _predict(args: argparse.Namespace) -> None:
              "t_draft"]].rename(columns={"gamma": "best gamma", "t_target_1": "T_T(B,1) ms",
                                          "t_target_gamma": "T_T(B,g+1) ms", "t_draft": "T_D(B,1) ms"})
         low, high, peak, at = batch_range(rows)
-        print(f"\nsigma = {sigma:g}: peak speedup {peak:.2f}x at B = {at}; speedup >= peak / sqrt(2) "
+        print(f"\n{column} = {value:g}: peak speedup {peak:.2f}x at B = {at}; speedup >= peak / sqrt(2) "
               f"for B in [{low}, {high}]" + (" (rows shown: powers of two and the ends)" if shown is not best else ""))
         print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if args.plot:
         from moesd.plots import speedup_heatmap
 
-        figure = speedup_heatmap(frame[frame["sigma"] == sigmas[0]],
-                                 title=f"{args.target} on {args.tp} x {args.hardware}, sigma {sigmas[0]:g}")
+        figure = speedup_heatmap(frame[frame[column] == values[0]],
+                                 title=f"{args.target} on {args.tp} x {args.hardware}, {column} {values[0]:g}")
         figure.savefig(args.plot, dpi=150, bbox_inches="tight")
     if args.csv or args.plot:
         print("\n" + " and ".join(f"{path}" for path in (args.csv, args.plot) if path) + " written")
@@ -263,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--ep", type=int, default=1, help="expert-parallel degree, dividing --tp (default 1)")
     predict.add_argument("--draft-tp", type=int, default=1, help="GPUs of the draft, its own (default 1)")
     predict.add_argument("--gamma", default="1-5", help="draft lengths, e.g. 1-5 or 2,4 (default 1-5)")
-    predict.add_argument("--sigma", default="0.8", help="emitted fraction(s) sigma of Eq. 5 (default 0.8)")
+    predict.add_argument("--sigma", help="emitted fraction(s) sigma of Eq. 5, the same for every gamma (default 0.8)")
+    predict.add_argument("--alpha", help="per-token acceptance instead of --sigma: sigma(alpha, gamma) of Eq. 5")
     predict.add_argument("--batch", default="1-256", help="batch sizes, e.g. 1-256 or 1,8,64 (default 1-256)")
     predict.add_argument("--context", type=int, default=1024, help="tokens in each KV cache (default 1024)")
     predict.add_argument("--dtype", default="bf16", help="weight dtype: bf16, fp8 or fp32 (default bf16)")

@@ -31,11 +31,15 @@ import pandas as pd
 from moesd._checks import as_array
 from moesd.experts import expected_active_experts, expected_active_experts_from_popularity
 from moesd.roofline import HARDWARE, Hardware
+from moesd.speedup import sigma as emitted_fraction
 from moesd.speedup import speedup_terms
 from moesd.zoo import Architecture, ModelSpec, get_model
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}
 """Bytes per weight of each supported weight dtype."""
+
+PAPER_BATCH_SIZES = (1, 2, 4, *range(8, 61, 4), 80, 100)
+"""The paper's batch sizes (Sec. 7; the same grid as ``moesd.bench.BATCH_SIZES``)."""
 
 #: Kernels per block as inference engines fuse them, each adding ``Efficiency.kernel_seconds``: GQA attention
 #: (input norm, fused QKV GEMM, rotary embedding and cache write, attention, output GEMM), MLA (also the two
@@ -67,6 +71,9 @@ class Efficiency:
         work; :func:`calibrate` fits it.
     launch_seconds : float
         Extra host cost of one kernel launched without CUDA graphs, seconds (assumed 5 us).
+    expert_seconds : float or None
+        Fixed cost of one activated expert when experts run one by one (an eager loop: gather, two
+        products, activation, weighting, scatter), seconds; None: six kernels' worth.
     step_seconds : float
         Fixed cost of one forward pass outside the kernels (scheduling, input preparation, sampling
         in the serving engine), seconds. Default 0: the model times the device's work only.
@@ -77,15 +84,17 @@ class Efficiency:
     kernel_seconds: float = 2e-6
     launch_seconds: float = 5e-6
     step_seconds: float = 0.0
+    expert_seconds: float | None = None
 
     def __post_init__(self):
         for name in ("bandwidth_fraction", "flops_fraction"):
             value = getattr(self, name)
             if value is not None and not 0 < value <= 10:
                 raise ValueError(f"{name} must be in (0, 10], got {value!r}")
-        for name in ("kernel_seconds", "launch_seconds", "step_seconds"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("kernel_seconds", "launch_seconds", "step_seconds", "expert_seconds"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,25 @@ def resolve_hardware(hardware) -> Hardware:
     raise ValueError(f"hardware must be one of {sorted(HARDWARE)} or a Hardware record, got {hardware!r}")
 
 
+def one_layer_draft(model) -> Architecture:
+    """A draft of one decoder layer of the target's own shape, routed experts included, sharing its vocabulary.
+
+    The size of a multi-token-prediction module (DeepSeek-V3's is one such layer) or of a one-layer
+    EAGLE-style head with the target's FFN; for a cost estimate only (its acceptance is not modelled).
+    """
+    arch = resolve_model(model)
+    return dataclasses.replace(arch, name=f"{arch.name} (one-layer draft)", num_layers=1,
+                               moe_layers=1 if arch.moe_layers else 0,
+                               sliding_layers=min(arch.sliding_layers, 0))
+
+
+def weights_per_gpu(model, dtype="bf16", tp=1) -> float:
+    """Bytes of weights each of ``tp`` GPUs holds (all weights split evenly; replication ignored)."""
+    _check_dtype(dtype)
+    tp = int(as_array("tp", tp, low=1, whole=True))
+    return resolve_model(model).weight_counts()["total"] * DTYPE_BYTES[dtype] / tp
+
+
 def _check_dtype(dtype: str) -> None:
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
@@ -166,6 +194,13 @@ def _activation_bytes(dtype: str) -> int:
 
 def _per_kernel(efficiency: Efficiency, cuda_graphs: bool) -> float:
     return efficiency.kernel_seconds + (0.0 if cuda_graphs else efficiency.launch_seconds)
+
+
+def _per_expert(efficiency: Efficiency, cuda_graphs: bool) -> float:
+    """Fixed cost of one activated expert run on its own (an eager loop)."""
+    if efficiency.expert_seconds is not None:
+        return efficiency.expert_seconds
+    return (2 + _KERNELS["routed_per_expert"]) * _per_kernel(efficiency, cuda_graphs)
 
 
 def expert_gemm_time(hardware, experts, tokens_per_expert, in_features, out_features, dtype="bf16",
@@ -206,20 +241,17 @@ def expert_gemm_time(hardware, experts, tokens_per_expert, in_features, out_feat
     tokens = as_array("tokens_per_expert", tokens_per_expert, low=0)
     in_features = as_array("in_features", in_features, low=1, whole=True)
     out_features = as_array("out_features", out_features, low=1, whole=True)
-    return _grouped_gemm_time(hardware, experts, tokens, in_features, out_features, dtype, efficiency, grouped,
-                              cuda_graphs)
+    fixed = _per_kernel(efficiency, cuda_graphs) * (1.0 if grouped else np.ceil(experts))
+    return _grouped_gemm_time(hardware, experts, tokens, in_features, out_features, dtype, efficiency) + fixed
 
 
-def _grouped_gemm_time(hardware, experts, tokens, in_features, out_features, dtype, efficiency, grouped,
-                       cuda_graphs):
-    """:func:`expert_gemm_time` without input checks (widths may be fractional under tensor parallelism)."""
+def _grouped_gemm_time(hardware, experts, tokens, in_features, out_features, dtype, efficiency):
+    """The roofline part of :func:`expert_gemm_time`, unchecked (widths may be fractional under TP)."""
     bandwidth, flops_rate = _rates(hardware, dtype, efficiency)
     weights = experts * in_features * out_features * DTYPE_BYTES[dtype]
     activations = experts * tokens * (in_features + out_features) * _activation_bytes(dtype)
     flops = 2.0 * experts * tokens * in_features * out_features
-    kernels = 1.0 if grouped else np.ceil(experts)
-    return (np.maximum((weights + activations) / bandwidth, flops / flops_rate)
-            + kernels * _per_kernel(efficiency, cuda_graphs))
+    return np.maximum((weights + activations) / bandwidth, flops / flops_rate)
 
 
 def _active_experts(arch: Architecture, tokens: np.ndarray, top_k: np.ndarray, routing) -> np.ndarray:
@@ -410,11 +442,11 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
         width = arch.expert_intermediate / (tp // ep)
         local = active / ep
         per_expert = tokens * K / np.maximum(active, 1e-12)
-        gemm_seconds = sum(_grouped_gemm_time(hardware, local, per_expert, i, o, dtype, efficiency,
-                                              grouped_experts, cuda_graphs)
+        gemm_seconds = sum(_grouped_gemm_time(hardware, local, per_expert, i, o, dtype, efficiency)
                            for i, o in ((d, 2 * width), (width, d)))
-        other = (_KERNELS["routed"] if grouped_experts else _KERNELS["routed_per_expert"] * np.ceil(local))
-        seconds["routed_experts"] = layer_weight * (gemm_seconds + other * per_kernel).sum(axis=0)
+        fixed = ((2 + _KERNELS["routed"]) * per_kernel if grouped_experts
+                 else np.ceil(local) * _per_expert(efficiency, cuda_graphs))
+        seconds["routed_experts"] = layer_weight * (gemm_seconds + fixed).sum(axis=0)
         traffic["routed_experts"] = layer_weight * (local * 3 * d * width * w_bytes
                                                     + tokens * K / ep * 2 * (d + width) * a_bytes).sum(axis=0)
         flops["routed_experts"] = arch.moe_layers * 2.0 * tokens * K / ep * 3 * d * width
@@ -474,7 +506,8 @@ def _grid(**arrays) -> dict:
     return {n: m.ravel() for n, m in zip(names, mesh)}
 
 
-def predict_sd(target, draft, hardware, batch_size, gamma, sigma, tp=1, draft_tp=1, context=512, *, ep=1,
+def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, draft_tp=1, context=512, *, alpha=None,
+               ep=1,
                top_k=None, dtype="bf16", draft_dtype=None, draft_hardware=None, routing=None,
                verify_tokens="gamma+1", efficiency: Efficiency | None = None,
                draft_efficiency: Efficiency | None = None, cuda_graphs=True, grouped_experts=True) -> pd.DataFrame:
@@ -494,6 +527,9 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma, tp=1, draft_tp
     batch_size, gamma, sigma : array_like
         Batch sizes ``B``, draft lengths and emitted fractions ``sigma`` (Eq. 5; each in
         ``[1 / (gamma + 1), 1]``). Every combination is a row.
+    alpha : array_like, optional
+        Per-token acceptance probabilities instead of ``sigma``: each row then has
+        ``sigma = sigma(alpha, gamma)`` of Eq. 5, so longer drafts emit a smaller fraction.
     tp, draft_tp : int
         GPUs of the target and of the draft.
     context : array_like, default 512
@@ -525,13 +561,20 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma, tp=1, draft_tp
     hardware = resolve_hardware(hardware)
     draft_hardware = resolve_hardware(draft_hardware) if draft_hardware is not None else hardware
     draft_dtype = dtype if draft_dtype is None else draft_dtype
+    if (sigma is None) == (alpha is None):
+        raise ValueError("sigma: give either sigma or alpha (not both)")
     axes = dict(batch_size=as_array("batch_size", batch_size, low=1, whole=True),
-                gamma=as_array("gamma", gamma, low=1, whole=True),
-                sigma=as_array("sigma", sigma, low=0, high=1, low_open=True),
-                context=as_array("context", context, low=0, whole=True))
+                gamma=as_array("gamma", gamma, low=1, whole=True))
+    if alpha is None:
+        axes["sigma"] = as_array("sigma", sigma, low=0, high=1, low_open=True)
+    else:
+        axes["alpha"] = as_array("alpha", alpha, low=0, high=1)
+    axes["context"] = as_array("context", context, low=0, whole=True)
     if top_k is not None:
         axes["num_experts_per_tok"] = as_array("top_k", top_k, low=1, whole=True)
     grid = _grid(**axes)
+    if alpha is not None:
+        grid = {**grid, "sigma": emitted_fraction(grid["alpha"], grid["gamma"])}
     k = grid.get("num_experts_per_tok")
     common = dict(routing=routing, cuda_graphs=cuda_graphs, efficiency=efficiency, grouped_experts=grouped_experts)
     verify = grid["gamma"] + (1 if verify_tokens == "gamma+1" else 0)
@@ -598,7 +641,8 @@ def efficiency_to_match(speedup, target, draft, hardware, batch_size, gamma, sig
     """
     from scipy.optimize import brentq
 
-    if field not in ("bandwidth_fraction", "flops_fraction", "kernel_seconds", "launch_seconds", "step_seconds"):
+    if field not in ("bandwidth_fraction", "flops_fraction", "kernel_seconds", "launch_seconds", "step_seconds",
+                     "expert_seconds"):
         raise ValueError(f"field must be a field of Efficiency, got {field!r}")
     if apply_to not in ("both", "target", "draft"):
         raise ValueError(f"apply_to must be 'both', 'target' or 'draft', got {apply_to!r}")
@@ -617,6 +661,148 @@ def efficiency_to_match(speedup, target, draft, hardware, batch_size, gamma, sig
         raise ValueError(f"speedup {speedup:g} is not reached for {field} in {bounds}: peaks "
                          f"{low + speedup:.3g} and {high + speedup:.3g}")
     return float(brentq(gap, *bounds, xtol=1e-9 * max(1.0, abs(bounds[1])), rtol=1e-6))
+
+
+def _paper_device(device: str) -> tuple[str, int]:
+    """``"2xH800"`` as ``("H800", 2)``."""
+    count, _, name = device.partition("x")
+    return name, int(count)
+
+
+def paper_comparison(context=256, efficiency: Efficiency | None = None, batch_sizes=PAPER_BATCH_SIZES,
+                     match=True, where: dict | None = None) -> pd.DataFrame:
+    """Tables 1-2's Qwen2-57B-A14B + Qwen2-0.5B rows beside this model's prediction of the same setup.
+
+    For every printed row (device, dataset, temperature, gamma, sigma, peak speedup ``x``) the peak of
+    :func:`predict_sd` over the paper's batch sizes at that row's gamma and sigma, on the row's GPUs
+    (target on all of them, draft on one), in bf16. Nothing here is fitted to the tables.
+
+    Parameters
+    ----------
+    context : int, default 256
+        Tokens in each KV cache (the paper does not state it; its prompts are 5-391 tokens long).
+    efficiency : Efficiency, optional
+        The model's efficiency and overheads (default :class:`Efficiency`: data-sheet peaks at
+        microbenchmarks' achieved fractions, no engine overhead).
+    batch_sizes : sequence of int
+        Where the peak is searched (default the paper's grid).
+    match : bool, default True
+        Also find the fixed cost per forward pass (``step_seconds``, target and draft alike) and per
+        draft step alone that would bring the predicted peak down to the printed ``x``.
+    where : dict, optional
+        Keep only printed rows with these column values, e.g. ``{"dataset": "humaneval", "gamma": 4}``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The printed columns (``device``, ``dataset``, ``temperature``, ``gamma``, ``sigma``,
+        ``printed`` = x and ``printed_denominator`` = sigma (gamma + 1) / x) and ``predicted``, ``peak_B``,
+        ``target_efficiency``, ``verify_term``, ``draft_term``, ``reject_term`` at the predicted peak;
+        with ``match``, ``step_ms_to_match`` and ``draft_step_ms_to_match`` (milliseconds, NaN where
+        no overhead within 0-100 ms reaches x).
+    """
+    from moesd.paper import paper_table
+
+    rows = paper_table("tables_1_2")
+    rows = rows[rows["model"].str.startswith("Qwen2")]
+    for column, value in (where or {}).items():
+        if column not in rows.columns:
+            raise ValueError(f"where: Tables 1-2 have no column {column!r}")
+        rows = rows[rows[column] == value]
+    rows = rows.reset_index(drop=True)
+    out = []
+    for _, row in rows.iterrows():
+        name, gpus = _paper_device(row["device"])
+        frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", name, list(batch_sizes), int(row["gamma"]),
+                           float(row["sigma"]), tp=gpus, context=context, efficiency=efficiency)
+        peak = frame.loc[frame["speedup"].idxmax()]
+        result = {"table": row["table"], "device": row["device"], "dataset": row["dataset"],
+                  "temperature": row["temperature"], "gamma": int(row["gamma"]), "sigma": row["sigma"],
+                  "printed": row["speedup"],
+                  "printed_denominator": row["sigma"] * (row["gamma"] + 1) / row["speedup"],
+                  "predicted": peak["speedup"], "peak_B": int(peak["batch_size"]),
+                  "target_efficiency": peak["target_efficiency"], "verify_term": peak["verify_term"],
+                  "draft_term": peak["draft_term"], "reject_term": peak["reject_term"]}
+        if match:
+            for column, apply_to in (("step_ms_to_match", "both"), ("draft_step_ms_to_match", "draft")):
+                try:
+                    value = 1e3 * efficiency_to_match(row["speedup"], "qwen2-57b-a14b", "qwen2-0.5b", name,
+                                                      list(batch_sizes), int(row["gamma"]), float(row["sigma"]),
+                                                      efficiency=efficiency, apply_to=apply_to, tp=gpus,
+                                                      context=context)
+                except ValueError:
+                    value = np.nan
+                result[column] = value
+        out.append(result)
+    return pd.DataFrame(out)
+
+
+#: The paper's orderings of Tables 1-2 (Sec. 8): (better setup, worse setup, the paper's reading).
+PAPER_ORDERINGS = (("2xH800", "2xA800", "higher ridge point, larger speedup"),
+                   ("2xA800", "4xA800", "the draft stays on one GPU while the target spreads"),
+                   ("4xL40", "4xA800", "higher ridge point, larger speedup"))
+
+
+def paper_orderings(comparison: pd.DataFrame) -> pd.DataFrame:
+    """How often each ordering of :data:`PAPER_ORDERINGS` holds, printed and predicted.
+
+    Pairs are rows of a :func:`paper_comparison` frame with the same dataset, temperature and gamma.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``better``, ``worse``, ``reading``, ``pairs``, ``printed_holds`` and ``predicted_holds`` (counts).
+    """
+    key = ["dataset", "temperature", "gamma"]
+    out = []
+    for better, worse, reading in PAPER_ORDERINGS:
+        a = comparison[comparison["device"] == better].set_index(key)
+        b = comparison[comparison["device"] == worse].set_index(key)
+        both = a.join(b, lsuffix="_a", rsuffix="_b", how="inner")
+        out.append({"better": better, "worse": worse, "reading": reading, "pairs": len(both),
+                    "printed_holds": int((both["printed_a"] > both["printed_b"]).sum()),
+                    "predicted_holds": int((both["predicted_a"] > both["predicted_b"]).sum())})
+    return pd.DataFrame(out)
+
+
+def model_stages(device: str, gamma: int, sigma: float, context=256, speedup=None,
+                 batch_sizes=PAPER_BATCH_SIZES) -> pd.DataFrame:
+    """The predicted peak of one Tables 1-2 setup as the model gains its parts, term by term.
+
+    Stages: the data-sheet roofline (no fixed costs, no link latency); the achieved fractions of
+    bandwidth and FLOP/s; the fixed cost per kernel and the link latency (the default model); and,
+    when ``speedup`` (the printed x) is given, the fixed cost per forward pass that reaches it.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per stage: ``stage``, ``peak``, ``peak_B``, ``verify_term``, ``draft_term``,
+        ``reject_term``, ``denominator`` (their sum; ``sigma (gamma + 1) / peak``), ``t_target_1_ms``,
+        ``t_draft_ms`` at the peak.
+    """
+    name, gpus = _paper_device(device)
+    hardware = resolve_hardware(name)
+    ideal = dataclasses.replace(hardware, bandwidth_fraction=1.0, flops_fraction=1.0, interconnect_latency=0.0)
+    stages = [("data-sheet roofline", ideal, Efficiency(kernel_seconds=0.0)),
+              ("+ achieved bandwidth and FLOP/s", dataclasses.replace(hardware, interconnect_latency=0.0),
+               Efficiency(kernel_seconds=0.0)),
+              ("+ fixed cost per kernel and link latency (default)", hardware, Efficiency())]
+    if speedup is not None:
+        step = efficiency_to_match(speedup, "qwen2-57b-a14b", "qwen2-0.5b", hardware, list(batch_sizes), gamma,
+                                   sigma, tp=gpus, context=context)
+        stages.append((f"+ {1e3 * step:.1f} ms per forward pass (matches x = {speedup:g})", hardware,
+                       Efficiency(step_seconds=step)))
+    out = []
+    for stage, hw, eff in stages:
+        frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", hw, list(batch_sizes), gamma, sigma, tp=gpus,
+                           context=context, efficiency=eff)
+        peak = frame.loc[frame["speedup"].idxmax()]
+        out.append({"stage": stage, "peak": peak["speedup"], "peak_B": int(peak["batch_size"]),
+                    "verify_term": peak["verify_term"], "draft_term": peak["draft_term"],
+                    "reject_term": peak["reject_term"],
+                    "denominator": peak["verify_term"] + peak["draft_term"] + peak["reject_term"],
+                    "t_target_1_ms": 1e3 * peak["t_target_1"], "t_draft_ms": 1e3 * peak["t_draft"]})
+    return pd.DataFrame(out)
 
 
 @dataclass(frozen=True)
@@ -647,12 +833,28 @@ class Calibration:
     table: pd.DataFrame
 
 
+def measured_shapes(sidecar: dict) -> tuple[Architecture, Architecture]:
+    """The target's and draft's shapes of a ``moesd sweep`` (scaled by its layers and width settings).
+
+    The draft shares the target's vocabulary, as :func:`moesd.bench.build_models` builds it.
+    """
+    settings = sidecar.get("settings", {})
+    missing = [k for k in ("target", "draft", "layers", "draft_layers", "width") if k not in settings]
+    if missing:
+        raise ValueError(f"sidecar: settings lack {', '.join(missing)}")
+    target_spec, draft_spec = get_model(settings["target"]), get_model(settings["draft"])
+    target = target_spec.architecture(settings["layers"], width=settings["width"])
+    draft_config = {**draft_spec.config_dict(settings["draft_layers"], width=settings["width"]),
+                    "vocab_size": target.vocab_size}
+    return target, Architecture.from_config(draft_spec.name, draft_spec.model_type, draft_config)
+
+
 CALIBRATED = ("bandwidth_fraction", "flops_fraction", "kernel_seconds", "step_seconds")
 """The parameters :func:`calibrate` fits by default."""
 
 
 def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dtype="fp32",
-              held_out_batch_sizes=None, parameters=CALIBRATED, tp=1, cuda_graphs=True,
+              held_out_batch_sizes=None, parameters=None, tp=1, cuda_graphs=True,
               grouped_experts=False) -> Calibration:
     """Fit :class:`Efficiency` to a measured forward study and report the error on held-out batch sizes.
 
@@ -676,8 +878,9 @@ def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dt
         The sweep's weight dtype.
     held_out_batch_sizes : sequence of int, optional
         Batch sizes kept out of the fit (default: every third measured batch size, from the second).
-    parameters : sequence of str
-        Fields of :class:`Efficiency` to fit.
+    parameters : sequence of str, optional
+        Fields of :class:`Efficiency` to fit (default :data:`CALIBRATED`, and ``expert_seconds``
+        when experts run one by one).
     tp, cuda_graphs, grouped_experts
         As in :func:`step_time` (the project's CPU sweeps run Hugging Face's eager expert loop).
 
@@ -687,9 +890,11 @@ def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dt
     """
     from scipy.optimize import least_squares
 
+    if parameters is None:
+        parameters = CALIBRATED + (() if grouped_experts else ("expert_seconds",))
     for name in parameters:
         if name not in ("bandwidth_fraction", "flops_fraction", "kernel_seconds", "launch_seconds",
-                        "step_seconds"):
+                        "step_seconds", "expert_seconds"):
             raise ValueError(f"parameters: {name!r} is not a field of Efficiency")
     needed = {"role", "batch_size", "tokens", "context", "seconds"}
     if not needed <= set(forward_frame.columns):
@@ -707,11 +912,12 @@ def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dt
         raise ValueError("held_out_batch_sizes must be measured batch sizes, leaving some to fit")
     table["held_out"] = table["batch_size"].isin(held_out)
     arch, hardware = resolve_model(model), resolve_hardware(hardware)
-    start = Efficiency(bandwidth_fraction=hardware.bandwidth_fraction, flops_fraction=hardware.flops_fraction)
+    start = Efficiency(bandwidth_fraction=hardware.bandwidth_fraction, flops_fraction=hardware.flops_fraction,
+                       expert_seconds=1e-4 if "expert_seconds" in parameters else None)
     bounds = {"bandwidth_fraction": (1e-3, 10.0), "flops_fraction": (1e-3, 10.0), "kernel_seconds": (0.0, 1e-2),
-              "launch_seconds": (0.0, 1e-2), "step_seconds": (0.0, 10.0)}
+              "launch_seconds": (0.0, 1e-2), "step_seconds": (0.0, 10.0), "expert_seconds": (0.0, 1e-1)}
     scale = {"bandwidth_fraction": 1.0, "flops_fraction": 1.0, "kernel_seconds": 1e-5, "launch_seconds": 1e-5,
-             "step_seconds": 1e-3}
+             "step_seconds": 1e-3, "expert_seconds": 1e-4}
 
     def efficiency_of(x) -> Efficiency:
         return dataclasses.replace(start, **{n: float(v) * scale[n] for n, v in zip(parameters, x)})

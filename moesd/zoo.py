@@ -216,6 +216,7 @@ _SHAPE_DEFAULTS = {
     "deepseek_v3": dict(first_k_dense_replace=3, q_lora_rank=1536, n_shared_experts=1),
     "qwen2_moe": dict(decoder_sparse_step=1, mlp_only_layers=(), qkv_bias=True),
     "qwen3_moe": dict(decoder_sparse_step=1, mlp_only_layers=(), attention_bias=False),
+    "qwen3": dict(attention_bias=False),
     "olmoe": dict(attention_bias=False),
     "gpt_oss": dict(attention_bias=True),
 }
@@ -314,10 +315,10 @@ class Architecture:
     def from_config(cls, name: str, model_type: str, config: dict) -> "Architecture":
         """Read the shape of a ``config.json`` (as :meth:`ModelSpec.config_dict` returns it).
 
-        Supports the families of :data:`MODELS`: ``qwen2``, ``qwen2_moe``, ``qwen3_moe``, ``mixtral``,
+        Supports the families of :data:`MODELS`: ``qwen2``, ``qwen3``, ``qwen2_moe``, ``qwen3_moe``, ``mixtral``,
         ``olmoe``, ``opt``, ``deepseek_v2``, ``deepseek_v3`` and ``gpt_oss``.
         """
-        if model_type not in ("qwen2", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "opt", "deepseek_v2",
+        if model_type not in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "opt", "deepseek_v2",
                               "deepseek_v3", "gpt_oss"):
             raise ValueError(f"model_type {model_type!r} has no analytic shape; add it to Architecture")
         c = {**_SHAPE_DEFAULTS.get(model_type, {}), **config}
@@ -357,12 +358,13 @@ class Architecture:
             v_dim, replicated = head_dim, 0
             bias = {"qwen2": True, "qwen2_moe": c.get("qkv_bias"), "opt": c.get("enable_bias"),
                     "gpt_oss": c.get("attention_bias"), "qwen3_moe": c.get("attention_bias"),
+                    "qwen3": c.get("attention_bias"),
                     "olmoe": c.get("attention_bias")}.get(model_type, False)
             o_bias = model_type in ("opt", "gpt_oss") and bias
             q_params = d * heads * head_dim + (heads * head_dim if bias else 0)
             kv_params = 2 * (d * kv_heads * head_dim + (kv_heads * head_dim if bias else 0))
             o_params = heads * head_dim * d + (d if o_bias else 0)
-            if model_type == "qwen3_moe":  # RMSNorm over each head's width
+            if model_type in ("qwen3", "qwen3_moe"):  # RMSNorm over each head's width
                 q_params, kv_params = q_params + head_dim, kv_params + head_dim
             elif model_type == "olmoe":  # RMSNorm over all heads
                 q_params, kv_params = q_params + heads * head_dim, kv_params + kv_heads * head_dim
@@ -529,6 +531,9 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
           hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
           num_experts_per_tok=8, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
           head_dim=128, vocab_size=151936, norm_topk_prob=True, tie_word_embeddings=False, **_QWEN_ROPE),
+    _spec("qwen3-0.6b", "Qwen/Qwen3-0.6B", "qwen3", "draft of the Qwen3 MoEs (same tokenizer)",
+          hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+          num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True, **_QWEN_ROPE),
     _spec("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", "qwen3_moe", "modern MoE (beyond the paper)",
           hidden_size=4096, intermediate_size=12288, moe_intermediate_size=1536, num_experts=128,
           num_experts_per_tok=8, num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4,

@@ -20,7 +20,9 @@ from moesd.predict import (
     expert_gemm_time,
     predict_sd,
     rejection_time,
+    one_layer_draft,
     step_time,
+    weights_per_gpu,
     zipf_popularity,
 )
 from moesd.roofline import HARDWARE
@@ -164,6 +166,23 @@ def test_predict_sd_satisfies_eq4_and_has_the_sweep_columns():
         step_time("qwen2-57b-a14b", "H800", 4, 16, 256, tp=2).total)
 
 
+def test_alpha_sets_sigma_per_gamma_by_eq5():
+    from moesd.speedup import sigma
+
+    frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", [8, 32], [1, 3, 5], alpha=0.8, tp=2)
+    np.testing.assert_allclose(frame["sigma"], sigma(0.8, frame["gamma"]), rtol=1e-12)
+    with pytest.raises(ValueError, match="^sigma: give either"):
+        predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", 8, 4, 0.9, alpha=0.8)
+
+
+def test_one_layer_draft_and_weights_per_gpu():
+    draft = one_layer_draft("deepseek-v3")
+    assert draft.num_layers == draft.moe_layers == 1
+    counts = draft.weight_counts()
+    assert counts["routed_experts"] == 256 * 3 * 7168 * 2048
+    assert weights_per_gpu("deepseek-v3", "fp8", 8) == pytest.approx(get_model("deepseek-v3").weight_counts()["total"] / 8)
+
+
 def test_moe_speedup_rises_then_falls_and_the_dense_pair_only_falls():
     B = np.arange(1, 257)
     moe = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", B, 4, 0.9, tp=2, context=256)
@@ -271,7 +290,8 @@ def test_cli_prints_the_best_gamma_per_batch_size(capsys, tmp_path):
 
 @pytest.mark.parametrize("flag, value, match", [("--gamma", "0-2", "--gamma"), ("--batch", "x", "--batch"),
                                                  ("--sigma", "2", "--sigma"), ("--hardware", "TPU", "--hardware"),
-                                                 ("--target", "gpt-9", "--target"), ("--tp", "0", "--tp")])
+                                                 ("--target", "gpt-9", "--target"), ("--tp", "0", "--tp"),
+                                                 ("--alpha", "1.5", "--alpha")])
 def test_cli_bad_arguments_are_one_line_errors(flag, value, match, capsys):
     from moesd.cli import main
 

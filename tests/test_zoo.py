@@ -36,6 +36,7 @@ CARDS = {
     "kimi-k2": (1e12, 32e9, False, "Kimi-K2-Instruct model card: 1T total, 32B activated"),
     "gpt-oss-120b": (116.83e9, 5.13e9, True, "gpt-oss model card: 116.83B total, 5.13B active per token"),
     "mixtral-8x22b": (141e9, 39e9, False, "Mistral AI, Mixtral 8x22B: 141B total, 39B active"),
+    "qwen3-0.6b": (0.6e9, 0.6e9, False, "Qwen3-0.6B model card: 0.6B parameters, dense"),
 }
 
 
