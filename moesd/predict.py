@@ -849,8 +849,9 @@ def measured_shapes(sidecar: dict) -> tuple[Architecture, Architecture]:
     return target, Architecture.from_config(draft_spec.name, draft_spec.model_type, draft_config)
 
 
-CALIBRATED = ("bandwidth_fraction", "flops_fraction", "kernel_seconds", "step_seconds")
-"""The parameters :func:`calibrate` fits by default."""
+CALIBRATED = ("bandwidth_fraction", "flops_fraction", "step_seconds")
+"""The parameters :func:`calibrate` fits by default. ``kernel_seconds`` is left out: one model's kernels
+do not change in number with the batch, so their cost and ``step_seconds`` are one constant to a fit."""
 
 
 def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dtype="fp32",
@@ -860,8 +861,8 @@ def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dt
 
     Least squares on the log of the median time of every ``(batch_size, tokens)`` of the fitted batch
     sizes (relative errors weigh small and large steps alike), with scipy's bounded trust-region
-    solver. This is the physical, identifiable counterpart of Algorithm 1: four parameters with units,
-    fitted to ``T_T(B, s)`` itself rather than to a ratio of times.
+    solver. This is the physical, identifiable counterpart of Algorithm 1: three or four parameters with
+    units, fitted to ``T_T(B, s)`` itself rather than to a ratio of times.
 
     Parameters
     ----------

@@ -217,7 +217,7 @@ def test_efficiency_to_match_closes_the_gap():
 
 def test_calibrate_recovers_known_parameters_and_holds_out_batch_sizes():
     arch = get_model("qwen2-57b-a14b").architecture(num_layers=2, width=1 / 8)
-    truth = Efficiency(bandwidth_fraction=0.6, flops_fraction=0.4, kernel_seconds=2e-5, step_seconds=1e-3)
+    truth = Efficiency(bandwidth_fraction=0.6, flops_fraction=0.4, step_seconds=1e-3, expert_seconds=1.5e-4)
     B = np.repeat(np.array([1, 2, 4, 8, 16, 32, 64, 100]), 3)
     s = np.tile([1, 3, 5], 8)
     seconds = step_time(arch, "CPU", s, B, 64, dtype="fp32", efficiency=truth, grouped_experts=False).total
@@ -225,6 +225,7 @@ def test_calibrate_recovers_known_parameters_and_holds_out_batch_sizes():
     result = calibrate(frame, arch, "CPU")
     assert result.held_out_batch_sizes == (2, 16, 100)
     assert result.held_out_mape < 1e-3 and result.train_mape < 1e-3
+    assert set(result.fitted) == {"bandwidth_fraction", "flops_fraction", "step_seconds", "expert_seconds"}
     for name, value in result.fitted.items():
         assert value == pytest.approx(getattr(truth, name), rel=1e-2)
 
