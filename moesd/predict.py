@@ -22,7 +22,6 @@ Pure numpy (scipy inside :func:`calibrate` only); no torch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,7 +67,8 @@ class Efficiency:
         Fixed cost of one kernel (launch gap, ramp-up and tail), seconds. Default 2 us, an assumed
         order of magnitude: NVIDIA's "Getting Started with CUDA Graphs" blog (2019) times short
         kernels at 3.4 us each when launched from a graph (3.8 us from a stream) for about 2.9 us of
-        work; :func:`calibrate` fits it.
+        work. One model's kernel count does not change with the batch, so a fit of one model puts
+        this cost into ``step_seconds``.
     launch_seconds : float
         Extra host cost of one kernel launched without CUDA graphs, seconds (assumed 5 us).
     expert_seconds : float or None
@@ -161,19 +161,26 @@ def one_layer_draft(model) -> Architecture:
 
 def weights_per_gpu(model, dtype="bf16", tp=1) -> float:
     """Bytes of weights each of ``tp`` GPUs holds (all weights split evenly; replication ignored)."""
-    _check_dtype(dtype)
+    dtype = _check_dtype(dtype)
     tp = int(as_array("tp", tp, low=1, whole=True))
     return resolve_model(model).weight_counts()["total"] * DTYPE_BYTES[dtype] / tp
 
 
-def _check_dtype(dtype: str) -> None:
+_DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float8_e4m3fn": "fp8"}
+"""torch's names of the weight dtypes (as sweep sidecars record them)."""
+
+
+def _check_dtype(dtype: str) -> str:
+    """``dtype`` as a key of :data:`DTYPE_BYTES` (torch's names accepted); ValueError otherwise."""
+    dtype = _DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    return dtype
 
 
 def _rates(hardware: Hardware, dtype: str, efficiency: Efficiency) -> tuple[float, float]:
     """Achieved bytes/s and FLOP/s of ``hardware`` for weights of ``dtype``."""
-    _check_dtype(dtype)
+    dtype = _check_dtype(dtype)
     if dtype == "fp32":
         if hardware.fp32_flops is None:
             raise ValueError(f"dtype 'fp32': hardware {hardware.name} has no fp32 peak on record")
@@ -237,6 +244,7 @@ def expert_gemm_time(hardware, experts, tokens_per_expert, in_features, out_feat
     """
     hardware = resolve_hardware(hardware)
     efficiency = efficiency or Efficiency()
+    dtype = _check_dtype(dtype)
     experts = as_array("experts", experts, low=0)
     tokens = as_array("tokens_per_expert", tokens_per_expert, low=0)
     in_features = as_array("in_features", in_features, low=1, whole=True)
@@ -373,7 +381,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     arch = resolve_model(model)
     hardware = resolve_hardware(hardware)
     efficiency = efficiency or Efficiency()
-    _check_dtype(dtype)
+    dtype = _check_dtype(dtype)
     s = as_array("tokens_per_sequence", tokens_per_sequence, low=1, whole=True)
     B = as_array("batch_size", batch_size, low=1, whole=True)
     context = as_array("context", context, low=0, whole=True)
@@ -881,7 +889,7 @@ def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dt
         Batch sizes kept out of the fit (default: every third measured batch size, from the second).
     parameters : sequence of str, optional
         Fields of :class:`Efficiency` to fit (default :data:`CALIBRATED`, and ``expert_seconds``
-        when experts run one by one).
+        when experts run one by one; never for a dense model).
     tp, cuda_graphs, grouped_experts
         As in :func:`step_time` (the project's CPU sweeps run Hugging Face's eager expert loop).
 
@@ -913,6 +921,7 @@ def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dt
         raise ValueError("held_out_batch_sizes must be measured batch sizes, leaving some to fit")
     table["held_out"] = table["batch_size"].isin(held_out)
     arch, hardware = resolve_model(model), resolve_hardware(hardware)
+    parameters = tuple(p for p in parameters if p != "expert_seconds" or arch.num_experts)  # dense: no experts
     start = Efficiency(bandwidth_fraction=hardware.bandwidth_fraction, flops_fraction=hardware.flops_fraction,
                        expert_seconds=1e-4 if "expert_seconds" in parameters else None)
     bounds = {"bandwidth_fraction": (1e-3, 10.0), "flops_fraction": (1e-3, 10.0), "kernel_seconds": (0.0, 1e-2),
