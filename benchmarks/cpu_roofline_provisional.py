@@ -3,7 +3,8 @@
 The shipped CPU sweeps predate ``moesd.hardware.measure_roofline`` (their sidecars hold no measured
 roofline), so this script measures the two numbers ``moesd.predict.calibrate`` needs, with the sweeps'
 settings (2 threads, float32): the bandwidth of a large tensor copy and the FLOP/s of a float32 GEMM.
-The fastest of repeated timings (a peak: other work on the shared machine only slows a run down). Writes
+The fastest of repeated timings, in rounds spread over a minute or two (a peak: other work on the
+shared machine only slows a run down). Writes
 ``data/measurements/cpu/roofline_provisional.json`` (a ``moesd.roofline.Hardware`` record and its context).
 
     .venv/bin/python benchmarks/cpu_roofline_provisional.py
@@ -21,17 +22,20 @@ import torch
 from moesd.bench import _cpu_name
 from moesd.roofline import Hardware
 
-THREADS, REPEATS = 2, 15
+THREADS, REPEATS, ROUNDS, PAUSE = 2, 15, 6, 10.0
 OUT = Path(__file__).resolve().parents[1] / "data" / "measurements" / "cpu" / "roofline_provisional.json"
 
 
 def fastest_seconds(function) -> float:
     function()  # warm-up
     times = []
-    for _ in range(REPEATS):
-        tick = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - tick)
+    for round_ in range(ROUNDS):
+        if round_:
+            time.sleep(PAUSE)
+        for _ in range(REPEATS):
+            tick = time.perf_counter()
+            function()
+            times.append(time.perf_counter() - tick)
     return min(times)
 
 
@@ -47,8 +51,8 @@ def main() -> None:
     flops = 2 * size**3 / gemm_seconds
     record = Hardware(
         name="CPU (measured, 2 threads)", peak_flops=flops, memory_bandwidth=bandwidth, memory_bytes=0.0,
-        source=(f"measured on this machine by benchmarks/cpu_roofline_provisional.py: fastest of {REPEATS} "
-                f"copies of 256 MiB (read + write) and of {REPEATS} float32 {size}^3 GEMMs, {THREADS} threads, "
+        source=(f"measured on this machine by benchmarks/cpu_roofline_provisional.py: fastest of {ROUNDS} x "
+                f"{REPEATS} copies of 256 MiB (read + write) and of float32 {size}^3 GEMMs, {THREADS} threads, "
                 f"torch {torch.__version__}; shared machine, noisy"),
         fp32_flops=flops)
     OUT.write_text(json.dumps({
