@@ -4,7 +4,9 @@
 ``moesd hardware`` prints the hardware table with ridge points (Eq. 1);
 ``moesd trace --model M --prompts humaneval ...`` captures expert routing into a trace file;
 ``moesd sweep e2e --preset cpu`` times AR against SD over batch sizes (``moesd.bench``);
-``moesd fit data/measurements/cpu/sparsity.csv --stride 11`` fits Algorithm 1 (``moesd.fit``).
+``moesd fit data/measurements/cpu/sparsity.csv --stride 11`` fits Algorithm 1 (``moesd.fit``);
+``moesd predict --target deepseek-v3 --draft deepseek-v3-mtp --hardware H200 --tp 8`` predicts SD's speedup
+(``moesd.predict``).
 """
 
 from __future__ import annotations
@@ -211,6 +213,90 @@ def _fit(args: argparse.Namespace) -> None:
           .to_string(float_format=lambda v: f"{v:.4g}"))
 
 
+def _integers(text: str, name: str) -> np.ndarray:
+    """``"1-5"``, ``"1,2,4"`` or ``"1-4,8,16"`` as sorted unique integers; ValueError naming ``name``."""
+    values = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            low, high = int(low), int(high or low)
+            if high < low:
+                raise ValueError
+            values.update(range(low, high + 1))
+    except ValueError:
+        raise ValueError(f"{name} must be integers such as 1-5, 1,2,4 or 1-4,8, got {text!r}") from None
+    return np.array(sorted(values))
+
+
+def _numbers(text: str, name: str) -> np.ndarray:
+    try:
+        return np.array(sorted({float(part) for part in text.split(",")}))
+    except ValueError:
+        raise ValueError(f"{name} must be numbers such as 0.8 or 0.7,0.9, got {text!r}") from None
+
+
+def _predict(args: argparse.Namespace) -> None:
+    from moesd.predict import batch_range, best_gamma, predict_sd
+
+    batch, gammas = _integers(args.batch, "--batch"), _integers(args.gamma, "--gamma")
+    for name, values in (("--batch", batch), ("--gamma", gammas)):
+        if values.min() < 1:
+            raise ValueError(f"{name} must be >= 1, got {values.min()}")
+    if args.alpha is not None and args.sigma is not None:
+        raise ValueError("--sigma and --alpha exclude each other")
+    if args.alpha is not None:
+        column, values = "alpha", _numbers(args.alpha, "--alpha")
+        if ((values < 0) | (values > 1)).any():
+            raise ValueError(f"--alpha must be in [0, 1], got {args.alpha}")
+        acceptance = dict(alpha=values)
+    else:
+        column, values = "sigma", _numbers(args.sigma or "0.8", "--sigma")
+        if ((values <= 0) | (values > 1)).any():
+            raise ValueError(f"--sigma must be in (0, 1], got {args.sigma}")
+        if (values[:, None] < 1 / (gammas[None, :] + 1)).any():
+            raise ValueError(f"--sigma must be >= 1 / (gamma + 1) for every --gamma, got {args.sigma}")
+        acceptance = dict(sigma=values)
+    try:
+        frame = predict_sd(args.target, args.draft, args.hardware, batch, gammas, tp=args.tp, draft_tp=args.draft_tp,
+                           context=args.context, ep=args.ep, dtype=args.dtype, **acceptance)
+    except ValueError as error:  # name the command-line flag of the argument the package names
+        message = str(error)
+        first = message.split(" ", 1)[0].rstrip(":")
+        flag = {"model": "--target/--draft", "hardware": "--hardware", "tp": "--tp", "ep": "--ep",
+                "dtype": "--dtype", "context": "--context"}.get(first)
+        raise ValueError(f"{flag}: {message}" if flag else message) from None
+    if args.csv:
+        frame.to_csv(args.csv, index=False)
+    print(f"{args.target} on {args.tp} x {args.hardware} (ep {args.ep}), draft {args.draft} on {args.draft_tp} "
+          f"GPU(s), {args.dtype}, context {args.context} tokens; speedup of Eq. 4 predicted by moesd.predict "
+          "(roofline at achieved fractions of data-sheet peaks, no engine overhead)")
+    for value in values:
+        rows = frame[frame[column] == value]
+        best = best_gamma(rows)
+        shown = best
+        if len(best) > 24:  # a readable table: powers of two and the ends
+            keep = {int(b) for b in best["batch_size"] if b & (b - 1) == 0} | {int(best["batch_size"].iloc[0]),
+                                                                            int(best["batch_size"].iloc[-1])}
+            shown = best[best["batch_size"].isin(keep)]
+        table = shown.assign(t_target_1=shown["t_target_1"] * 1e3, t_target_gamma=shown["t_target_gamma"] * 1e3,
+                             t_draft=shown["t_draft"] * 1e3)[
+            ["batch_size", "gamma", "speedup", "target_efficiency", "draft_term", "t_target_1", "t_target_gamma",
+             "t_draft"]].rename(columns={"gamma": "best gamma", "t_target_1": "T_T(B,1) ms",
+                                         "t_target_gamma": "T_T(B,g+1) ms", "t_draft": "T_D(B,1) ms"})
+        low, high, peak, at = batch_range(rows)
+        print(f"\n{column} = {value:g}: peak speedup {peak:.2f}x at B = {at}; speedup >= peak / sqrt(2) "
+              f"for B in [{low}, {high}]" + (" (rows shown: powers of two and the ends)" if shown is not best else ""))
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if args.plot:
+        from moesd.plots import speedup_heatmap
+
+        figure = speedup_heatmap(frame[frame[column] == values[0]],
+                                 title=f"{args.target} on {args.tp} x {args.hardware}, {column} {values[0]:g}")
+        figure.savefig(args.plot, dpi=150, bbox_inches="tight")
+    if args.csv or args.plot:
+        print("\n" + " and ".join(f"{path}" for path in (args.csv, args.plot) if path) + " written")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``moesd`` command."""
     parser = argparse.ArgumentParser(prog="moesd", description=__doc__.splitlines()[0])
@@ -282,6 +368,23 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tokens per sequence verified: Algorithm 1's gamma or vLLM's gamma + 1")
     fit.add_argument("--stride", type=int, help="fit df[::stride] of the rows sorted by K, gamma, B")
     fit.set_defaults(run=_fit)
+
+    predict = commands.add_parser("predict", help="predict SD's speedup for a model on GPUs (moesd.predict)")
+    predict.add_argument("--target", required=True, help="moesd.zoo name of the target, e.g. deepseek-v3")
+    predict.add_argument("--draft", required=True, help="moesd.zoo name of the draft, e.g. deepseek-v3-mtp")
+    predict.add_argument("--hardware", required=True, help="moesd.roofline.HARDWARE name, e.g. H200")
+    predict.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of the target (default 1)")
+    predict.add_argument("--ep", type=int, default=1, help="expert-parallel degree, dividing --tp (default 1)")
+    predict.add_argument("--draft-tp", type=int, default=1, help="GPUs of the draft, its own (default 1)")
+    predict.add_argument("--gamma", default="1-5", help="draft lengths, e.g. 1-5 or 2,4 (default 1-5)")
+    predict.add_argument("--sigma", help="emitted fraction(s) sigma of Eq. 5, the same for every gamma (default 0.8)")
+    predict.add_argument("--alpha", help="per-token acceptance instead of --sigma: sigma(alpha, gamma) of Eq. 5")
+    predict.add_argument("--batch", default="1-256", help="batch sizes, e.g. 1-256 or 1,8,64 (default 1-256)")
+    predict.add_argument("--context", type=int, default=1024, help="tokens in each KV cache (default 1024)")
+    predict.add_argument("--dtype", default="bf16", help="weight dtype: bf16, fp8 or fp32 (default bf16)")
+    predict.add_argument("--csv", help="write every predicted row to this CSV file")
+    predict.add_argument("--plot", help="write a heatmap of speedup over (B, gamma) to this image file")
+    predict.set_defaults(run=_predict)
     return parser
 
 

@@ -86,3 +86,39 @@ def plot_speedup_fit(frame, predicted, gammas=None, title: str = "", sharey: boo
     if title:
         figure.suptitle(title, fontsize=11)
     return figure
+
+
+def speedup_heatmap(frame, title: str = "", ax=None, vmax: float | None = None) -> plt.Figure:
+    """Predicted speedup over batch size (x, log scale) and draft length (y) of a ``moesd.predict`` frame.
+
+    Colours are the speedup (1 = no gain; below 1 in red), a white line marks the best gamma per batch
+    size. The frame must hold one ``sigma`` and one ``context``.
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        :func:`moesd.predict.predict_sd` rows (columns ``batch_size``, ``gamma``, ``speedup``).
+    title : str
+        Panel title.
+    ax : matplotlib.axes.Axes, optional
+        Where to draw (default: a new figure).
+    vmax : float, optional
+        Top of the colour scale (default: the frame's largest speedup).
+    """
+    import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
+
+    grid = frame.pivot_table(index="gamma", columns="batch_size", values="speedup", aggfunc="first")
+    if ax is None:
+        figure, ax = plt.subplots(figsize=(6.4, 3.2))
+    else:
+        figure = ax.figure
+    top = max(vmax or float(np.nanmax(grid.to_numpy())), 1.01)
+    norm = TwoSlopeNorm(vmin=min(0.5, float(np.nanmin(grid.to_numpy()))), vcenter=1.0, vmax=top)
+    batch, gammas = grid.columns.to_numpy(), grid.index.to_numpy()
+    mesh = ax.pcolormesh(batch, gammas, grid.to_numpy(), cmap="RdYlGn", norm=norm, shading="nearest")
+    ax.plot(batch, gammas[np.nanargmax(grid.to_numpy(), axis=0)], color="white", lw=1.5, label="best gamma")
+    ax.set(xscale="log", xlabel="batch size B", ylabel="draft length gamma", title=title, yticks=gammas)
+    ax.grid(False)
+    figure.colorbar(mesh, ax=ax, label="predicted speedup")
+    return figure

@@ -23,7 +23,10 @@ from moesd.experts import expected_active_experts
 
 @dataclass(frozen=True)
 class Hardware:
-    """Peak numbers of one accelerator, from its vendor's data sheet.
+    """Peak numbers of one accelerator, from its vendor's data sheet (or measured on the device).
+
+    The first five fields are the data sheet's roofline; the rest, added for the whole-model
+    performance model (:mod:`moesd.predict`), have defaults so older records still load.
 
     Attributes
     ----------
@@ -37,6 +40,24 @@ class Hardware:
         Device memory (bytes).
     source : str
         Where the three numbers come from.
+    fp8_flops : float or None
+        Dense fp8 tensor throughput (FLOP/s); None where the device has no fp8 tensor cores (fp8
+        weights are then multiplied at the bf16 rate).
+    fp32_flops : float or None
+        fp32 throughput without tensor cores (FLOP/s), what a framework's default fp32 matmul gets;
+        None where unknown (a measured record sets the rate it measured).
+    interconnect_bandwidth : float
+        GPU-to-GPU bandwidth of one device, both directions together as data sheets state it
+        (bytes/s); 0 where the device has no peer link on record.
+    interconnect_latency : float
+        Fixed cost of one small collective (all-reduce) over that link (seconds).
+    interconnect : str
+        What the link is, and where its numbers come from.
+    bandwidth_fraction, flops_fraction : float
+        Fractions of ``memory_bandwidth`` and of the tensor peaks that measured kernels achieve
+        (1 for a record whose peaks were themselves measured).
+    efficiency_source : str
+        Where the two fractions come from.
     """
 
     name: str
@@ -44,6 +65,14 @@ class Hardware:
     memory_bandwidth: float
     memory_bytes: float
     source: str
+    fp8_flops: float | None = None
+    fp32_flops: float | None = None
+    interconnect_bandwidth: float = 0.0
+    interconnect_latency: float = 0.0
+    interconnect: str = ""
+    bandwidth_fraction: float = 1.0
+    flops_fraction: float = 1.0
+    efficiency_source: str = ""
 
     @property
     def ridge_point(self) -> float:
@@ -70,37 +99,91 @@ class Hardware:
 
 _TERA, _GIGA = 1e12, 1e9
 
+#: Achieved fractions from public microbenchmarks (see each record's ``efficiency_source``).
+_MAMF = ("Stas Bekman, ML Engineering (github.com/stas00/ml-engineering), compute/accelerator/README.md, "
+         "Maximum Achievable Matmul FLOPS table, bf16: ")
+_GPU_BENCHES = "gpu-benches (github.com/te42kyfo/gpu-benches), "
+_HOPPER_BANDWIDTH = (_GPU_BENCHES + "gpu-l2-cache/h200.txt: H200 DRAM read 3,888 GB/s of 4,800 (0.81)")
+_ALLREDUCE_LATENCY = ("all-reduce latency: an assumed order of magnitude for small NCCL/custom all-reduces "
+                      "(no public measurement is cited)")
+_NVLINK_LATENCY, _PCIE_LATENCY = 10e-6, 25e-6
+
+
+def _nvlink(name: str, gb_per_s: float, source: str) -> dict:
+    return dict(interconnect_bandwidth=gb_per_s * _GIGA, interconnect_latency=_NVLINK_LATENCY,
+                interconnect=f"{name} {gb_per_s:g} GB/s ({source}); {_ALLREDUCE_LATENCY}")
+
+
+_AMPERE = dict(fp32_flops=19.5 * _TERA, bandwidth_fraction=1769 / 2039, flops_fraction=271.2 / 312,
+               efficiency_source=_GPU_BENCHES + "cuda-stream/a100_80.txt: A100 80GB read kernel 1,769 GB/s "
+               "of 2,039 (0.87); " + _MAMF + "A100 SXM 271.2 of 312 TFLOPS (0.87)")
+_HOPPER = dict(fp8_flops=1979 * _TERA, fp32_flops=67 * _TERA, bandwidth_fraction=3888 / 4800,
+               flops_fraction=794.5 / 989,
+               efficiency_source=_HOPPER_BANDWIDTH + ", taken for every Hopper part (no H100/H800 SXM "
+               "measurement found); " + _MAMF + "H100 SXM 794.5 of 989 TFLOPS (0.80), 'H200 is the same'")
+
 HARDWARE = {
     hw.name: hw
     for hw in [
         Hardware("A800", 312 * _TERA, 2039 * _GIGA, 80 * _GIGA,
                  "NVIDIA A800 SXM4 80GB data sheet: BF16 tensor 312 TFLOPS (624 with sparsity), "
-                 "HBM2e 2,039 GB/s, 80 GB (the A100 80GB SXM figures)"),
+                 "HBM2e 2,039 GB/s, 80 GB (the A100 80GB SXM figures); FP32 19.5 TFLOPS",
+                 **_AMPERE, **_nvlink("NVLink", 400, "A800 SXM4 data sheet: NVLink 400 GB/s")),
         Hardware("A100", 312 * _TERA, 2039 * _GIGA, 80 * _GIGA,
                  "NVIDIA A100 data sheet, 80GB SXM: BF16 tensor 312 TFLOPS (624 with sparsity), "
-                 "HBM2e 2,039 GB/s, 80 GB"),
+                 "HBM2e 2,039 GB/s, 80 GB; FP32 19.5 TFLOPS",
+                 **_AMPERE, **_nvlink("NVLink 3", 600, "A100 data sheet, SXM: NVLink 600 GB/s")),
         Hardware("H800", 989.5 * _TERA, 3350 * _GIGA, 80 * _GIGA,
                  "NVIDIA H800 SXM5 data sheet: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
-                 "HBM3 3.35 TB/s, 80 GB"),
+                 "FP8 3,958 with sparsity (1,979 dense), FP32 67 TFLOPS, HBM3 3.35 TB/s, 80 GB",
+                 **_HOPPER, **_nvlink("NVLink", 400, "H800 SXM5 data sheet: NVLink 400 GB/s")),
+        Hardware("H20", 148 * _TERA, 4000 * _GIGA, 96 * _GIGA,
+                 "NVIDIA HGX H20 specifications as published by resellers (no NVIDIA data sheet online): "
+                 "BF16 tensor 148 TFLOPS dense, FP8 296 dense, FP32 44 TFLOPS, HBM3 4.0 TB/s, 96 GB",
+                 **{**_HOPPER, "fp8_flops": 296 * _TERA, "fp32_flops": 44 * _TERA,
+                    "efficiency_source": _HOPPER["efficiency_source"] + "; neither measured on an H20"},
+                 **_nvlink("NVLink 4", 900, "HGX H20 specifications: NVLink 900 GB/s")),
         Hardware("H100", 989.5 * _TERA, 3350 * _GIGA, 80 * _GIGA,
                  "NVIDIA H100 data sheet, SXM5: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
-                 "HBM3 3.35 TB/s, 80 GB"),
+                 "FP8 3,958 with sparsity (1,979 dense), FP32 67 TFLOPS, HBM3 3.35 TB/s, 80 GB",
+                 **_HOPPER, **_nvlink("NVLink 4", 900, "H100 data sheet, SXM: NVLink 900 GB/s")),
         Hardware("H200", 989.5 * _TERA, 4800 * _GIGA, 141 * _GIGA,
                  "NVIDIA H200 data sheet, SXM: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
-                 "HBM3e 4.8 TB/s, 141 GB"),
+                 "FP8 3,958 with sparsity (1,979 dense), FP32 67 TFLOPS, HBM3e 4.8 TB/s, 141 GB",
+                 **_HOPPER, **_nvlink("NVLink 4", 900, "H200 data sheet, SXM: NVLink 900 GB/s")),
         Hardware("L40", 181.05 * _TERA, 864 * _GIGA, 48 * _GIGA,
                  "NVIDIA L40 data sheet: BF16 tensor 362.1 TFLOPS with sparsity (181.05 dense), "
-                 "GDDR6 864 GB/s, 48 GB"),
+                 "FP8 724 with sparsity (362 dense), FP32 90.5 TFLOPS, GDDR6 864 GB/s, 48 GB",
+                 fp8_flops=362 * _TERA, fp32_flops=90.5 * _TERA, bandwidth_fraction=796 / 864,
+                 flops_fraction=794.5 / 989,
+                 efficiency_source=_GPU_BENCHES + "gpu-l2-cache/l40.txt: L40 DRAM read 796 GB/s of 864 "
+                 "(0.92); flops fraction assumed equal to the H100's (no L40 MAMF published)",
+                 interconnect_bandwidth=64 * _GIGA, interconnect_latency=_PCIE_LATENCY,
+                 interconnect="PCIe Gen4 x16, 64 GB/s both directions (L40 data sheet: no NVLink); "
+                 + _ALLREDUCE_LATENCY),
         Hardware("B200", 2250 * _TERA, 8000 * _GIGA, 180 * _GIGA,
                  "NVIDIA HGX B200 (1,000 W) specifications: BF16 tensor 4.5 PFLOPS with sparsity "
-                 "(2.25 dense), HBM3e 8 TB/s, 180 GB per GPU"),
+                 "(2.25 dense), FP8 9 PFLOPS with sparsity (4.5 dense), HBM3e 8 TB/s, 180 GB per GPU",
+                 fp8_flops=4500 * _TERA, bandwidth_fraction=3888 / 4800, flops_fraction=1745 / 2250,
+                 efficiency_source=_MAMF + "B200 SXM 1,745 of 2,250 TFLOPS (0.78); bandwidth fraction "
+                 "assumed equal to the H200's (no B200 measurement found): " + _HOPPER_BANDWIDTH,
+                 **_nvlink("NVLink 5", 1800, "HGX B200 specifications: NVLink 1.8 TB/s per GPU")),
         Hardware("MI300X", 1307.4 * _TERA, 5300 * _GIGA, 192 * _GIGA,
-                 "AMD Instinct MI300X data sheet: BF16 dense matrix 1,307.4 TFLOPS, "
-                 "HBM3 5.3 TB/s, 192 GB"),
+                 "AMD Instinct MI300X data sheet: BF16 dense matrix 1,307.4 TFLOPS, FP8 2,614.9, "
+                 "FP32 vector 163.4 TFLOPS, HBM3 5.3 TB/s, 192 GB",
+                 fp8_flops=2614.9 * _TERA, fp32_flops=163.4 * _TERA, bandwidth_fraction=3888 / 4800,
+                 flops_fraction=668.4 / 1300,
+                 efficiency_source=_MAMF + "MI300X 668.4 of 1,300 TFLOPS (0.51); bandwidth fraction "
+                 "assumed equal to the H200's (no MI300X measurement found): " + _HOPPER_BANDWIDTH,
+                 interconnect_bandwidth=896 * _GIGA, interconnect_latency=_NVLINK_LATENCY,
+                 interconnect="AMD Infinity Fabric, 7 links x 128 GB/s = 896 GB/s peer bandwidth (MI300X "
+                 "data sheet); " + _ALLREDUCE_LATENCY),
         Hardware("CPU", 3.072 * _TERA, 307.2 * _GIGA, 256 * _GIGA,
                  "Illustrative server CPU socket, derived, not measured: 16 cores x 3.0 GHz x 64 "
                  "BF16 FLOP/cycle (AVX-512 BF16 dot products) = 3.07 TFLOP/s; 8 channels of "
-                 "DDR5-4800 at 38.4 GB/s (JEDEC JESD79-5) = 307 GB/s; 256 GB"),
+                 "DDR5-4800 at 38.4 GB/s (JEDEC JESD79-5) = 307 GB/s; 256 GB; fp32: 16 cores x "
+                 "3.0 GHz x 32 FLOP/cycle (two AVX-512 FMA units) = 1.54 TFLOP/s",
+                 fp32_flops=1.536 * _TERA),
     ]
 }
 """Hardware records by name; ``HARDWARE["H200"].ridge_point`` is about 206 FLOP/byte."""

@@ -10,6 +10,11 @@ Scaling (``width < 1``) keeps the architecture's parameter proportions: widths (
 expert widths, latent-attention ranks) are multiplied by ``width``, the vocabulary by
 ``width x layers / L``, so experts, attention and embeddings keep their shares when layers are dropped.
 Experts per layer E and experts per token K are never scaled.
+
+:meth:`ModelSpec.architecture` reads the same config keys into an :class:`Architecture`: the
+dimensions that set a model's weights, FLOPs and KV cache, with an analytic, torch-free count of
+the weights of each component (:meth:`Architecture.weight_counts`). It agrees exactly with the
+meta-device count of :meth:`ModelSpec.parameter_counts` and is what :mod:`moesd.predict` uses.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ _WIDTH_KEYS = ("hidden_size", "intermediate_size", "moe_intermediate_size",
                "shared_expert_intermediate_size", "ffn_dim", "word_embed_proj_dim", "kv_lora_rank",
                "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "head_dim")
 #: Keys naming the number of routed experts per layer, by model type.
-_EXPERT_COUNT_KEY = {"mixtral": "num_local_experts", "deepseek_v2": "n_routed_experts",
+_EXPERT_COUNT_KEY = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts", "deepseek_v2": "n_routed_experts",
                      "deepseek_v3": "n_routed_experts"}
 
 
@@ -128,8 +133,11 @@ class ModelSpec:
     def hf_config(self, num_layers: int | None = None, top_k: int | None = None, width: float = 1.0,
                   **overrides):
         """A Transformers config of this architecture (see :meth:`config_dict`)."""
-        from transformers import AutoConfig
+        from transformers import CONFIG_MAPPING, AutoConfig
 
+        if self.model_type not in CONFIG_MAPPING:
+            raise ValueError(f"{self.name}: the installed transformers has no config class for model_type "
+                             f"{self.model_type!r}; the record serves moesd.predict (analytic counts) only")
         return AutoConfig.for_model(self.model_type, **{**self.config_dict(num_layers, top_k, width),
                                                         **overrides})
 
@@ -165,6 +173,17 @@ class ModelSpec:
         model = AutoModelForCausalLM.from_pretrained(path or self.hub_id, dtype=dtype, **kwargs)
         return model.to(device).eval()
 
+    def architecture(self, num_layers: int | None = None, top_k: int | None = None,
+                     width: float = 1.0) -> "Architecture":
+        """The dimensions of the (changed) architecture, read from :meth:`config_dict` without torch."""
+        return Architecture.from_config(self.name, self.model_type,
+                                        self.config_dict(num_layers, top_k, width))
+
+    def weight_counts(self, num_layers: int | None = None, top_k: int | None = None,
+                      width: float = 1.0) -> dict:
+        """Parameters per component, counted analytically (see :meth:`Architecture.weight_counts`)."""
+        return self.architecture(num_layers, top_k, width).weight_counts()
+
     def parameter_counts(self, num_layers: int | None = None, top_k: int | None = None,
                          width: float = 1.0) -> dict:
         """Parameters of the (changed) architecture, counted on a meta-device model.
@@ -187,6 +206,242 @@ class ModelSpec:
         fraction = (config.num_experts_per_tok / self.num_experts) if self.is_moe else 0.0
         dense = total - experts
         return {"total": total, "experts": experts, "dense": dense, "active": dense + experts * fraction}
+
+
+#: Transformers defaults of the keys that shape a model, where a record may leave them out.
+_SHAPE_DEFAULTS = {
+    "opt": dict(tie_word_embeddings=True, enable_bias=True, do_layer_norm_before=True,
+                _remove_final_layer_norm=False),
+    "deepseek_v2": dict(first_k_dense_replace=0, q_lora_rank=1536, n_shared_experts=2),
+    "deepseek_v3": dict(first_k_dense_replace=3, q_lora_rank=1536, n_shared_experts=1),
+    "qwen2_moe": dict(decoder_sparse_step=1, mlp_only_layers=(), qkv_bias=True),
+    "qwen3_moe": dict(decoder_sparse_step=1, mlp_only_layers=(), attention_bias=False),
+    "qwen3": dict(attention_bias=False),
+    "olmoe": dict(attention_bias=False),
+    "gpt_oss": dict(attention_bias=True),
+}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The dimensions that set a decoder's weights, FLOPs and KV cache (pure Python, no torch).
+
+    Counts are parameters per layer (``*_params``) or per token (``kv_values_per_token``). Build
+    one with :meth:`ModelSpec.architecture`.
+
+    Attributes
+    ----------
+    name, model_type : str
+        The record it was read from.
+    hidden_size, num_layers, vocab_size : int
+        ``d``, ``L`` and ``V``.
+    moe_layers : int
+        Layers with routed experts; the other ``num_layers - moe_layers`` have a dense FFN.
+    num_experts, top_k : int
+        Routed experts per MoE layer ``E`` and experts per token ``K`` (0 for a dense model).
+    attention : str
+        ``"gqa"`` (grouped-query, multi-head as a special case) or ``"mla"`` (latent attention).
+    num_heads, num_kv_heads : int
+        Query heads and key-value heads (MLA: 1, the latent is shared by all heads).
+    q_params, kv_params, o_params : int
+        Attention weights per layer: query side, key-value side (projections and their norms), output.
+    replicated_attention_params : int
+        Those of them every tensor-parallel GPU holds whole (MLA's down-projections and their norms).
+    kv_values_per_token : int
+        Values cached per token and layer (GQA ``2 kv_heads head_dim``; MLA ``kv_lora_rank + rope``).
+    attention_flops_per_key : int
+        FLOPs of one query token against one cached token in one layer (scores and values; MLA with
+        the projections absorbed into the query, as inference engines run it).
+    sliding_window : int or None
+        Keys a sliding-window layer attends to; ``sliding_layers`` of the layers use it.
+    router_params, expert_params, shared_params : int
+        Per MoE layer: router, one routed expert (its biases included), all shared experts (and
+        their gate).
+    expert_intermediate : int
+        Width of one routed expert.
+    dense_ffn_params : int
+        FFN of one dense layer.
+    norm_params, final_norm_params : int
+        Norms of one layer (outside attention) and after the last layer.
+    embedding_params : int
+        Token (and learned position) embeddings and input/output projections.
+    head_params : int
+        The LM head's matrix, read at every step (the embedding when tied).
+    tied_embeddings : bool
+        Whether the LM head is the token embedding (not counted twice).
+    """
+
+    name: str
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    moe_layers: int
+    vocab_size: int
+    num_experts: int
+    top_k: int
+    attention: str
+    num_heads: int
+    num_kv_heads: int
+    q_params: int
+    kv_params: int
+    o_params: int
+    replicated_attention_params: int
+    kv_values_per_token: int
+    attention_flops_per_key: int
+    sliding_window: int | None
+    sliding_layers: int
+    router_params: int
+    expert_params: int
+    expert_intermediate: int
+    shared_params: int
+    dense_ffn_params: int
+    norm_params: int
+    final_norm_params: int
+    embedding_params: int
+    head_params: int
+    tied_embeddings: bool
+
+    @property
+    def dense_layers(self) -> int:
+        """Layers with a dense FFN instead of routed experts."""
+        return self.num_layers - self.moe_layers
+
+    @property
+    def attention_params(self) -> int:
+        """Attention weights of one layer."""
+        return self.q_params + self.kv_params + self.o_params
+
+    @classmethod
+    def from_config(cls, name: str, model_type: str, config: dict) -> "Architecture":
+        """Read the shape of a ``config.json`` (as :meth:`ModelSpec.config_dict` returns it).
+
+        Supports the families of :data:`MODELS`: ``qwen2``, ``qwen3``, ``qwen2_moe``, ``qwen3_moe``, ``mixtral``,
+        ``olmoe``, ``opt``, ``deepseek_v2``, ``deepseek_v3`` and ``gpt_oss``.
+        """
+        if model_type not in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "opt", "deepseek_v2",
+                              "deepseek_v3", "gpt_oss"):
+            raise ValueError(f"model_type {model_type!r} has no analytic shape; add it to Architecture")
+        c = {**_SHAPE_DEFAULTS.get(model_type, {}), **config}
+        d, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+        heads = c["num_attention_heads"]
+        kv_heads = c.get("num_key_value_heads") or heads
+        head_dim = c.get("head_dim") or d // heads
+        experts = c.get(_EXPERT_COUNT_KEY.get(model_type, "num_experts")) or 0
+        top_k = (c.get("num_experts_per_tok") or 0) if experts else 0
+        tied = bool(c.get("tie_word_embeddings", False))
+
+        # Which layers route to experts.
+        if not experts:
+            moe_layers = 0
+        elif model_type in ("deepseek_v2", "deepseek_v3"):
+            moe_layers = max(0, layers - c["first_k_dense_replace"])
+        elif model_type in ("qwen2_moe", "qwen3_moe"):
+            moe_layers = sum(1 for i in range(layers) if i not in c["mlp_only_layers"]
+                             and (i + 1) % c["decoder_sparse_step"] == 0)
+        else:
+            moe_layers = layers
+
+        # Attention.
+        sliding_window, sliding_layers = None, 0
+        if model_type in ("deepseek_v2", "deepseek_v3"):
+            nope, rope, v_dim = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+            kv_lora, q_lora = c["kv_lora_rank"], c["q_lora_rank"]
+            q_params = (d * heads * (nope + rope) if not q_lora
+                        else d * q_lora + q_lora + q_lora * heads * (nope + rope))
+            kv_params = d * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim)
+            o_params = heads * v_dim * d
+            replicated = (d * q_lora + q_lora if q_lora else 0) + d * (kv_lora + rope) + kv_lora
+            kv_heads, kv_values = 1, kv_lora + rope
+            flops_per_key = 2 * heads * (kv_lora + rope) + 2 * heads * kv_lora
+            attention = "mla"
+        else:
+            v_dim, replicated = head_dim, 0
+            bias = {"qwen2": True, "qwen2_moe": c.get("qkv_bias"), "opt": c.get("enable_bias"),
+                    "gpt_oss": c.get("attention_bias"), "qwen3_moe": c.get("attention_bias"),
+                    "qwen3": c.get("attention_bias"),
+                    "olmoe": c.get("attention_bias")}.get(model_type, False)
+            o_bias = model_type in ("opt", "gpt_oss") and bias
+            q_params = d * heads * head_dim + (heads * head_dim if bias else 0)
+            kv_params = 2 * (d * kv_heads * head_dim + (kv_heads * head_dim if bias else 0))
+            o_params = heads * head_dim * d + (d if o_bias else 0)
+            if model_type in ("qwen3", "qwen3_moe"):  # RMSNorm over each head's width
+                q_params, kv_params = q_params + head_dim, kv_params + head_dim
+            elif model_type == "olmoe":  # RMSNorm over all heads
+                q_params, kv_params = q_params + heads * head_dim, kv_params + kv_heads * head_dim
+            elif model_type == "gpt_oss":  # one attention-sink logit per head
+                q_params += heads
+                sliding_window = c.get("sliding_window")
+                types = c.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                                 for i in range(layers)]
+                sliding_layers = sum(t == "sliding_attention" for t in types[:layers]) if sliding_window else 0
+            kv_values = 2 * kv_heads * head_dim
+            flops_per_key = 2 * heads * head_dim + 2 * heads * v_dim
+            attention = "gqa"
+
+        # Feed-forward blocks.
+        if model_type == "opt":
+            ffn = c["ffn_dim"]
+            dense_ffn = 2 * d * ffn + (ffn + d if c["enable_bias"] else 0)
+        else:
+            dense_ffn = 3 * d * c["intermediate_size"] if moe_layers < layers else 0
+        router = expert = shared = width = 0
+        if experts:
+            width = c.get("moe_intermediate_size") or c["intermediate_size"]
+            expert = 3 * d * width + (2 * width + d if model_type == "gpt_oss" else 0)
+            router = experts * d + (experts if model_type == "gpt_oss" else 0)
+            if model_type == "qwen2_moe":
+                shared = 3 * d * c["shared_expert_intermediate_size"] + d  # and its sigmoid gate
+            elif model_type in ("deepseek_v2", "deepseek_v3"):
+                shared = 3 * d * c["n_shared_experts"] * width
+
+        # Norms, embeddings, head.
+        if model_type == "opt":
+            norm = 2 * 2 * d  # two LayerNorms with bias
+            final_norm = 2 * d if c["do_layer_norm_before"] and not c["_remove_final_layer_norm"] else 0
+            proj = c.get("word_embed_proj_dim") or d
+            embedding = vocab * proj + (c["max_position_embeddings"] + 2) * d
+            embedding += 2 * d * proj if proj != d else 0  # project_in and project_out
+            head = vocab * proj
+        else:
+            norm, final_norm = 2 * d, d
+            embedding = head = vocab * d
+        return cls(name=name, model_type=model_type, hidden_size=d, num_layers=layers, moe_layers=moe_layers,
+                   vocab_size=vocab, num_experts=experts, top_k=top_k, attention=attention, num_heads=heads,
+                   num_kv_heads=kv_heads, q_params=q_params, kv_params=kv_params, o_params=o_params,
+                   replicated_attention_params=replicated, kv_values_per_token=kv_values,
+                   attention_flops_per_key=flops_per_key,
+                   sliding_window=sliding_window, sliding_layers=sliding_layers, router_params=router,
+                   expert_params=expert, expert_intermediate=width, shared_params=shared,
+                   dense_ffn_params=dense_ffn, norm_params=norm, final_norm_params=final_norm,
+                   embedding_params=embedding, head_params=head, tied_embeddings=tied)
+
+    def weight_counts(self) -> dict:
+        """Parameters of the whole model per component, counted from the dimensions alone.
+
+        Returns
+        -------
+        dict
+            ``embeddings``, ``attention`` (projections and their norms), ``router``, ``shared_experts``,
+            ``routed_experts`` (all E per MoE layer), ``dense_ffn`` (dense layers' FFNs), ``norms``,
+            ``lm_head`` (0 when tied to the embeddings), and the totals of
+            :meth:`ModelSpec.parameter_counts`: ``total``, ``experts`` (= ``routed_experts``),
+            ``dense`` (the rest) and ``active`` (``dense`` + K of E routed experts), in parameters.
+        """
+        counts = {
+            "embeddings": self.embedding_params,
+            "attention": self.num_layers * self.attention_params,
+            "router": self.moe_layers * self.router_params,
+            "shared_experts": self.moe_layers * self.shared_params,
+            "routed_experts": self.moe_layers * self.num_experts * self.expert_params,
+            "dense_ffn": self.dense_layers * self.dense_ffn_params,
+            "norms": self.num_layers * self.norm_params + self.final_norm_params,
+            "lm_head": 0 if self.tied_embeddings else self.head_params,
+        }
+        total = sum(counts.values())
+        experts = counts["routed_experts"]
+        fraction = self.top_k / self.num_experts if self.num_experts else 0.0
+        return {**counts, "total": total, "experts": experts, "dense": total - experts,
+                "active": total - experts + experts * fraction}
 
 
 def default_experts_implementation(device) -> str:
@@ -230,6 +485,12 @@ def _spec(name, hub_id, model_type, role, **config) -> ModelSpec:
 
 
 _QWEN_ROPE = dict(rope_theta=1e6, rms_norm_eps=1e-6)
+_DEEPSEEK_V3 = dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, n_routed_experts=256,
+                    n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=3, num_hidden_layers=61,
+                    num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
+                    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=129280,
+                    n_group=8, topk_group=4, routed_scaling_factor=2.5, norm_topk_prob=True,
+                    rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
     _spec("qwen2-57b-a14b", "Qwen/Qwen2-57B-A14B-Instruct", "qwen2_moe", "MoE target (Tables 1-2, Figs. 2-6)",
           hidden_size=3584, intermediate_size=18944, moe_intermediate_size=2560,
@@ -271,6 +532,36 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
           hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
           num_experts_per_tok=8, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
           head_dim=128, vocab_size=151936, norm_topk_prob=True, tie_word_embeddings=False, **_QWEN_ROPE),
+    _spec("qwen3-0.6b", "Qwen/Qwen3-0.6B", "qwen3", "draft of the Qwen3 MoEs (same tokenizer)",
+          hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+          num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True, **_QWEN_ROPE),
+    _spec("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", "qwen3_moe", "modern MoE (beyond the paper)",
+          hidden_size=4096, intermediate_size=12288, moe_intermediate_size=1536, num_experts=128,
+          num_experts_per_tok=8, num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4,
+          head_dim=128, vocab_size=151936, norm_topk_prob=True, tie_word_embeddings=False, **_QWEN_ROPE),
+    _spec("deepseek-v3", "deepseek-ai/DeepSeek-V3", "deepseek_v3", "modern MoE (beyond the paper)",
+          **_DEEPSEEK_V3),
+    ModelSpec("deepseek-v3-mtp", "deepseek-ai/DeepSeek-V3", "deepseek_v3",
+              {**_DEEPSEEK_V3, "num_hidden_layers": 1, "first_k_dense_replace": 0},
+              "draft of DeepSeek-V3: one decoder layer of its shape, the size of its multi-token-prediction "
+              "module", HF.format("deepseek-ai/DeepSeek-V3") + "; README_WEIGHTS.md of "
+              "deepseek-ai/DeepSeek-V3 (the MTP module is one transformer layer identical to the main "
+              "layers, sharing embedding and head; its eh_proj, 7168 x 14336, is left out)"),
+    _spec("kimi-k2", "moonshotai/Kimi-K2-Instruct", "deepseek_v3", "modern MoE (beyond the paper); its "
+          "config says model_type kimi_k2 with the DeepseekV3ForCausalLM architecture, built here as deepseek_v3",
+          **{**_DEEPSEEK_V3, "num_attention_heads": 64, "num_key_value_heads": 64, "n_routed_experts": 384,
+             "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.827,
+             "vocab_size": 163840, "rope_theta": 50000.0}),
+    _spec("gpt-oss-120b", "openai/gpt-oss-120b", "gpt_oss", "modern MoE (beyond the paper); the "
+          "checkpoint stores experts in MXFP4, predicted here in the dtype asked",
+          hidden_size=2880, intermediate_size=2880, num_local_experts=128, num_experts_per_tok=4,
+          num_hidden_layers=36, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+          vocab_size=201088, sliding_window=128, attention_bias=True, rope_theta=150000.0,
+          rms_norm_eps=1e-5, tie_word_embeddings=False),
+    _spec("mixtral-8x22b", "mistralai/Mixtral-8x22B-v0.1", "mixtral", "modern MoE (beyond the paper)",
+          hidden_size=6144, intermediate_size=16384, num_local_experts=8, num_experts_per_tok=2,
+          num_hidden_layers=56, num_attention_heads=48, num_key_value_heads=8, vocab_size=32000,
+          rope_theta=1e6, rms_norm_eps=1e-5, tie_word_embeddings=False),
 ]}
 
 

@@ -9,6 +9,7 @@ from moesd.experts import tokens_per_expert
 from moesd.roofline import (
     HARDWARE,
     G,
+    Hardware,
     arithmetic_intensity,
     compute_bound_tokens,
     ffn_cost,
@@ -27,7 +28,7 @@ def test_ridge_points_of_the_specification():
 
 
 def test_every_record_cites_its_source():
-    required = {"A800", "H800", "H100", "H200", "L40", "B200", "CPU"}
+    required = {"A800", "H800", "H100", "H200", "H20", "A100", "L40", "B200", "MI300X", "CPU"}
     assert required <= set(HARDWARE)
     for hw in HARDWARE.values():
         assert len(hw.source) > 20 and hw.peak_flops > 0 and hw.memory_bandwidth > 0
@@ -117,3 +118,30 @@ def test_g_non_decreasing(t, dt, lam_rp, s):
 def test_bad_input_names_the_argument(call, name):
     with pytest.raises(ValueError, match=rf"^{name} "):
         call()
+
+
+def test_records_stored_before_the_new_fields_still_load():
+    """A sidecar written with the first five fields only (older sweeps) gives the defaults for the rest."""
+    old = {"name": "X", "peak_flops": 1e12, "memory_bandwidth": 1e11, "memory_bytes": 1e9, "source": "test"}
+    record = Hardware.from_dict(old)
+    assert record.interconnect_bandwidth == 0 and record.bandwidth_fraction == record.flops_fraction == 1
+    assert record.fp8_flops is None and record.fp32_flops is None
+    assert Hardware.from_dict(HARDWARE["H800"].as_dict()) == HARDWARE["H800"]
+
+
+def test_interconnects_of_the_specification():
+    """NVLink capped at 400 GB/s on A800/H800, 900 GB/s on H100/H200/H20, PCIe on L40 (both directions)."""
+    link = {name: hw.interconnect_bandwidth / 1e9 for name, hw in HARDWARE.items()}
+    assert link["A800"] == link["H800"] == 400 and link["H100"] == link["H200"] == link["H20"] == 900
+    assert link["L40"] == 64 and "PCIe" in HARDWARE["L40"].interconnect and link["CPU"] == 0
+    assert link["A100"] == 600 and link["B200"] == 1800
+
+
+def test_every_gpu_record_cites_its_link_and_achieved_fractions():
+    for name, hw in HARDWARE.items():
+        if name == "CPU":
+            continue
+        assert hw.interconnect and hw.efficiency_source and hw.interconnect_latency > 0
+        assert 0.4 < hw.bandwidth_fraction <= 1 and 0.4 < hw.flops_fraction <= 1
+        assert hw.fp32_flops is None or hw.fp32_flops < hw.peak_flops
+        assert hw.fp8_flops is None or hw.fp8_flops == pytest.approx(2 * hw.peak_flops, rel=0.01)

@@ -1,0 +1,954 @@
+"""A whole-model performance model of autoregressive and speculative decoding (beyond the paper).
+
+The paper fits Algorithm 1 to measurements; this module predicts the same quantities from first
+principles, for any :class:`moesd.zoo.ModelSpec` on any :class:`moesd.roofline.Hardware`:
+
+* :func:`step_time`: seconds of one forward pass of ``B`` sequences with ``s`` new tokens each, summed
+  over the model's components. Every weight matrix is a roofline, ``max(bytes / bandwidth, FLOPs /
+  peak)`` at the achieved fractions of the data-sheet peaks, plus a fixed cost per kernel. Routed
+  experts load the ``N(t)`` experts that ``t = B s`` tokens activate (Eq. 8, or a measured popularity)
+  and give each ``t K / N`` tokens (Eq. 10); attention reads the KV cache of ``context`` tokens per
+  sequence; tensor parallelism (TP) splits weights and FLOPs and adds two all-reduces per layer priced
+  by the interconnect; expert parallelism (EP) splits the experts.
+* :func:`predict_sd`: ``T_T(B, 1)``, ``T_T(B, gamma + 1)``, ``T_D(B, 1)`` and the rejection step, and
+  from them target efficiency and the speedup of Eq. 4 with its decomposition, over a grid of batch
+  sizes, draft lengths, acceptance and contexts. The draft runs on GPUs of its own, as in the paper.
+* :func:`calibrate`: fits the few efficiency and overhead parameters (:class:`Efficiency`) to a measured
+  forward study and reports the error on held-out batch sizes.
+
+Pure numpy (scipy inside :func:`calibrate` only); no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from moesd._checks import as_array
+from moesd.experts import expected_active_experts, expected_active_experts_from_popularity
+from moesd.roofline import HARDWARE, Hardware
+from moesd.speedup import sigma as emitted_fraction
+from moesd.speedup import speedup_terms
+from moesd.zoo import Architecture, ModelSpec, get_model
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}
+"""Bytes per weight of each supported weight dtype."""
+
+PAPER_BATCH_SIZES = (1, 2, 4, *range(8, 61, 4), 80, 100)
+"""The paper's batch sizes (Sec. 7; the same grid as ``moesd.bench.BATCH_SIZES``)."""
+
+#: Kernels per block as inference engines fuse them, each adding ``Efficiency.kernel_seconds``: GQA attention
+#: (input norm, fused QKV GEMM, rotary embedding and cache write, attention, output GEMM), MLA (also the two
+#: latent projections and their norms), router (GEMM, top-k), routed experts besides their two grouped GEMMs
+#: (permute, activation, unpermute; per expert in an eager loop: gather, activation, weighting, scatter),
+#: shared experts (two GEMMs and the activation; Qwen's sigmoid gate adds two), the post-attention norm of an
+#: MoE layer, a dense FFN with its norm, the LM head (final norm, GEMM, two sampling kernels), rejection.
+_KERNELS = {"gqa": 5, "mla": 9, "router": 2, "routed": 3, "routed_per_expert": 4, "shared": 3,
+            "shared_gate": 2, "dense_ffn": 4, "moe_norm": 1, "head": 4, "reject": 3}
+
+COMPONENTS = ("attention", "kv_cache", "router", "shared_experts", "routed_experts", "dense_ffn", "lm_head",
+              "communication", "fixed")
+"""The parts of a forward pass that :func:`step_time` times."""
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """What real kernels and engines achieve beyond the data-sheet roofline.
+
+    Attributes
+    ----------
+    bandwidth_fraction, flops_fraction : float or None
+        Achieved fractions of the device's memory bandwidth and tensor peak; None takes the
+        hardware record's (measured by public microbenchmarks, cited there).
+    kernel_seconds : float
+        Fixed cost of one kernel (launch gap, ramp-up and tail), seconds. Default 2 us, an assumed
+        order of magnitude: NVIDIA's "Getting Started with CUDA Graphs" blog (2019) times short
+        kernels at 3.4 us each when launched from a graph (3.8 us from a stream) for about 2.9 us of
+        work. One model's kernel count does not change with the batch, so a fit of one model puts
+        this cost into ``step_seconds``.
+    launch_seconds : float
+        Extra host cost of one kernel launched without CUDA graphs, seconds (assumed 5 us).
+    expert_seconds : float or None
+        Fixed cost of one activated expert when experts run one by one (an eager loop: gather, two
+        products, activation, weighting, scatter), seconds; None: six kernels' worth.
+    step_seconds : float
+        Fixed cost of one forward pass outside the kernels (scheduling, input preparation, sampling
+        in the serving engine), seconds. Default 0: the model times the device's work only.
+    """
+
+    bandwidth_fraction: float | None = None
+    flops_fraction: float | None = None
+    kernel_seconds: float = 2e-6
+    launch_seconds: float = 5e-6
+    step_seconds: float = 0.0
+    expert_seconds: float | None = None
+
+    def __post_init__(self):
+        for name in ("bandwidth_fraction", "flops_fraction"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 10:
+                raise ValueError(f"{name} must be in (0, 10], got {value!r}")
+        for name in ("kernel_seconds", "launch_seconds", "step_seconds", "expert_seconds"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One forward pass, per component (see :data:`COMPONENTS`).
+
+    Attributes
+    ----------
+    seconds, bytes, flops : dict of str to numpy.ndarray
+        Time (s), memory traffic per GPU (bytes) and FLOPs per GPU of each component, broadcast over
+        the array arguments of :func:`step_time`.
+    """
+
+    seconds: dict
+    bytes: dict
+    flops: dict
+
+    @property
+    def total(self) -> np.ndarray:
+        """Seconds of the whole forward pass."""
+        return sum(self.seconds.values())
+
+    def frame(self) -> pd.DataFrame:
+        """The breakdown as a table (one row per component; arguments must be scalars)."""
+        return pd.DataFrame({"seconds": {k: float(v) for k, v in self.seconds.items()},
+                             "bytes": {k: float(v) for k, v in self.bytes.items()},
+                             "flops": {k: float(v) for k, v in self.flops.items()}})
+
+
+def resolve_model(model) -> Architecture:
+    """An :class:`~moesd.zoo.Architecture` from a :mod:`moesd.zoo` name, a ``ModelSpec`` or itself."""
+    if isinstance(model, Architecture):
+        return model
+    if isinstance(model, ModelSpec):
+        return model.architecture()
+    if isinstance(model, str):
+        try:
+            return get_model(model).architecture()
+        except KeyError:
+            raise ValueError(f"model must be a moesd.zoo name, got {model!r}") from None
+    raise ValueError(f"model must be a moesd.zoo name, ModelSpec or Architecture, got {type(model).__name__}")
+
+
+def resolve_hardware(hardware) -> Hardware:
+    """A :class:`~moesd.roofline.Hardware` record from its :data:`~moesd.roofline.HARDWARE` name or itself."""
+    if isinstance(hardware, Hardware):
+        return hardware
+    if isinstance(hardware, str) and hardware in HARDWARE:
+        return HARDWARE[hardware]
+    raise ValueError(f"hardware must be one of {sorted(HARDWARE)} or a Hardware record, got {hardware!r}")
+
+
+def one_layer_draft(model) -> Architecture:
+    """A draft of one decoder layer of the target's own shape, routed experts included, sharing its vocabulary.
+
+    The size of a multi-token-prediction module (DeepSeek-V3's is one such layer) or of a one-layer
+    EAGLE-style head with the target's FFN; for a cost estimate only (its acceptance is not modelled).
+    """
+    arch = resolve_model(model)
+    return dataclasses.replace(arch, name=f"{arch.name} (one-layer draft)", num_layers=1,
+                               moe_layers=1 if arch.moe_layers else 0,
+                               sliding_layers=min(arch.sliding_layers, 0))
+
+
+def weights_per_gpu(model, dtype="bf16", tp=1) -> float:
+    """Bytes of weights each of ``tp`` GPUs holds (all weights split evenly; replication ignored)."""
+    dtype = _check_dtype(dtype)
+    tp = int(as_array("tp", tp, low=1, whole=True))
+    return resolve_model(model).weight_counts()["total"] * DTYPE_BYTES[dtype] / tp
+
+
+_DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float8_e4m3fn": "fp8"}
+"""torch's names of the weight dtypes (as sweep sidecars record them)."""
+
+
+def _check_dtype(dtype: str) -> str:
+    """``dtype`` as a key of :data:`DTYPE_BYTES` (torch's names accepted); ValueError otherwise."""
+    dtype = _DTYPE_ALIASES.get(dtype, dtype)
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    return dtype
+
+
+def _rates(hardware: Hardware, dtype: str, efficiency: Efficiency) -> tuple[float, float]:
+    """Achieved bytes/s and FLOP/s of ``hardware`` for weights of ``dtype``."""
+    dtype = _check_dtype(dtype)
+    if dtype == "fp32":
+        if hardware.fp32_flops is None:
+            raise ValueError(f"dtype 'fp32': hardware {hardware.name} has no fp32 peak on record")
+        peak = hardware.fp32_flops
+    elif dtype == "fp8":
+        peak = hardware.fp8_flops or hardware.peak_flops  # no fp8 tensor cores: multiplied at bf16 rate
+    else:
+        peak = hardware.peak_flops
+    bandwidth = efficiency.bandwidth_fraction or hardware.bandwidth_fraction
+    flops = efficiency.flops_fraction or hardware.flops_fraction
+    return hardware.memory_bandwidth * bandwidth, peak * flops
+
+
+def _activation_bytes(dtype: str) -> int:
+    """Bytes per activation and KV-cache value: fp32 models keep fp32 activations, the others bf16."""
+    return 4 if dtype == "fp32" else 2
+
+
+def _per_kernel(efficiency: Efficiency, cuda_graphs: bool) -> float:
+    return efficiency.kernel_seconds + (0.0 if cuda_graphs else efficiency.launch_seconds)
+
+
+def _per_expert(efficiency: Efficiency, cuda_graphs: bool) -> float:
+    """Fixed cost of one activated expert run on its own (an eager loop)."""
+    if efficiency.expert_seconds is not None:
+        return efficiency.expert_seconds
+    return (2 + _KERNELS["routed_per_expert"]) * _per_kernel(efficiency, cuda_graphs)
+
+
+def expert_gemm_time(hardware, experts, tokens_per_expert, in_features, out_features, dtype="bf16",
+                     efficiency: Efficiency | None = None, grouped=True, cuda_graphs=True):
+    """Seconds of one grouped GEMM: ``experts`` experts each multiply ``tokens_per_expert`` tokens.
+
+    A roofline of the weights (``experts x in x out`` values) and the activations read and written,
+    against ``experts x tokens x 2 in out`` FLOPs, at the achieved fractions of the device's peaks,
+    plus a fixed cost per kernel.
+
+    Parameters
+    ----------
+    hardware : Hardware or str
+        The device (a :data:`~moesd.roofline.HARDWARE` name or a record).
+    experts : array_like
+        Experts whose weights are loaded (>= 0; real values allowed, e.g. an expected ``N(t)``).
+    tokens_per_expert : array_like
+        Tokens each of them multiplies (>= 0), e.g. ``T_exp`` of Eq. 10.
+    in_features, out_features : int
+        Shape of one expert's weight matrix.
+    dtype : {"bf16", "fp8", "fp32"}
+        Weight dtype (2, 1 or 4 bytes per weight); activations are bf16 (fp32 for fp32).
+    efficiency : Efficiency, optional
+        Achieved fractions and fixed costs (default :class:`Efficiency`).
+    grouped : bool, default True
+        One kernel for all experts (a grouped GEMM); False: one kernel per expert (an eager loop).
+    cuda_graphs : bool, default True
+        Whether kernels launch from a CUDA graph (else each adds ``Efficiency.launch_seconds``).
+
+    Returns
+    -------
+    numpy.ndarray or float
+        Seconds.
+    """
+    hardware = resolve_hardware(hardware)
+    efficiency = efficiency or Efficiency()
+    dtype = _check_dtype(dtype)
+    experts = as_array("experts", experts, low=0)
+    tokens = as_array("tokens_per_expert", tokens_per_expert, low=0)
+    in_features = as_array("in_features", in_features, low=1, whole=True)
+    out_features = as_array("out_features", out_features, low=1, whole=True)
+    fixed = _per_kernel(efficiency, cuda_graphs) * (1.0 if grouped else np.ceil(experts))
+    return _grouped_gemm_time(hardware, experts, tokens, in_features, out_features, dtype, efficiency) + fixed
+
+
+def _grouped_gemm_time(hardware, experts, tokens, in_features, out_features, dtype, efficiency):
+    """The roofline part of :func:`expert_gemm_time`, unchecked (widths may be fractional under TP)."""
+    bandwidth, flops_rate = _rates(hardware, dtype, efficiency)
+    weights = experts * in_features * out_features * DTYPE_BYTES[dtype]
+    activations = experts * tokens * (in_features + out_features) * _activation_bytes(dtype)
+    flops = 2.0 * experts * tokens * in_features * out_features
+    return np.maximum((weights + activations) / bandwidth, flops / flops_rate)
+
+
+def _active_experts(arch: Architecture, tokens: np.ndarray, top_k: np.ndarray, routing) -> np.ndarray:
+    """Expected activated experts per MoE layer: shape ``(layers or 1, *tokens.shape)``."""
+    E = arch.num_experts
+    if routing is None:
+        return expected_active_experts(tokens, E, top_k)[None]
+    if callable(routing):
+        active = np.asarray(routing(tokens), dtype=float)
+        if active.shape not in ((), tokens.shape, (arch.moe_layers, *tokens.shape)):
+            raise ValueError(f"routing(tokens) must return an array of shape {tokens.shape} (or one per MoE "
+                             f"layer), got {active.shape}")
+        if (active < 0).any() or (active > E).any() or np.isnan(active).any():
+            raise ValueError(f"routing(tokens) must return expected activated experts in [0, {E}]")
+        active = np.broadcast_to(active, np.broadcast_shapes(active.shape, tokens.shape))
+        return active if active.ndim > tokens.ndim else active[None]
+    p = as_array("routing", routing, low=0, high=1)
+    if p.ndim not in (1, 2) or p.shape[-1] != E or (p.ndim == 2 and p.shape[0] not in (1, arch.moe_layers)):
+        raise ValueError(f"routing must be a popularity vector of shape ({E},) or ({arch.moe_layers}, {E}) "
+                         f"for {arch.name}, got shape {p.shape}")
+    p = p.reshape(-1, E)
+    unique, inverse = np.unique(tokens, return_inverse=True)
+    per_layer = expected_active_experts_from_popularity(unique[:, None], p[None, :, :])  # (unique, layers)
+    return np.moveaxis(per_layer[inverse.reshape(tokens.shape)], -1, 0)
+
+
+def zipf_popularity(num_experts, top_k, exponent=1.0) -> np.ndarray:
+    """An illustrative skewed expert popularity: ``p_i`` proportional to ``i ** -exponent``, summing to ``K``.
+
+    Probabilities above 1 (an expert cannot be chosen twice by one token) are capped at 1 and the rest
+    rescaled until the vector sums to ``top_k``. A stand-in for a measured popularity
+    (:class:`moesd.traces.RoutingTrace`), not a property of any real model.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(num_experts,)``, each in (0, 1], summing to ``top_k``.
+    """
+    E = int(as_array("num_experts", num_experts, low=1, whole=True))
+    K = int(as_array("top_k", top_k, low=1, high=E, whole=True))
+    exponent = float(as_array("exponent", exponent, low=0))
+    p = np.arange(1, E + 1, dtype=float) ** -exponent
+    capped = np.zeros(E, dtype=bool)
+    for _ in range(E):
+        free = K - capped.sum()
+        p = np.where(capped, 1.0, p / p[~capped].sum() * free)
+        if (p[~capped] <= 1.0).all():
+            break
+        capped |= p > 1.0
+    return p
+
+
+def _routing_top_k(arch: Architecture, routing, top_k):
+    """Experts per token: ``top_k`` if given, the popularity's sum for a popularity vector, else the model's."""
+    if top_k is not None:
+        if routing is not None and not callable(routing):
+            raise ValueError("top_k: a popularity vector (routing) already sets experts per token")
+        return as_array("top_k", top_k, low=1, high=arch.num_experts, whole=True)
+    if routing is not None and not callable(routing):
+        p = np.asarray(routing, dtype=float)
+        return np.asarray(float(np.round(p.reshape(-1, p.shape[-1]).sum(axis=-1).mean())))
+    return np.asarray(float(arch.top_k))
+
+
+def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1, ep=1, dtype="bf16",
+              routing=None, cuda_graphs=True, top_k=None, efficiency: Efficiency | None = None,
+              grouped_experts=True) -> StepTime:
+    """Seconds of one forward pass of ``batch_size`` sequences with ``tokens_per_sequence`` new tokens.
+
+    Summed per layer over the attention projections (GQA or MLA), the KV-cache reads of ``context``
+    cached tokens per sequence, the router, shared experts, routed experts (``N(t)`` activated experts
+    for ``t = B s`` tokens, each with ``t K / N`` tokens), the dense FFNs of dense layers, and the LM head
+    (logits for every new token). Each is a roofline at the achieved fractions of the data-sheet
+    peaks plus a fixed cost per kernel; see :class:`Efficiency`.
+
+    With ``tp`` GPUs the attention heads, FFN widths and vocabulary are split (KV heads are replicated
+    when fewer than ``tp``; MLA's latent projections and cache are replicated), and every layer adds
+    two all-reduces of the hidden states (after attention and after the FFN), priced as
+    ``latency + 2 (tp - 1) / tp x bytes / (one-way link bandwidth)``, plus one gather of the logits.
+    With ``ep`` > 1 the routed experts are dealt to ``ep`` of the ``tp`` GPUs (each keeps ``E / ep`` whole
+    experts, widths split ``tp / ep`` ways) and each GPU loads its expected share ``N / ep``: the
+    expected, not the most loaded, GPU.
+
+    Parameters
+    ----------
+    model : str, ModelSpec or Architecture
+        The model (a :data:`moesd.zoo.MODELS` name, a record, or a scaled ``Architecture``).
+    hardware : str or Hardware
+        The device (one of ``tp`` identical GPUs).
+    tokens_per_sequence : array_like
+        New tokens per sequence ``s`` (>= 1): 1 for a decode step, ``gamma + 1`` for verification.
+    batch_size : array_like
+        Sequences ``B`` (>= 1).
+    context : array_like, default 0
+        Tokens already in each sequence's KV cache (>= 0).
+    tp, ep : int, default 1
+        Tensor-parallel GPUs and the expert-parallel degree (``ep`` divides ``tp``).
+    dtype : {"bf16", "fp8", "fp32"}
+        Weight dtype.
+    routing : array_like or callable, optional
+        Expert popularity, shape ``(E,)`` or ``(moe_layers, E)``, each row summing to ``K`` (uses
+        :func:`moesd.experts.expected_active_experts_from_popularity`); or a function of the token
+        count returning ``N(tokens)``. Default: uniform routing, Eq. 8.
+    cuda_graphs : bool, default True
+        Whether the engine replays CUDA graphs (else every kernel adds a launch cost).
+    top_k : array_like, optional
+        Experts per token ``K`` instead of the model's (the paper's sparsity sweep).
+    efficiency : Efficiency, optional
+        Achieved fractions and overheads (default :class:`Efficiency`).
+    grouped_experts : bool, default True
+        Routed experts run as grouped GEMMs (vLLM, SGLang); False: one matrix product per activated
+        expert (Hugging Face's eager loop).
+
+    Returns
+    -------
+    StepTime
+        Seconds, bytes and FLOPs per component; ``.total`` is the forward pass in seconds.
+    """
+    arch = resolve_model(model)
+    hardware = resolve_hardware(hardware)
+    efficiency = efficiency or Efficiency()
+    dtype = _check_dtype(dtype)
+    s = as_array("tokens_per_sequence", tokens_per_sequence, low=1, whole=True)
+    B = as_array("batch_size", batch_size, low=1, whole=True)
+    context = as_array("context", context, low=0, whole=True)
+    tp = int(as_array("tp", tp, low=1, whole=True))
+    ep = int(as_array("ep", ep, low=1, whole=True))
+    if tp % ep:
+        raise ValueError(f"ep must divide tp, got ep={ep}, tp={tp}")
+    if ep > 1 and (not arch.num_experts or arch.num_experts % ep):
+        raise ValueError(f"ep must divide the routed experts of {arch.name} ({arch.num_experts}), got {ep}")
+    if tp > 1 and not hardware.interconnect_bandwidth:
+        raise ValueError(f"tp: hardware {hardware.name} has no interconnect on record, so tp must be 1")
+    if routing is not None and not arch.num_experts:
+        raise ValueError(f"routing: {arch.name} is dense")
+    if top_k is not None and not arch.num_experts:
+        raise ValueError(f"top_k: {arch.name} is dense")
+    K = _routing_top_k(arch, routing, top_k) if arch.num_experts else np.asarray(0.0)
+    s, B, context, K = np.broadcast_arrays(s, B, context, K)
+    tokens = s * B
+    bandwidth, flops_rate = _rates(hardware, dtype, efficiency)
+    w_bytes, a_bytes = DTYPE_BYTES[dtype], _activation_bytes(dtype)
+    per_kernel = _per_kernel(efficiency, cuda_graphs)
+    d = arch.hidden_size
+
+    def gemm(params, kernels, layers, in_out):
+        """Roofline of ``layers`` matrix products of ``params`` weights per GPU over all tokens."""
+        weight_bytes = params * w_bytes
+        activation = tokens * in_out * a_bytes
+        flops = 2.0 * params * tokens
+        seconds = np.maximum((weight_bytes + activation) / bandwidth, flops / flops_rate) + kernels * per_kernel
+        return layers * seconds, layers * (weight_bytes + activation), layers * flops
+
+    seconds, traffic, flops = {}, {}, {}
+
+    # Attention projections: heads split over tp, KV heads replicated below one per GPU, MLA latents replicated.
+    if arch.attention == "gqa":
+        kv_share = np.ceil(arch.num_kv_heads / tp) / arch.num_kv_heads
+        attention_params = (arch.q_params + arch.o_params) / tp + arch.kv_params * kv_share
+    else:
+        kv_share = 1.0
+        replicated = arch.replicated_attention_params
+        attention_params = (arch.attention_params - replicated) / tp + replicated
+    seconds["attention"], traffic["attention"], flops["attention"] = gemm(
+        attention_params, _KERNELS[arch.attention], arch.num_layers, 2 * d)
+
+    # Attention over the KV cache: read once per sequence, whatever its number of new tokens.
+    layers_full = arch.num_layers - arch.sliding_layers
+    keys = layers_full * context + arch.sliding_layers * np.minimum(context, arch.sliding_window or 0)
+    kv_bytes = B * keys * arch.kv_values_per_token * kv_share * a_bytes
+    kv_flops = tokens * keys * arch.attention_flops_per_key / tp
+    traffic["kv_cache"], flops["kv_cache"] = kv_bytes, kv_flops
+    seconds["kv_cache"] = np.maximum(kv_bytes / bandwidth, kv_flops / flops_rate)
+
+    # Mixture-of-experts layers.
+    zero = np.zeros_like(tokens)
+    for name in ("router", "shared_experts", "routed_experts"):
+        seconds[name], traffic[name], flops[name] = zero, zero, zero
+    if arch.moe_layers:
+        seconds["router"], traffic["router"], flops["router"] = gemm(
+            arch.router_params, _KERNELS["router"], arch.moe_layers, d)  # replicated on every GPU
+        if arch.shared_params:
+            kernels = _KERNELS["shared"] + (_KERNELS["shared_gate"] if arch.model_type == "qwen2_moe" else 0)
+            seconds["shared_experts"], traffic["shared_experts"], flops["shared_experts"] = gemm(
+                arch.shared_params / tp, kernels + _KERNELS["moe_norm"], arch.moe_layers, 2 * d)
+        active = _active_experts(arch, tokens, K, routing)  # (layers or 1, ...)
+        layer_weight = arch.moe_layers / active.shape[0]
+        width = arch.expert_intermediate / (tp // ep)
+        local = active / ep
+        per_expert = tokens * K / np.maximum(active, 1e-12)
+        gemm_seconds = sum(_grouped_gemm_time(hardware, local, per_expert, i, o, dtype, efficiency)
+                           for i, o in ((d, 2 * width), (width, d)))
+        fixed = ((2 + _KERNELS["routed"]) * per_kernel if grouped_experts
+                 else np.ceil(local) * _per_expert(efficiency, cuda_graphs))
+        seconds["routed_experts"] = layer_weight * (gemm_seconds + fixed).sum(axis=0)
+        traffic["routed_experts"] = layer_weight * (local * 3 * d * width * w_bytes
+                                                    + tokens * K / ep * 2 * (d + width) * a_bytes).sum(axis=0)
+        flops["routed_experts"] = arch.moe_layers * 2.0 * tokens * K / ep * 3 * d * width
+
+    seconds["dense_ffn"], traffic["dense_ffn"], flops["dense_ffn"] = (zero, zero, zero)
+    if arch.dense_layers:
+        seconds["dense_ffn"], traffic["dense_ffn"], flops["dense_ffn"] = gemm(
+            arch.dense_ffn_params / tp, _KERNELS["dense_ffn"], arch.dense_layers, 2 * d)
+
+    # LM head over every new token (vocabulary split over tp).
+    seconds["lm_head"], traffic["lm_head"], flops["lm_head"] = gemm(
+        arch.head_params / tp, _KERNELS["head"], 1, d + arch.vocab_size / tp)
+
+    # Collectives: two all-reduces of the hidden states per layer and a gather of the logits.
+    if tp > 1:
+        one_way = hardware.interconnect_bandwidth / 2
+        ring = 2 * (tp - 1) / tp
+        all_reduce = hardware.interconnect_latency + ring * tokens * d * a_bytes / one_way
+        gather = hardware.interconnect_latency + (tp - 1) / tp * tokens * arch.vocab_size * a_bytes / one_way
+        seconds["communication"] = 2 * arch.num_layers * all_reduce + gather
+        traffic["communication"] = 2 * arch.num_layers * ring * tokens * d * a_bytes
+    else:
+        seconds["communication"] = traffic["communication"] = zero
+    flops["communication"] = zero
+
+    # Per pass: the engine's own step, the embedding lookup and the norms' weights.
+    norms = (arch.num_layers * arch.norm_params + arch.final_norm_params) * w_bytes
+    traffic["fixed"] = norms + tokens * d * a_bytes
+    seconds["fixed"] = efficiency.step_seconds + traffic["fixed"] / bandwidth + per_kernel
+    flops["fixed"] = zero
+    broadcast = {k: np.broadcast_to(v, tokens.shape) * 1.0 for k, v in seconds.items()}
+    return StepTime(seconds={k: broadcast[k] for k in COMPONENTS},
+                    bytes={k: np.broadcast_to(traffic[k], tokens.shape) * 1.0 for k in COMPONENTS},
+                    flops={k: np.broadcast_to(flops[k], tokens.shape) * 1.0 for k in COMPONENTS})
+
+
+def rejection_time(hardware, batch_size, gamma, vocab_size, efficiency: Efficiency | None = None,
+                   cuda_graphs=True):
+    """Seconds of rejection sampling: reading target and draft probabilities of ``B (gamma + 1)`` positions.
+
+    A memory-bound pass over two fp32 tensors of ``batch_size x (gamma + 1) x vocab_size`` values plus a
+    few kernels. Returns seconds (broadcast over the arguments).
+    """
+    hardware = resolve_hardware(hardware)
+    efficiency = efficiency or Efficiency()
+    B = as_array("batch_size", batch_size, low=1, whole=True)
+    gamma = as_array("gamma", gamma, low=1, whole=True)
+    vocab_size = as_array("vocab_size", vocab_size, low=1, whole=True)
+    bandwidth, _ = _rates(hardware, "bf16", efficiency)
+    return 2 * B * (gamma + 1) * vocab_size * 4 / bandwidth + _KERNELS["reject"] * _per_kernel(efficiency, cuda_graphs)
+
+
+def _grid(**arrays) -> dict:
+    """Every combination of the 1-D arguments, flattened (the first argument varies slowest)."""
+    names = list(arrays)
+    mesh = np.meshgrid(*(np.atleast_1d(arrays[n]).ravel() for n in names), indexing="ij")
+    return {n: m.ravel() for n, m in zip(names, mesh)}
+
+
+def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, draft_tp=1, context=512, *, alpha=None,
+               ep=1,
+               top_k=None, dtype="bf16", draft_dtype=None, draft_hardware=None, routing=None,
+               verify_tokens="gamma+1", efficiency: Efficiency | None = None,
+               draft_efficiency: Efficiency | None = None, cuda_graphs=True, grouped_experts=True) -> pd.DataFrame:
+    """Predicted speculative-decoding speedup (Eq. 4) and its terms over a grid of settings.
+
+    The target verifies on ``tp`` GPUs; the draft proposes on ``draft_tp`` GPUs of its own (the paper's
+    setup: the draft stays on one GPU). A round costs ``gamma T_D(B, 1) + T_T(B, gamma + 1) + T_reject``;
+    the verification pass scores ``gamma + 1`` positions per sequence (the drafts and the bonus token,
+    as vLLM and :mod:`moesd.sd` do; ``verify_tokens="gamma"`` scores ``gamma``, as Algorithm 1 writes).
+
+    Parameters
+    ----------
+    target, draft : str, ModelSpec or Architecture
+        The models (:data:`moesd.zoo.MODELS` names such as ``"qwen2-57b-a14b"``, or records).
+    hardware : str or Hardware
+        The target's GPUs (and the draft's, unless ``draft_hardware``), e.g. ``"H800"``.
+    batch_size, gamma, sigma : array_like
+        Batch sizes ``B``, draft lengths and emitted fractions ``sigma`` (Eq. 5; each in
+        ``[1 / (gamma + 1), 1]``). Every combination is a row.
+    alpha : array_like, optional
+        Per-token acceptance probabilities instead of ``sigma``: each row then has
+        ``sigma = sigma(alpha, gamma)`` of Eq. 5, so longer drafts emit a smaller fraction.
+    tp, draft_tp : int
+        GPUs of the target and of the draft.
+    context : array_like, default 512
+        Tokens in each sequence's KV cache (prompt and generated so far).
+    ep, top_k, dtype, routing, cuda_graphs, grouped_experts, efficiency
+        As in :func:`step_time` (the target's); ``top_k`` may be an array (a grid axis).
+    draft_dtype : str, optional
+        The draft's weight dtype (default ``dtype``).
+    draft_hardware : str or Hardware, optional
+        The draft's GPU when it differs from the target's.
+    draft_efficiency : Efficiency, optional
+        The draft's efficiency and overheads (default ``efficiency``).
+    verify_tokens : {"gamma+1", "gamma"}
+        Positions per sequence in the verification pass.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per combination: ``batch_size``, ``gamma``, ``sigma``, ``context`` (and
+        ``num_experts_per_tok`` when ``top_k`` is given); the times ``t_target_1``, ``t_target_gamma``
+        (the verification pass), ``t_draft`` (one proposal step), ``t_reject`` (seconds); the Eq. 4
+        terms ``tokens_per_round = sigma (gamma + 1)``, ``verify_term = 1 / target efficiency``,
+        ``draft_term = gamma t_draft / t_target_1``, ``reject_term = t_reject / t_target_1``; and
+        ``target_efficiency`` and ``speedup = tokens_per_round / (verify_term + draft_term + reject_term)``.
+    """
+    if verify_tokens not in ("gamma+1", "gamma"):
+        raise ValueError(f"verify_tokens must be 'gamma+1' or 'gamma', got {verify_tokens!r}")
+    target_arch, draft_arch = resolve_model(target), resolve_model(draft)
+    hardware = resolve_hardware(hardware)
+    draft_hardware = resolve_hardware(draft_hardware) if draft_hardware is not None else hardware
+    draft_dtype = dtype if draft_dtype is None else draft_dtype
+    if (sigma is None) == (alpha is None):
+        raise ValueError("sigma: give either sigma or alpha (not both)")
+    axes = dict(batch_size=as_array("batch_size", batch_size, low=1, whole=True),
+                gamma=as_array("gamma", gamma, low=1, whole=True))
+    if alpha is None:
+        axes["sigma"] = as_array("sigma", sigma, low=0, high=1, low_open=True)
+    else:
+        axes["alpha"] = as_array("alpha", alpha, low=0, high=1)
+    axes["context"] = as_array("context", context, low=0, whole=True)
+    if top_k is not None:
+        axes["num_experts_per_tok"] = as_array("top_k", top_k, low=1, whole=True)
+    grid = _grid(**axes)
+    if alpha is not None:
+        grid = {**grid, "sigma": emitted_fraction(grid["alpha"], grid["gamma"])}
+    k = grid.get("num_experts_per_tok")
+    common = dict(routing=routing, cuda_graphs=cuda_graphs, efficiency=efficiency, grouped_experts=grouped_experts)
+    verify = grid["gamma"] + (1 if verify_tokens == "gamma+1" else 0)
+    # Time each distinct (B, s, context, K) once: sigma does not change a step.
+    key = np.stack([grid["batch_size"], grid["context"], k if k is not None else np.zeros_like(grid["gamma"])])
+    unique, inverse = np.unique(key, axis=1, return_inverse=True)
+    inverse = inverse.ravel()
+    kk = unique[2] if k is not None else None
+    t1 = step_time(target_arch, hardware, 1, unique[0], unique[1], tp, ep, dtype, top_k=kk, **common).total
+    draft_step = step_time(draft_arch, draft_hardware, 1, unique[0], unique[1], draft_tp, 1, draft_dtype,
+                           cuda_graphs=cuda_graphs, efficiency=draft_efficiency or efficiency,
+                           grouped_experts=grouped_experts).total
+    t_verify = step_time(target_arch, hardware, verify, grid["batch_size"], grid["context"], tp, ep, dtype,
+                         top_k=k, **common).total
+    t_reject = rejection_time(hardware, grid["batch_size"], grid["gamma"], target_arch.vocab_size, efficiency,
+                              cuda_graphs)
+    terms = speedup_terms(grid["sigma"], grid["gamma"], t1[inverse], t_verify, draft_step[inverse], t_reject)
+    return pd.DataFrame({
+        **{name: values for name, values in grid.items()},
+        "t_target_1": t1[inverse], "t_target_gamma": t_verify, "t_draft": draft_step[inverse],
+        "t_reject": t_reject, "tokens_per_round": terms.tokens_per_round, "verify_term": terms.verify,
+        "draft_term": terms.draft, "reject_term": terms.reject, "target_efficiency": 1.0 / terms.verify,
+        "speedup": terms.speedup,
+    }).astype({"batch_size": int, "gamma": int, "context": int})
+
+
+def best_gamma(frame: pd.DataFrame, by=("batch_size",)) -> pd.DataFrame:
+    """The row of highest speedup per group of ``by`` (default: per batch size) of a :func:`predict_sd` frame."""
+    by = list(by)
+    missing = [c for c in [*by, "speedup"] if c not in frame.columns]
+    if missing:
+        raise ValueError(f"frame lacks column(s) {', '.join(missing)}; pass a predict_sd frame")
+    return frame.loc[frame.groupby(by)["speedup"].idxmax()].reset_index(drop=True)
+
+
+def batch_range(frame: pd.DataFrame, fraction=2 ** -0.5) -> tuple[int, int, float, int]:
+    """Where the best speedup over gamma stays above ``fraction`` of its peak (the paper's x / sqrt(2)).
+
+    Returns
+    -------
+    tuple
+        ``(lowest B, highest B, peak speedup, B of the peak)`` over the frame's batch sizes.
+    """
+    best = best_gamma(frame)
+    peak_row = best.loc[best["speedup"].idxmax()]
+    above = best.loc[best["speedup"] >= fraction * peak_row["speedup"], "batch_size"]
+    return int(above.min()), int(above.max()), float(peak_row["speedup"]), int(peak_row["batch_size"])
+
+
+def efficiency_to_match(speedup, target, draft, hardware, batch_size, gamma, sigma, field="step_seconds",
+                        bounds=(0.0, 0.1), efficiency: Efficiency | None = None, apply_to="both",
+                        **options) -> float:
+    """The value of one :class:`Efficiency` field at which the predicted peak speedup equals ``speedup``.
+
+    The peak is the maximum over ``batch_size`` of :func:`predict_sd` at one ``gamma`` and ``sigma``;
+    the field (e.g. ``"step_seconds"``, a fixed cost per forward pass) is set for the target, the draft
+    or both (``apply_to``) and found by bisection within ``bounds``. It answers "what would this
+    overhead have to be to explain a measured speedup", not what it is.
+
+    Raises
+    ------
+    ValueError
+        If the speedup is not reached within ``bounds`` (the message gives the peaks at both ends).
+    """
+    from scipy.optimize import brentq
+
+    if field not in ("bandwidth_fraction", "flops_fraction", "kernel_seconds", "launch_seconds", "step_seconds",
+                     "expert_seconds"):
+        raise ValueError(f"field must be a field of Efficiency, got {field!r}")
+    if apply_to not in ("both", "target", "draft"):
+        raise ValueError(f"apply_to must be 'both', 'target' or 'draft', got {apply_to!r}")
+    speedup = float(as_array("speedup", speedup, low=0, low_open=True))
+    efficiency = efficiency or Efficiency()
+
+    def gap(value):
+        changed = dataclasses.replace(efficiency, **{field: value})
+        frame = predict_sd(target, draft, hardware, batch_size, gamma, sigma,
+                           efficiency=efficiency if apply_to == "draft" else changed,
+                           draft_efficiency=efficiency if apply_to == "target" else changed, **options)
+        return frame["speedup"].max() - speedup
+
+    low, high = gap(bounds[0]), gap(bounds[1])
+    if low * high > 0:
+        raise ValueError(f"speedup {speedup:g} is not reached for {field} in {bounds}: peaks "
+                         f"{low + speedup:.3g} and {high + speedup:.3g}")
+    return float(brentq(gap, *bounds, xtol=1e-9 * max(1.0, abs(bounds[1])), rtol=1e-6))
+
+
+def _paper_device(device: str) -> tuple[str, int]:
+    """``"2xH800"`` as ``("H800", 2)``."""
+    count, _, name = device.partition("x")
+    return name, int(count)
+
+
+def paper_comparison(context=256, efficiency: Efficiency | None = None, batch_sizes=PAPER_BATCH_SIZES,
+                     match=True, where: dict | None = None) -> pd.DataFrame:
+    """Tables 1-2's Qwen2-57B-A14B + Qwen2-0.5B rows beside this model's prediction of the same setup.
+
+    For every printed row (device, dataset, temperature, gamma, sigma, peak speedup ``x``) the peak of
+    :func:`predict_sd` over the paper's batch sizes at that row's gamma and sigma, on the row's GPUs
+    (target on all of them, draft on one), in bf16. Nothing here is fitted to the tables.
+
+    Parameters
+    ----------
+    context : int, default 256
+        Tokens in each KV cache (the paper does not state it; its prompts are 5-391 tokens long).
+    efficiency : Efficiency, optional
+        The model's efficiency and overheads (default :class:`Efficiency`: data-sheet peaks at
+        microbenchmarks' achieved fractions, no engine overhead).
+    batch_sizes : sequence of int
+        Where the peak is searched (default the paper's grid).
+    match : bool, default True
+        Also find the fixed cost per forward pass (``step_seconds``, target and draft alike) and per
+        draft step alone that would bring the predicted peak down to the printed ``x``.
+    where : dict, optional
+        Keep only printed rows with these column values, e.g. ``{"dataset": "humaneval", "gamma": 4}``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The printed columns (``device``, ``dataset``, ``temperature``, ``gamma``, ``sigma``,
+        ``printed`` = x and ``printed_denominator`` = sigma (gamma + 1) / x) and ``predicted``, ``peak_B``,
+        ``target_efficiency``, ``verify_term``, ``draft_term``, ``reject_term`` at the predicted peak;
+        with ``match``, ``step_ms_to_match`` and ``draft_step_ms_to_match`` (milliseconds, NaN where
+        no overhead within 0-100 ms reaches x).
+    """
+    from moesd.paper import paper_table
+
+    rows = paper_table("tables_1_2")
+    rows = rows[rows["model"].str.startswith("Qwen2")]
+    for column, value in (where or {}).items():
+        if column not in rows.columns:
+            raise ValueError(f"where: Tables 1-2 have no column {column!r}")
+        rows = rows[rows[column] == value]
+    rows = rows.reset_index(drop=True)
+    out = []
+    for _, row in rows.iterrows():
+        name, gpus = _paper_device(row["device"])
+        frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", name, list(batch_sizes), int(row["gamma"]),
+                           float(row["sigma"]), tp=gpus, context=context, efficiency=efficiency)
+        peak = frame.loc[frame["speedup"].idxmax()]
+        result = {"table": row["table"], "device": row["device"], "dataset": row["dataset"],
+                  "temperature": row["temperature"], "gamma": int(row["gamma"]), "sigma": row["sigma"],
+                  "printed": row["speedup"],
+                  "printed_denominator": row["sigma"] * (row["gamma"] + 1) / row["speedup"],
+                  "predicted": peak["speedup"], "peak_B": int(peak["batch_size"]),
+                  "target_efficiency": peak["target_efficiency"], "verify_term": peak["verify_term"],
+                  "draft_term": peak["draft_term"], "reject_term": peak["reject_term"]}
+        if match:
+            for column, apply_to in (("step_ms_to_match", "both"), ("draft_step_ms_to_match", "draft")):
+                try:
+                    value = 1e3 * efficiency_to_match(row["speedup"], "qwen2-57b-a14b", "qwen2-0.5b", name,
+                                                      list(batch_sizes), int(row["gamma"]), float(row["sigma"]),
+                                                      efficiency=efficiency, apply_to=apply_to, tp=gpus,
+                                                      context=context)
+                except ValueError:
+                    value = np.nan
+                result[column] = value
+        out.append(result)
+    return pd.DataFrame(out)
+
+
+#: The paper's orderings of Tables 1-2 (Sec. 8): (better setup, worse setup, the paper's reading).
+PAPER_ORDERINGS = (("2xH800", "2xA800", "higher ridge point, larger speedup"),
+                   ("2xA800", "4xA800", "the draft stays on one GPU while the target spreads"),
+                   ("4xL40", "4xA800", "higher ridge point, larger speedup"))
+
+
+def paper_orderings(comparison: pd.DataFrame) -> pd.DataFrame:
+    """How often each ordering of :data:`PAPER_ORDERINGS` holds, printed and predicted.
+
+    Pairs are rows of a :func:`paper_comparison` frame with the same dataset, temperature and gamma.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``better``, ``worse``, ``reading``, ``pairs``, ``printed_holds`` and ``predicted_holds`` (counts).
+    """
+    key = ["dataset", "temperature", "gamma"]
+    out = []
+    for better, worse, reading in PAPER_ORDERINGS:
+        a = comparison[comparison["device"] == better].set_index(key)
+        b = comparison[comparison["device"] == worse].set_index(key)
+        both = a.join(b, lsuffix="_a", rsuffix="_b", how="inner")
+        out.append({"better": better, "worse": worse, "reading": reading, "pairs": len(both),
+                    "printed_holds": int((both["printed_a"] > both["printed_b"]).sum()),
+                    "predicted_holds": int((both["predicted_a"] > both["predicted_b"]).sum())})
+    return pd.DataFrame(out)
+
+
+def model_stages(device: str, gamma: int, sigma: float, context=256, speedup=None,
+                 batch_sizes=PAPER_BATCH_SIZES) -> pd.DataFrame:
+    """The predicted peak of one Tables 1-2 setup as the model gains its parts, term by term.
+
+    Stages: the data-sheet roofline (no fixed costs, no link latency); the achieved fractions of
+    bandwidth and FLOP/s; the fixed cost per kernel and the link latency (the default model); and,
+    when ``speedup`` (the printed x) is given, the fixed cost per forward pass that reaches it.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per stage: ``stage``, ``peak``, ``peak_B``, ``verify_term``, ``draft_term``,
+        ``reject_term``, ``denominator`` (their sum; ``sigma (gamma + 1) / peak``), ``t_target_1_ms``,
+        ``t_draft_ms`` at the peak.
+    """
+    name, gpus = _paper_device(device)
+    hardware = resolve_hardware(name)
+    ideal = dataclasses.replace(hardware, bandwidth_fraction=1.0, flops_fraction=1.0, interconnect_latency=0.0)
+    stages = [("data-sheet roofline", ideal, Efficiency(kernel_seconds=0.0)),
+              ("+ achieved bandwidth and FLOP/s", dataclasses.replace(hardware, interconnect_latency=0.0),
+               Efficiency(kernel_seconds=0.0)),
+              ("+ fixed cost per kernel and link latency (default)", hardware, Efficiency())]
+    if speedup is not None:
+        step = efficiency_to_match(speedup, "qwen2-57b-a14b", "qwen2-0.5b", hardware, list(batch_sizes), gamma,
+                                   sigma, tp=gpus, context=context)
+        stages.append((f"+ {1e3 * step:.1f} ms per forward pass (matches x = {speedup:g})", hardware,
+                       Efficiency(step_seconds=step)))
+    out = []
+    for stage, hw, eff in stages:
+        frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", hw, list(batch_sizes), gamma, sigma, tp=gpus,
+                           context=context, efficiency=eff)
+        peak = frame.loc[frame["speedup"].idxmax()]
+        out.append({"stage": stage, "peak": peak["speedup"], "peak_B": int(peak["batch_size"]),
+                    "verify_term": peak["verify_term"], "draft_term": peak["draft_term"],
+                    "reject_term": peak["reject_term"],
+                    "denominator": peak["verify_term"] + peak["draft_term"] + peak["reject_term"],
+                    "t_target_1_ms": 1e3 * peak["t_target_1"], "t_draft_ms": 1e3 * peak["t_draft"]})
+    return pd.DataFrame(out)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Result of :func:`calibrate`.
+
+    Attributes
+    ----------
+    efficiency : Efficiency
+        The fitted parameters (the others at their defaults).
+    fitted : dict
+        Name to value of each fitted parameter.
+    train_batch_sizes, held_out_batch_sizes : tuple of int
+        Batch sizes fitted and held out.
+    train_mape, held_out_mape : float
+        Mean absolute percentage error of ``T(B, s)`` on each set (percent).
+    table : pandas.DataFrame
+        ``batch_size``, ``tokens``, ``measured``, ``predicted`` (seconds, medians over repeats) and
+        ``held_out``.
+    """
+
+    efficiency: Efficiency
+    fitted: dict
+    train_batch_sizes: tuple
+    held_out_batch_sizes: tuple
+    train_mape: float
+    held_out_mape: float
+    table: pd.DataFrame
+
+
+def measured_shapes(sidecar: dict) -> tuple[Architecture, Architecture]:
+    """The target's and draft's shapes of a ``moesd sweep`` (scaled by its layers and width settings).
+
+    The draft shares the target's vocabulary, as :func:`moesd.bench.build_models` builds it.
+    """
+    settings = sidecar.get("settings", {})
+    missing = [k for k in ("target", "draft", "layers", "draft_layers", "width") if k not in settings]
+    if missing:
+        raise ValueError(f"sidecar: settings lack {', '.join(missing)}")
+    target_spec, draft_spec = get_model(settings["target"]), get_model(settings["draft"])
+    target = target_spec.architecture(settings["layers"], width=settings["width"])
+    draft_config = {**draft_spec.config_dict(settings["draft_layers"], width=settings["width"]),
+                    "vocab_size": target.vocab_size}
+    return target, Architecture.from_config(draft_spec.name, draft_spec.model_type, draft_config)
+
+
+CALIBRATED = ("bandwidth_fraction", "flops_fraction", "step_seconds")
+"""The parameters :func:`calibrate` fits by default. ``kernel_seconds`` is left out: one model's kernels
+do not change in number with the batch, so their cost and ``step_seconds`` are one constant to a fit."""
+
+
+def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dtype="fp32",
+              held_out_batch_sizes=None, parameters=None, tp=1, cuda_graphs=True,
+              grouped_experts=False) -> Calibration:
+    """Fit :class:`Efficiency` to a measured forward study and report the error on held-out batch sizes.
+
+    Least squares on the log of the median time of every ``(batch_size, tokens)`` of the fitted batch
+    sizes (relative errors weigh small and large steps alike), with scipy's bounded trust-region
+    solver. This is the physical, identifiable counterpart of Algorithm 1: three or four parameters with
+    units, fitted to ``T_T(B, s)`` itself rather than to a ratio of times.
+
+    Parameters
+    ----------
+    forward_frame : pandas.DataFrame
+        Rows of a forward study (``moesd sweep forward``): ``role``, ``batch_size``, ``tokens``,
+        ``context``, ``seconds``.
+    model : str, ModelSpec or Architecture
+        The measured model's shape (for a scaled sweep, ``spec.architecture(layers, width=...)``).
+    hardware : str or Hardware
+        The measuring device, e.g. ``moesd.measurements.measuring_hardware(sidecar)``.
+    role : {"target", "draft"}
+        Which model's rows to fit.
+    dtype : str, default "fp32"
+        The sweep's weight dtype.
+    held_out_batch_sizes : sequence of int, optional
+        Batch sizes kept out of the fit (default: every third measured batch size, from the second).
+    parameters : sequence of str, optional
+        Fields of :class:`Efficiency` to fit (default :data:`CALIBRATED`, and ``expert_seconds``
+        when experts run one by one; never for a dense model).
+    tp, cuda_graphs, grouped_experts
+        As in :func:`step_time` (the project's CPU sweeps run Hugging Face's eager expert loop).
+
+    Returns
+    -------
+    Calibration
+    """
+    from scipy.optimize import least_squares
+
+    if parameters is None:
+        parameters = CALIBRATED + (() if grouped_experts else ("expert_seconds",))
+    for name in parameters:
+        if name not in ("bandwidth_fraction", "flops_fraction", "kernel_seconds", "launch_seconds",
+                        "step_seconds", "expert_seconds"):
+            raise ValueError(f"parameters: {name!r} is not a field of Efficiency")
+    needed = {"role", "batch_size", "tokens", "context", "seconds"}
+    if not needed <= set(forward_frame.columns):
+        raise ValueError(f"forward_frame lacks column(s) {', '.join(sorted(needed - set(forward_frame.columns)))}")
+    rows = forward_frame[forward_frame["role"] == role]
+    if rows.empty:
+        raise ValueError(f"role: no rows of role {role!r} in forward_frame")
+    table = rows.groupby(["batch_size", "tokens", "context"], as_index=False)["seconds"].median()
+    table = table.rename(columns={"seconds": "measured"})
+    batch_sizes = np.sort(table["batch_size"].unique())
+    if held_out_batch_sizes is None:
+        held_out_batch_sizes = batch_sizes[1::3]
+    held_out = set(int(b) for b in held_out_batch_sizes)
+    if not held_out <= set(int(b) for b in batch_sizes) or len(held_out) >= len(batch_sizes):
+        raise ValueError("held_out_batch_sizes must be measured batch sizes, leaving some to fit")
+    table["held_out"] = table["batch_size"].isin(held_out)
+    arch, hardware = resolve_model(model), resolve_hardware(hardware)
+    parameters = tuple(p for p in parameters if p != "expert_seconds" or arch.num_experts)  # dense: no experts
+    start = Efficiency(bandwidth_fraction=hardware.bandwidth_fraction, flops_fraction=hardware.flops_fraction,
+                       expert_seconds=1e-4 if "expert_seconds" in parameters else None)
+    bounds = {"bandwidth_fraction": (1e-3, 10.0), "flops_fraction": (1e-3, 10.0), "kernel_seconds": (0.0, 1e-2),
+              "launch_seconds": (0.0, 1e-2), "step_seconds": (0.0, 10.0), "expert_seconds": (0.0, 1e-1)}
+    scale = {"bandwidth_fraction": 1.0, "flops_fraction": 1.0, "kernel_seconds": 1e-5, "launch_seconds": 1e-5,
+             "step_seconds": 1e-3, "expert_seconds": 1e-4}
+
+    def efficiency_of(x) -> Efficiency:
+        return dataclasses.replace(start, **{n: float(v) * scale[n] for n, v in zip(parameters, x)})
+
+    def predict(eff, subset):
+        return step_time(arch, hardware, subset["tokens"].to_numpy(), subset["batch_size"].to_numpy(),
+                         subset["context"].to_numpy(), tp=tp, dtype=dtype, cuda_graphs=cuda_graphs,
+                         efficiency=eff, grouped_experts=grouped_experts).total
+
+    train = table[~table["held_out"]]
+    x0 = [max(getattr(start, n), bounds[n][0]) / scale[n] + (1e-3 if getattr(start, n) == 0 else 0)
+          for n in parameters]
+    result = least_squares(lambda x: np.log(predict(efficiency_of(x), train)) - np.log(train["measured"]),
+                           x0, bounds=([bounds[n][0] / scale[n] for n in parameters],
+                                       [bounds[n][1] / scale[n] for n in parameters]), method="trf")
+    efficiency = efficiency_of(result.x)
+    table["predicted"] = predict(efficiency, table)
+    error = 100 * np.abs(table["predicted"] / table["measured"] - 1)
+    return Calibration(
+        efficiency=efficiency, fitted={n: getattr(efficiency, n) for n in parameters},
+        train_batch_sizes=tuple(int(b) for b in batch_sizes if b not in held_out),
+        held_out_batch_sizes=tuple(sorted(held_out)),
+        train_mape=float(error[~table["held_out"]].mean()), held_out_mape=float(error[table["held_out"]].mean()),
+        table=table[["batch_size", "tokens", "context", "measured", "predicted", "held_out"]])

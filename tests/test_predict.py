@@ -1,0 +1,307 @@
+"""The whole-model performance model: closed forms, limits, monotonicity, Eq. 4, bad input, the CLI."""
+
+import dataclasses
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from moesd.experts import expected_active_experts
+from moesd.predict import (
+    COMPONENTS,
+    DTYPE_BYTES,
+    Efficiency,
+    batch_range,
+    best_gamma,
+    calibrate,
+    efficiency_to_match,
+    expert_gemm_time,
+    predict_sd,
+    rejection_time,
+    one_layer_draft,
+    step_time,
+    weights_per_gpu,
+    zipf_popularity,
+)
+from moesd.roofline import HARDWARE
+from moesd.speedup import speedup
+from moesd.zoo import get_model
+
+H100 = HARDWARE["H100"]
+BANDWIDTH = H100.memory_bandwidth * H100.bandwidth_fraction
+KERNEL = Efficiency().kernel_seconds
+
+
+def test_a_dense_model_at_batch_one_is_its_bytes_over_bandwidth_plus_fixed_costs():
+    """Qwen2-0.5B, one token, empty cache: every weight but the embedding lookup is streamed once."""
+    spec = get_model("qwen2-0.5b")
+    counts, arch = spec.weight_counts(), spec.architecture()
+    streamed = counts["total"] - counts["embeddings"] + arch.head_params  # tied: the head is the embedding
+    kernels = arch.num_layers * (5 + 4) + 4 + 1  # attention, FFN per layer; head; embedding
+    expected = streamed * 2 / BANDWIDTH + kernels * KERNEL
+    assert step_time(spec, H100, 1, 1, 0).total == pytest.approx(expected, rel=2e-3)  # activations < 0.2 %
+
+
+def test_weight_bytes_of_a_decode_step_match_the_analytic_count():
+    spec = get_model("opt-30b")
+    counts = spec.weight_counts()
+    step = step_time(spec, H100, 1, 1, 0)
+    weights = sum(step.bytes[c] for c in COMPONENTS) - step.bytes["kv_cache"]
+    positions = (2048 + 2) * 7168  # OPT's learned positions: only the rows of the new tokens are read
+    assert weights == pytest.approx((counts["total"] - counts["embeddings"] + 50272 * 7168) * 2 - 0, rel=2e-3)
+    assert positions * 2 < 0.002 * weights
+
+
+def test_experts_equal_to_top_k_reduce_to_a_dense_ffn():
+    """E = K: every expert is always active and gets every token, i.e. a dense FFN of width K x d_expert."""
+    arch = get_model("qwen2-57b-a14b").architecture()
+    all_active = dataclasses.replace(arch, num_experts=8, top_k=8)
+    width = 8 * arch.expert_intermediate
+    dense = dataclasses.replace(arch, num_experts=0, top_k=0, moe_layers=0, shared_params=0, router_params=0,
+                                dense_ffn_params=3 * arch.hidden_size * width)
+    B = np.array([1, 4, 64, 1024])
+    moe, ffn = step_time(all_active, H100, 1, B), step_time(dense, H100, 1, B)
+    np.testing.assert_allclose(moe.flops["routed_experts"], ffn.flops["dense_ffn"], rtol=1e-12)
+    weights = arch.moe_layers * 3 * arch.hidden_size * width * 2
+    np.testing.assert_allclose(moe.bytes["routed_experts"] - B * 8 * 2 * (arch.hidden_size + arch.expert_intermediate)
+                               * 2 * arch.moe_layers, weights, rtol=1e-12)
+
+
+def test_routed_expert_traffic_follows_eq8_and_saturates():
+    arch = get_model("qwen2-57b-a14b").architecture()
+    B = np.array([1, 2, 8, 32, 4096])
+    step = step_time(arch, H100, 1, B)
+    per_expert = 3 * arch.hidden_size * arch.expert_intermediate * 2 * arch.moe_layers
+    activations = B * 8 * 2 * (arch.hidden_size + arch.expert_intermediate) * 2 * arch.moe_layers
+    loaded = (step.bytes["routed_experts"] - activations) / per_expert
+    np.testing.assert_allclose(loaded, expected_active_experts(B, 64, 8), rtol=1e-9)
+    assert loaded[0] == pytest.approx(8) and loaded[-1] == pytest.approx(64)
+
+
+@pytest.mark.parametrize("name", ["qwen2-57b-a14b", "deepseek-v3", "opt-30b", "gpt-oss-120b"])
+def test_step_time_grows_with_batch_size_tokens_and_context(name):
+    B = np.arange(1, 513)
+    times = step_time(name, "H200", 1, B, 512, tp=8).total
+    assert (np.diff(times) >= 0).all()
+    contexts = np.array([0, 128, 1024, 8192, 65536])
+    assert (np.diff(step_time(name, "H200", 1, 16, contexts, tp=8).total) > 0).all()
+    assert (np.diff(step_time(name, "H200", np.arange(1, 9), 16, 512, tp=8).total) >= 0).all()
+
+
+def test_tensor_parallelism_halves_the_weight_streaming_time():
+    """OPT-30b, one token: attention, FFN and head weights split evenly over two GPUs (56 KV heads)."""
+    parts = ("attention", "dense_ffn", "lm_head")
+    one, two = (step_time("opt-30b", H100, 1, 1, 0, tp=tp) for tp in (1, 2))
+    assert sum(two.bytes[p] for p in parts) / sum(one.bytes[p] for p in parts) == pytest.approx(0.5, rel=1e-3)
+    fixed = (48 * (5 + 4) + 4) * KERNEL  # kernels do not split
+    ratio = (sum(two.seconds[p] for p in parts) - fixed) / (sum(one.seconds[p] for p in parts) - fixed)
+    assert ratio == pytest.approx(0.5, rel=2e-3)
+    assert two.seconds["communication"] > 0 == one.seconds["communication"]
+
+
+def test_kv_heads_are_replicated_not_split_below_one_per_gpu():
+    """Qwen2-57B has 4 KV heads: beyond tp = 4 every GPU keeps a whole one."""
+    bytes_at = {tp: step_time("qwen2-57b-a14b", "H100", 1, 8, 4096, tp=tp).bytes["kv_cache"] for tp in (1, 2, 4, 8)}
+    assert bytes_at[2] == pytest.approx(bytes_at[1] / 2) and bytes_at[4] == pytest.approx(bytes_at[1] / 4)
+    assert bytes_at[8] == pytest.approx(bytes_at[4])
+
+
+def test_expert_parallelism_splits_the_loaded_experts():
+    one = step_time("deepseek-v3", "H200", 1, 64, 0, tp=8)
+    ep = step_time("deepseek-v3", "H200", 1, 64, 0, tp=8, ep=8)
+    assert ep.flops["routed_experts"] == pytest.approx(one.flops["routed_experts"])
+    assert ep.bytes["routed_experts"] == pytest.approx(one.bytes["routed_experts"], rel=0.05)
+
+
+def test_expert_gemm_time_is_a_roofline_plus_a_fixed_cost():
+    eff = Efficiency(kernel_seconds=3e-6)
+    memory = expert_gemm_time(H100, 10, 1, 1000, 2000, "bf16", eff)
+    assert memory == pytest.approx(10 * 1000 * 2000 * 2 / BANDWIDTH + 10 * 3000 * 2 / BANDWIDTH + 3e-6)
+    compute = expert_gemm_time(H100, 2, 100_000, 1000, 1000, "bf16", eff)
+    assert compute == pytest.approx(2 * 2 * 100_000 * 1e6 / (H100.peak_flops * H100.flops_fraction) + 3e-6)
+    fp8, bf16 = (expert_gemm_time(H100, 64, 1, 4096, 4096, d, Efficiency(kernel_seconds=0)) for d in ("fp8", "bf16"))
+    assert fp8 / bf16 == pytest.approx(0.5, rel=1e-3)
+    assert expert_gemm_time(H100, 8, 1, 64, 64, grouped=False, efficiency=eff) > expert_gemm_time(H100, 8, 1, 64, 64,
+                                                                                                  efficiency=eff)
+    assert DTYPE_BYTES == {"fp32": 4, "bf16": 2, "fp8": 1}
+
+
+def test_popularity_and_callable_routing():
+    E, K = 64, 8
+    uniform = np.full(E, K / E)
+    base = step_time("qwen2-57b-a14b", H100, 1, [1, 8, 64])
+    same = step_time("qwen2-57b-a14b", H100, 1, [1, 8, 64], routing=uniform)
+    np.testing.assert_allclose(same.total, base.total, rtol=1e-12)
+    skew = zipf_popularity(E, K, 1.0)
+    assert skew.sum() == pytest.approx(K) and skew.max() <= 1.0 and skew[0] == 1.0
+    skewed = step_time("qwen2-57b-a14b", H100, 1, [8, 64], routing=skew)
+    assert (skewed.bytes["routed_experts"] < base.bytes["routed_experts"][1:]).all()  # fewer distinct experts
+    per_layer = step_time("qwen2-57b-a14b", H100, 1, [8, 64], routing=np.tile(uniform, (28, 1)))
+    np.testing.assert_allclose(per_layer.total, base.total[1:], rtol=1e-12)
+    fixed = step_time("qwen2-57b-a14b", H100, 1, [8, 64], routing=lambda t: np.full_like(t, 64.0))
+    np.testing.assert_allclose(fixed.bytes["routed_experts"], step_time("qwen2-57b-a14b", H100, 1, [4096, 4096])
+                               .bytes["routed_experts"] - (4096 - np.array([8, 64])) * 8 * 2 * (3584 + 2560) * 2 * 28,
+                               rtol=1e-9)
+
+
+def test_predict_sd_satisfies_eq4_and_has_the_sweep_columns():
+    frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", [1, 16, 64], [2, 4], [0.8, 0.9], tp=2, context=256)
+    assert len(frame) == 3 * 2 * 2
+    for column in ("batch_size", "gamma", "sigma", "t_target_1", "t_target_gamma", "t_draft", "target_efficiency",
+                   "speedup", "tokens_per_round", "verify_term", "draft_term", "reject_term", "t_reject"):
+        assert column in frame.columns
+    independent = speedup(frame["sigma"], frame["gamma"], frame["t_target_1"], frame["t_target_gamma"],
+                          frame["t_draft"], frame["t_reject"])
+    np.testing.assert_allclose(frame["speedup"], independent, rtol=1e-12)
+    by_hand = frame["sigma"] * (frame["gamma"] + 1) / (
+        frame["t_target_gamma"] / frame["t_target_1"] + frame["gamma"] * frame["t_draft"] / frame["t_target_1"]
+        + frame["t_reject"] / frame["t_target_1"])
+    np.testing.assert_allclose(frame["speedup"], by_hand, rtol=1e-12)
+    verify = step_time("qwen2-57b-a14b", "H800", frame["gamma"] + 1, frame["batch_size"], 256, tp=2).total
+    np.testing.assert_allclose(frame["t_target_gamma"], verify, rtol=1e-12)
+    gamma_only = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", 16, 4, 0.9, tp=2, context=256,
+                            verify_tokens="gamma")
+    assert gamma_only["t_target_gamma"].iloc[0] == pytest.approx(
+        step_time("qwen2-57b-a14b", "H800", 4, 16, 256, tp=2).total)
+
+
+def test_alpha_sets_sigma_per_gamma_by_eq5():
+    from moesd.speedup import sigma
+
+    frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", [8, 32], [1, 3, 5], alpha=0.8, tp=2)
+    np.testing.assert_allclose(frame["sigma"], sigma(0.8, frame["gamma"]), rtol=1e-12)
+    with pytest.raises(ValueError, match="^sigma: give either"):
+        predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", 8, 4, 0.9, alpha=0.8)
+
+
+def test_one_layer_draft_and_weights_per_gpu():
+    draft = one_layer_draft("deepseek-v3")
+    assert draft.num_layers == draft.moe_layers == 1
+    counts = draft.weight_counts()
+    assert counts["routed_experts"] == 256 * 3 * 7168 * 2048
+    total = get_model("deepseek-v3").weight_counts()["total"]
+    assert weights_per_gpu("deepseek-v3", "fp8", 8) == pytest.approx(total / 8)
+
+
+def test_moe_speedup_rises_then_falls_and_the_dense_pair_only_falls():
+    B = np.arange(1, 257)
+    moe = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", B, 4, 0.9, tp=2, context=256)
+    peak = int(moe["speedup"].idxmax())
+    assert 0 < peak < len(B) - 1 and moe["speedup"].iloc[peak] > 1.3 * moe["speedup"].iloc[0]
+    dense = predict_sd("opt-30b", "opt-350m", "A800", B, 4, 0.9, tp=2, context=256)
+    assert (np.diff(dense["speedup"]) <= 1e-12).all() and (np.diff(dense["target_efficiency"]) <= 1e-12).all()
+
+
+def test_best_gamma_and_batch_range():
+    frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", np.arange(1, 129), [1, 2, 3, 4], 0.9, tp=2)
+    best = best_gamma(frame)
+    most = frame.groupby("batch_size")["speedup"].max().to_numpy()
+    assert len(best) == 128 and (best["speedup"].to_numpy() >= most - 1e-15).all()
+    low, high, peak, at = batch_range(frame)
+    assert low <= at <= high and peak == pytest.approx(frame["speedup"].max())
+
+
+def test_a_grid_of_ten_thousand_points_is_one_call():
+    frame = predict_sd("deepseek-v3", "deepseek-v3-mtp", "H200", np.arange(1, 2001), np.arange(1, 6), 0.8, tp=8)
+    assert len(frame) == 10_000 and np.isfinite(frame["speedup"]).all()
+
+
+def test_efficiency_to_match_closes_the_gap():
+    options = dict(tp=2, context=256)
+    step = efficiency_to_match(2.0, "qwen2-57b-a14b", "qwen2-0.5b", "H800", np.arange(1, 129), 4, 0.9, **options)
+    frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", np.arange(1, 129), 4, 0.9,
+                       efficiency=Efficiency(step_seconds=step), **options)
+    assert frame["speedup"].max() == pytest.approx(2.0, rel=1e-4) and step > 0
+    with pytest.raises(ValueError, match="not reached"):
+        efficiency_to_match(100.0, "qwen2-57b-a14b", "qwen2-0.5b", "H800", [1, 8], 4, 0.9, **options)
+
+
+def test_calibrate_recovers_known_parameters_and_holds_out_batch_sizes():
+    arch = get_model("qwen2-57b-a14b").architecture(num_layers=2, width=1 / 8)
+    truth = Efficiency(bandwidth_fraction=0.6, flops_fraction=0.4, step_seconds=1e-3, expert_seconds=1.5e-4)
+    B = np.repeat(np.array([1, 2, 4, 8, 16, 32, 64, 100]), 3)
+    s = np.tile([1, 3, 5], 8)
+    seconds = step_time(arch, "CPU", s, B, 64, dtype="fp32", efficiency=truth, grouped_experts=False).total
+    frame = pd.DataFrame({"role": "target", "batch_size": B, "tokens": s, "context": 64, "seconds": seconds})
+    result = calibrate(frame, arch, "CPU")
+    assert result.held_out_batch_sizes == (2, 16, 100)
+    assert result.held_out_mape < 1e-3 and result.train_mape < 1e-3
+    assert set(result.fitted) == {"bandwidth_fraction", "flops_fraction", "step_seconds", "expert_seconds"}
+    for name, value in result.fitted.items():
+        assert value == pytest.approx(getattr(truth, name), rel=1e-2)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: step_time("qwen2-57b-a14b", "H100", 0, 1), "tokens_per_sequence"),
+    (lambda: step_time("qwen2-57b-a14b", "H100", 1, 0), "batch_size"),
+    (lambda: step_time("qwen2-57b-a14b", "H100", 1, 1.5), "batch_size"),
+    (lambda: step_time("qwen2-57b-a14b", "H100", 1, 1, -1), "context"),
+    (lambda: step_time("qwen2-57b-a14b", "H100", 1, 1, tp=0), "tp"),
+    (lambda: step_time("qwen2-57b-a14b", "H100", 1, 1, tp=4, ep=3), "ep"),
+    (lambda: step_time("qwen2-57b-a14b", "H100", 1, 1, dtype="int4"), "dtype"),
+    (lambda: step_time("qwen2-57b-a14b", "H200", 1, 1, dtype="fp32", tp=1), None),
+    (lambda: step_time("qwen2-57b-a14b", "B200", 1, 1, dtype="fp32"), "dtype"),
+    (lambda: step_time("qwen2-57b-a14b", "CPU", 1, 1, tp=2), "tp"),
+    (lambda: step_time("qwen2-57b-a14b", "H100", 1, 1, top_k=65), "top_k"),
+    (lambda: step_time("opt-30b", "H100", 1, 1, top_k=2), "top_k"),
+    (lambda: step_time("qwen2-57b-a14b", "H100", 1, 1, routing=np.ones(63) / 63 * 8), "routing"),
+    (lambda: step_time("qwen2-57b-a14b", "H100", 1, 1, routing=lambda t: t * 0 - 1), "routing"),
+    (lambda: step_time("opt-30b", "H100", 1, 1, routing=np.ones(8)), "routing"),
+    (lambda: step_time("gpt-9", "H100", 1, 1), "model"),
+    (lambda: step_time("qwen2-57b-a14b", "TPU", 1, 1), "hardware"),
+    (lambda: expert_gemm_time("H100", -1, 1, 8, 8), "experts"),
+    (lambda: expert_gemm_time("H100", 1, -1, 8, 8), "tokens_per_expert"),
+    (lambda: expert_gemm_time("H100", 1, 1, 0, 8), "in_features"),
+    (lambda: expert_gemm_time("H100", 1, 1, 8, 8.5), "out_features"),
+    (lambda: rejection_time("H100", 1, 0, 100), "gamma"),
+    (lambda: Efficiency(bandwidth_fraction=0), "bandwidth_fraction"),
+    (lambda: Efficiency(kernel_seconds=-1), "kernel_seconds"),
+    (lambda: predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 4, 0.1), "sigma"),
+    (lambda: predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 0, 0.9), "gamma"),
+    (lambda: predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 4, 1.5), "sigma"),
+    (lambda: predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 4, 0.9, verify_tokens="all"), "verify_tokens"),
+    (lambda: predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 4, 0.9, draft_tp=0), "tp"),
+    (lambda: best_gamma(pd.DataFrame({"x": [1]})), "frame"),
+    (lambda: efficiency_to_match(2, "qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 4, 0.9, field="x"), "field"),
+    (lambda: calibrate(pd.DataFrame({"role": ["target"]}), "qwen2-0.5b", "CPU"), "forward_frame"),
+])
+def test_bad_input_names_the_argument(call, name):
+    if name is None:  # a valid call (H200 has an fp32 peak on record)
+        call()
+        return
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        call()
+
+
+def test_predict_does_not_import_torch():
+    code = "import sys, moesd.predict; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cli_prints_the_best_gamma_per_batch_size(capsys, tmp_path):
+    from moesd.cli import main
+
+    out = tmp_path / "p.csv"
+    main(["predict", "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200", "--tp", "8",
+          "--draft-tp", "8", "--gamma", "1-5", "--sigma", "0.8", "--batch", "1-64", "--csv", str(out)])
+    printed = capsys.readouterr().out
+    assert "best gamma" in printed and "peak speedup" in printed
+    frame = pd.read_csv(out)
+    assert len(frame) == 64 * 5 and set(frame["gamma"]) == {1, 2, 3, 4, 5}
+
+
+@pytest.mark.parametrize("flag, value, match", [("--gamma", "0-2", "--gamma"), ("--batch", "x", "--batch"),
+                                                 ("--sigma", "2", "--sigma"), ("--hardware", "TPU", "--hardware"),
+                                                 ("--target", "gpt-9", "--target"), ("--tp", "0", "--tp"),
+                                                 ("--alpha", "1.5", "--alpha")])
+def test_cli_bad_arguments_are_one_line_errors(flag, value, match, capsys):
+    from moesd.cli import main
+
+    args = {"--target": "qwen2-57b-a14b", "--draft": "qwen2-0.5b", "--hardware": "H800", "--tp": "2"}
+    args[flag] = value
+    with pytest.raises(SystemExit) as exit_info:
+        main(["predict", *[x for pair in args.items() for x in pair]])
+    assert exit_info.value.code == 2
+    assert match in capsys.readouterr().err.strip().splitlines()[-1]
