@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import numpy as np
 import pandas as pd
 
 from moesd._checks import UsageError, as_array
@@ -224,7 +225,7 @@ def _integers(text: str, name: str) -> np.ndarray:
                 raise ValueError
             values.update(range(low, high + 1))
     except ValueError:
-        raise ValueError(f"{name} must be integers such as 1-5, 1,2,4 or 1-4,8, got {text!r}") from None
+        raise UsageError(f"{name} must be integers such as 1-5, 1,2,4 or 1-4,8, got {text!r}") from None
     return np.array(sorted(values))
 
 
@@ -232,7 +233,7 @@ def _numbers(text: str, name: str) -> np.ndarray:
     try:
         return np.array(sorted({float(part) for part in text.split(",")}))
     except ValueError:
-        raise ValueError(f"{name} must be numbers such as 0.8 or 0.7,0.9, got {text!r}") from None
+        raise UsageError(f"{name} must be numbers such as 0.8 or 0.7,0.9, got {text!r}") from None
 
 
 def _predict(args: argparse.Namespace) -> None:
@@ -241,20 +242,20 @@ def _predict(args: argparse.Namespace) -> None:
     batch, gammas = _integers(args.batch, "--batch"), _integers(args.gamma, "--gamma")
     for name, values in (("--batch", batch), ("--gamma", gammas)):
         if values.min() < 1:
-            raise ValueError(f"{name} must be >= 1, got {values.min()}")
+            raise UsageError(f"{name} must be >= 1, got {values.min()}")
     if args.alpha is not None and args.sigma is not None:
-        raise ValueError("--sigma and --alpha exclude each other")
+        raise UsageError("--sigma and --alpha exclude each other")
     if args.alpha is not None:
         column, values = "alpha", _numbers(args.alpha, "--alpha")
         if ((values < 0) | (values > 1)).any():
-            raise ValueError(f"--alpha must be in [0, 1], got {args.alpha}")
+            raise UsageError(f"--alpha must be in [0, 1], got {args.alpha}")
         acceptance = dict(alpha=values)
     else:
         column, values = "sigma", _numbers(args.sigma or "0.8", "--sigma")
         if ((values <= 0) | (values > 1)).any():
-            raise ValueError(f"--sigma must be in (0, 1], got {args.sigma}")
+            raise UsageError(f"--sigma must be in (0, 1], got {args.sigma}")
         if (values[:, None] < 1 / (gammas[None, :] + 1)).any():
-            raise ValueError(f"--sigma must be >= 1 / (gamma + 1) for every --gamma, got {args.sigma}")
+            raise UsageError(f"--sigma must be >= 1 / (gamma + 1) for every --gamma, got {args.sigma}")
         acceptance = dict(sigma=values)
     try:
         frame = predict_sd(args.target, args.draft, args.hardware, batch, gammas, tp=args.tp, draft_tp=args.draft_tp,
@@ -264,7 +265,7 @@ def _predict(args: argparse.Namespace) -> None:
         first = message.split(" ", 1)[0].rstrip(":")
         flag = {"model": "--target/--draft", "hardware": "--hardware", "tp": "--tp", "ep": "--ep",
                 "dtype": "--dtype", "context": "--context"}.get(first)
-        raise ValueError(f"{flag}: {message}" if flag else message) from None
+        raise UsageError(f"{flag}: {message}" if flag else message) from None
     if args.csv:
         frame.to_csv(args.csv, index=False)
     print(f"{args.target} on {args.tp} x {args.hardware} (ep {args.ep}), draft {args.draft} on {args.draft_tp} "
