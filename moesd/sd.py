@@ -101,8 +101,9 @@ class DecodeStats:
 
     def window(self, start: int, stop: int | None = None) -> DecodeStats:
         """The statistics of rounds ``records[start:stop]`` alone."""
-        records = self.records[start:stop]
-        return DecodeStats(self.mode, self.gamma, self.batch_size, records, 0.0, sum(r.seconds for r in records))
+        window = DecodeStats(self.mode, self.gamma, self.batch_size, self.records[start:stop])
+        window.t_total = window.t_rounds
+        return window
 
     @property
     def full(self) -> bool:
@@ -148,6 +149,11 @@ class DecodeStats:
     def t_reject(self) -> float:
         """Seconds in acceptance (token selection) and bookkeeping."""
         return sum(record.t_reject for record in self.records)
+
+    @property
+    def t_rounds(self) -> float:
+        """Seconds in the rounds: the sum of their stages (the prefill and the gaps between rounds excluded)."""
+        return sum(record.seconds for record in self.records)
 
     @property
     def sigma(self) -> float:
