@@ -258,6 +258,12 @@ def test_settings_a_study_does_not_use_are_refused(study, changes, match):
         SweepConfig(**{"study": study, **TINY, **changes})
 
 
+def test_summarize_keeps_its_old_home():
+    from moesd import measurements
+
+    assert bench.summarize is measurements.summarize
+
+
 def test_presets_keep_the_paper_settings():
     sparsity = preset("sparsity")
     assert sparsity.top_ks == (1, 2, 4, 8, 16, 32) and sparsity.gammas == (2, 4) and len(sparsity.batch_sizes) == 19
