@@ -1,23 +1,30 @@
-"""Speed of the SD engine (issue 4): against HF assisted generation, at batch 8 and 32, and its overhead.
+"""Speed of the SD engine: against HF assisted generation, its overhead, and the KV growth of its windows.
 
 (a) tokens/s of ``SpeculativeDecoder`` at batch 1 against Hugging Face assisted generation (greedy,
     constant ``gamma`` draft tokens) on the same tiny random-weight models and prompts; throughput at
     batch 8 and 32, where assisted generation refuses to run;
 (b) the engine's per-round overhead outside the model forwards, as a fraction of a round, at batch 8
-    with the scaled Qwen2-57B-A14B-shaped target of the CPU preset (synthetic acceptance 0.9).
+    with the scaled Qwen2-57B-A14B-shaped target of the CPU preset (synthetic acceptance 0.9);
+(c) the KV effect of the steady-state protocol: the e2e preset's SD window (gamma = 4) attends over
+    longer caches than its AR window. A forward study of the preset's models at the two windows'
+    mean KV lengths (``moesd.bench`` forward study, two contexts) gives T_T(B, 1) and T_T(B, 5) at
+    both; the ratio is how much slower SD's forwards run than at the AR window's context.
 
 Random weights: the draft is a perturbed copy of the target so that greedy acceptance is real but
-partial. Figures are medians over repeats. Run: python benchmarks/sd_engine.py
+partial. Figures are medians over repeats. Run: python benchmarks/sd_engine.py [a] [b] [c]
 """
 
 import statistics
+import sys
+import tempfile
 import time
 
+import pandas as pd
 import torch
 from timing import median_seconds
 
 import moesd.sd as sd
-from moesd.bench import build_models, preset
+from moesd.bench import SweepConfig, build_models, preset, preset_settings, run_sweep
 from moesd.sd import SpeculativeDecoder
 from moesd.zoo import get_model, noisy_copy
 
@@ -63,7 +70,7 @@ def overhead() -> None:
     decoder = SpeculativeDecoder(target, draft, GAMMA)
     ids = torch.randint(1, target.config.vocab_size, (8, 64), generator=torch.Generator().manual_seed(2))
     inside = []
-    forward = sd._forward
+    forward = sd._CachedModel.forward
 
     def timed_forward(*args):
         tick = time.perf_counter()
@@ -71,22 +78,41 @@ def overhead() -> None:
         inside.append(time.perf_counter() - tick)
         return result
 
-    sd._forward = timed_forward
+    sd._CachedModel.forward = timed_forward
     fractions = []
     try:
         for _ in range(REPEATS):
             inside.clear()
             stats = decoder.generate(ids, max_new_tokens=TOKENS, synthetic_acceptance=0.9, seed=0).stats
             prefill = sum(inside[:2])  # the target's and the draft's prefill
-            rounds = stats.t_total - stats.t_prefill
-            fractions.append((rounds - (sum(inside) - prefill)) / rounds)
+            fractions.append((stats.t_rounds - (sum(inside) - prefill)) / stats.t_rounds)
     finally:
-        sd._forward = forward
+        sd._CachedModel.forward = forward
     print(f"(b) batch 8, gamma {GAMMA}, scaled Qwen2-57B-A14B (CPU preset): engine overhead outside the forwards "
           f"{100 * statistics.median(fractions):.1f} % of a round (median of {REPEATS})")
 
 
+def kv_growth(batch_sizes=(1, 8, 24, 60, 100), gamma=4) -> None:
+    e2e = preset("e2e")
+    middle = e2e.warmup_rounds + e2e.rounds / 2  # rounds before the middle of the window
+    contexts = {"AR": round(e2e.context + middle + 1), "SD": round(e2e.context + (middle + 1) * (gamma + 1))}
+    medians = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for window, context in contexts.items():
+            settings = {**preset_settings("forward"), "context": context, "batch_sizes": batch_sizes,
+                        "gammas": (gamma,), "repeats": REPEATS}
+            frame = pd.read_csv(run_sweep(SweepConfig(**settings), f"{folder}/{window}", progress=False))
+            frame = frame[(frame["role"] == "target") & frame["tokens"].isin([1, gamma + 1])]
+            medians[window] = frame.groupby(["tokens", "batch_size"])["seconds"].median()
+    ratio = (medians["SD"] / medians["AR"]).unstack("batch_size")
+    print(f"(c) T_T(B, s) at the SD window's mean KV ({contexts['SD']} slots, gamma {gamma}) over T_T at the AR "
+          f"window's ({contexts['AR']} slots), medians of {REPEATS}:")
+    print(ratio.round(3).to_string())
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
-    against_assisted()
-    overhead()
+    parts = sys.argv[1:] or ["a", "b", "c"]
+    for part, function in (("a", against_assisted), ("b", overhead), ("c", kv_growth)):
+        if part in parts:
+            function()
