@@ -28,7 +28,7 @@ E2E = dict(TINY, rounds=2, warmup_rounds=1)
 @pytest.fixture(scope="module")
 def ragged_pair():
     """A tiny target and a noisy copy of it as draft: real greedy acceptance, different per sequence."""
-    target = get_model("qwen2-57b-a14b").random_model(num_layers=2, width=1 / 16, seed=0)
+    target = get_model("qwen2-57b-a14b").random_model(num_layers=1, width=1 / 32, seed=0)
     return target, noisy_copy(target, 0.06)
 
 
