@@ -1,18 +1,24 @@
-"""Speed of the SD engine (issue 4): against HF assisted generation, at batch 8 and 32, and its overhead.
+"""Speed of the SD engine: against HF assisted generation, its overhead, and the KV growth of its windows.
 
 (a) tokens/s of ``SpeculativeDecoder`` at batch 1 against Hugging Face assisted generation (greedy,
     constant ``gamma`` draft tokens) on the same tiny random-weight models and prompts; throughput at
     batch 8 and 32, where assisted generation refuses to run;
 (b) the engine's per-round overhead outside the model forwards, as a fraction of a round, at batch 8
-    with the scaled Qwen2-57B-A14B-shaped target of the CPU preset (synthetic acceptance 0.9).
+    with the scaled Qwen2-57B-A14B-shaped target of the CPU preset (synthetic acceptance 0.9);
+(c) the KV effect of the steady-state protocol: the e2e preset's SD window (gamma = 4) attends over
+    longer caches than its AR window. The preset's target times T_T(B, 1) and T_T(B, 5) over caches
+    of the two windows' mean KV lengths, the two contexts alternating pass by pass; the ratio is how
+    much slower SD's forwards run than they would at the AR window's context.
 
 Random weights: the draft is a perturbed copy of the target so that greedy acceptance is real but
-partial. Figures are medians over repeats. Run: python benchmarks/sd_engine.py
+partial. Figures are medians over repeats. Run: python benchmarks/sd_engine.py [a] [b] [c]
 """
 
 import statistics
+import sys
 import time
 
+import pandas as pd
 import torch
 from timing import median_seconds
 
@@ -63,7 +69,7 @@ def overhead() -> None:
     decoder = SpeculativeDecoder(target, draft, GAMMA)
     ids = torch.randint(1, target.config.vocab_size, (8, 64), generator=torch.Generator().manual_seed(2))
     inside = []
-    forward = sd._forward
+    forward = sd._CachedModel.forward
 
     def timed_forward(*args):
         tick = time.perf_counter()
@@ -71,22 +77,51 @@ def overhead() -> None:
         inside.append(time.perf_counter() - tick)
         return result
 
-    sd._forward = timed_forward
+    sd._CachedModel.forward = timed_forward
     fractions = []
     try:
         for _ in range(REPEATS):
             inside.clear()
             stats = decoder.generate(ids, max_new_tokens=TOKENS, synthetic_acceptance=0.9, seed=0).stats
             prefill = sum(inside[:2])  # the target's and the draft's prefill
-            rounds = stats.t_total - stats.t_prefill
-            fractions.append((rounds - (sum(inside) - prefill)) / rounds)
+            fractions.append((stats.t_rounds - (sum(inside) - prefill)) / stats.t_rounds)
     finally:
-        sd._forward = forward
+        sd._CachedModel.forward = forward
     print(f"(b) batch 8, gamma {GAMMA}, scaled Qwen2-57B-A14B (CPU preset): engine overhead outside the forwards "
           f"{100 * statistics.median(fractions):.1f} % of a round (median of {REPEATS})")
 
 
+@torch.no_grad()
+def kv_growth(batch_sizes=(1, 8, 24, 60, 100), gamma=4, repeats=15) -> None:
+    e2e = preset("e2e")
+    middle = e2e.warmup_rounds + e2e.rounds / 2  # rounds before the middle of the window
+    contexts = {"AR": round(e2e.context + middle + 1), "SD": round(e2e.context + (middle + 1) * (gamma + 1))}
+    target, _ = build_models(preset("forward"))
+    rows = []
+    for batch in batch_sizes:
+        caches = {window: target(input_ids=torch.randint(1, 100, (batch, context)), use_cache=True).past_key_values
+                  for window, context in contexts.items()}
+        for tokens in (1, gamma + 1):
+            new = torch.randint(1, 100, (batch, tokens))
+            times = {window: [] for window in contexts}
+            for repeat in range(repeats + 1):  # the two contexts alternate, so drift hits both alike
+                for window, context in contexts.items():
+                    positions = torch.arange(context, context + tokens).expand(batch, -1)
+                    tick = time.perf_counter()
+                    target(input_ids=new, position_ids=positions, past_key_values=caches[window], use_cache=True)
+                    if repeat:  # the first pass of each is a warm-up
+                        times[window].append(time.perf_counter() - tick)
+                    caches[window].crop(-tokens)
+            rows.append({"B": batch, "s": tokens, "ratio": statistics.median(times["SD"]) / statistics.median(times["AR"])})
+    table = pd.DataFrame(rows).pivot(index="s", columns="B", values="ratio")
+    print(f"(c) T_T(B, s) at the SD window's mean KV ({contexts['SD']} slots, gamma {gamma}) over T_T at the AR "
+          f"window's ({contexts['AR']} slots), CPU preset target, medians of {repeats} alternating passes:")
+    print(table.round(3).to_string())
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
-    against_assisted()
-    overhead()
+    parts = sys.argv[1:] or ["a", "b", "c"]
+    for part, function in (("a", against_assisted), ("b", overhead), ("c", kv_growth)):
+        if part in parts:
+            function()

@@ -95,21 +95,35 @@ def _trace(args: argparse.Namespace) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> None:
-    import dataclasses
+    from moesd.bench import SweepConfig, preset_settings, run_sweep
 
-    from moesd.bench import preset, run_sweep
-
-    changes = {name: value for name, value in {
+    settings = preset_settings(args.study, args.preset)
+    given = {name: value for name, value in {
         "target": args.target, "draft": args.draft, "weights": args.weights, "layers": args.layers,
         "draft_layers": args.draft_layers, "width": args.width, "batch_sizes": args.batch_sizes,
-        "gammas": args.gammas, "top_ks": args.top_ks, "context": args.context,
-        "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "dtype": args.dtype,
+        "gammas": args.gammas, "top_ks": args.top_ks, "context": args.context, "rounds": args.rounds,
+        "warmup_rounds": args.warmup_rounds, "repeats": args.repeats, "dtype": args.dtype,
         "device": args.device, "target_path": args.target_path, "draft_path": args.draft_path}.items()
         if value is not None}
+    if given.get("weights") == "pretrained":  # the preset's scaled shape is for random weights
+        settings.update(layers=None, draft_layers=None, width=1.0)
     if args.sigma is not None:
-        changes["sigma"] = None if args.sigma == ["real"] else dict(
-            zip(changes.get("gammas", preset(args.study, args.preset).gammas), map(float, args.sigma)))
-    config = dataclasses.replace(preset(args.study, args.preset), **changes)
+        gammas = given.get("gammas", settings["gammas"])
+        if args.sigma == ["real"]:
+            given["sigma"] = "real"
+        else:
+            try:
+                values = [float(value) for value in args.sigma]
+            except ValueError:
+                raise ValueError(f"--sigma takes numbers or 'real', got {' '.join(args.sigma)}") from None
+            if len(values) != len(gammas):
+                raise ValueError(f"--sigma has {len(values)} value(s) for {len(gammas)} gamma(s) "
+                                 f"{list(gammas)}: give one sigma per gamma")
+            given["sigma"] = dict(zip(gammas, values))
+    try:
+        config = SweepConfig(**{**settings, **given})
+    except ValueError as error:
+        raise ValueError(_as_option(str(error))) from None
     path = run_sweep(config, args.out_dir, overwrite=args.overwrite)
     print(f"{config.study} study -> {path}")
 
@@ -172,6 +186,16 @@ def _experts_from_sidecar(path, sidecar: dict | None) -> int:
         raise ValueError(f"the sidecar of {path} names no MoE target of moesd.zoo "
                          f"(target {settings.get('target')!r}); pass --E")
     return int(experts)
+
+
+_SWEEP_OPTIONS = {"target", "draft", "weights", "layers", "draft_layers", "width", "batch_sizes", "gammas", "top_ks",
+                  "sigma", "context", "rounds", "warmup_rounds", "repeats", "dtype", "device"}
+
+
+def _as_option(message: str) -> str:
+    """A SweepConfig message with its leading field written as the option (top_ks -> --top-ks)."""
+    field, _, rest = message.partition(" ")
+    return f"--{field.replace('_', '-')} {rest}" if field in _SWEEP_OPTIONS else message
 
 
 def _fit(args: argparse.Namespace) -> None:
@@ -334,8 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--seed", type=int, default=0, help="with --random-weights: seed of the weights")
     trace.set_defaults(run=_trace)
 
-    sweep = commands.add_parser("sweep", help="time AR and SD over batch sizes (moesd.bench)")
-    sweep.add_argument("study", choices=["forward", "e2e", "sparsity", "dense", "dense_forward"])
+    sweep = commands.add_parser("sweep", help="time AR and SD over batch sizes (moesd.bench)",
+                                description="Run a timing study into <out-dir>/<study>.csv with a JSON sidecar. "
+                                            "Every point is written when it finishes; run again to resume.")
+    sweep.add_argument("study", choices=["forward", "e2e", "sparsity", "dense", "dense_forward", "settings"])
     sweep.add_argument("--preset", default="cpu", choices=["cpu", "gpu"],
                        help="cpu: scaled random-weight models; gpu: real shapes in bf16 (default: cpu)")
     sweep.add_argument("--target", help="moesd.zoo name of the target")
@@ -343,19 +369,21 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--weights", choices=["random", "pretrained"])
     sweep.add_argument("--target-path", help="local folder of pretrained target weights")
     sweep.add_argument("--draft-path", help="local folder of pretrained draft weights")
-    sweep.add_argument("--layers", type=int, help="target layers kept")
-    sweep.add_argument("--draft-layers", type=int, help="draft layers kept")
-    sweep.add_argument("--width", type=float, help="width factor of random-weight models")
+    sweep.add_argument("--layers", type=int, help="target layers kept (random weights)")
+    sweep.add_argument("--draft-layers", type=int, help="draft layers kept (random weights)")
+    sweep.add_argument("--width", type=float, help="width factor of random-weight models, in (0, 1]")
     sweep.add_argument("--batch-sizes", type=int, nargs="+")
     sweep.add_argument("--gammas", type=int, nargs="+")
-    sweep.add_argument("--top-ks", type=int, nargs="+", help="experts per token of the target")
-    sweep.add_argument("--sigma", nargs="+", help="sigma per gamma for synthetic acceptance, or 'real'")
+    sweep.add_argument("--top-ks", type=int, nargs="+", help="experts per token of an MoE target")
+    sweep.add_argument("--sigma", nargs="+", help="one sigma per gamma for synthetic acceptance, or 'real'")
     sweep.add_argument("--context", type=int, help="prompt tokens per sequence")
-    sweep.add_argument("--max-new-tokens", type=int)
+    sweep.add_argument("--rounds", type=int, help="timed SD rounds and AR steps per point (default 32)")
+    sweep.add_argument("--warmup-rounds", type=int, help="untimed rounds before them (default 1)")
     sweep.add_argument("--repeats", type=int)
-    sweep.add_argument("--dtype")
-    sweep.add_argument("--device")
-    sweep.add_argument("--out-dir", help="default: data/measurements/<device>")
+    sweep.add_argument("--dtype", help="float32, float64, bfloat16 or float16")
+    sweep.add_argument("--device", help="cpu, cuda or cuda:N")
+    sweep.add_argument("--out-dir", help="folder of the result file (default: $MOESD_DATA/measurements/<device>, "
+                                         "MOESD_DATA defaulting to the repository's data/)")
     sweep.add_argument("--overwrite", action="store_true", help="replace a finished result file")
     sweep.set_defaults(run=_sweep)
 

@@ -1,26 +1,34 @@
 """Batched, lossless speculative decoding over Hugging Face causal LMs (Sec. 3.1 of the paper).
 
-Every round the draft proposes ``gamma`` tokens per sequence, the target scores all ``gamma + 1``
-positions in one forward pass, and each sequence keeps its own accepted prefix plus one token from
-the target (a correction, or the bonus token when every draft token was accepted). Sequences
-accept different numbers of tokens, so the engine keeps one *slot* layout shared by both KV caches:
-each round appends ``gamma + 1`` slots to every sequence, and the slots of rejected draft tokens
-stay in the caches but are masked out of attention (a hole in the attention mask). Position ids
-count only unmasked slots, so every sequence sees exactly the positions plain decoding would give it.
+A round has the paper's three stages, each a small function below (in the manner of gpt-fast):
 
-The draft's cache lags the target's by one slot (the last draft token is scored by the target but
-never fed to the draft); the next round's first draft forward feeds that slot together with the
-new token, so both caches always cover the same slots without extra forward passes.
+* :func:`draft` -- the draft proposes ``gamma`` tokens per sequence, one forward each;
+* :func:`verify` -- the target scores all ``gamma + 1`` positions in one forward;
+* acceptance -- one function per rule: :func:`accept_greedy` (temperature 0: accept while the draft
+  token is the target's argmax), :func:`accept_sampling` (Leviathan et al.'s speculative sampling:
+  accept with probability ``min(1, p/q)``, resample a rejection from ``max(0, p - q)``, sample a
+  bonus token from ``p``) and :func:`accept_synthetic` (accept each draft token with a fixed
+  probability alpha: a timing mode that keeps all the draft and verification work);
 
-Acceptance follows Leviathan et al. (2023): greedy verification at ``temperature == 0`` (accept while
-the draft token is the target's argmax) and speculative sampling otherwise (accept with probability
-``min(1, p/q)``, resample a rejection from ``max(0, p - q)``, sample a bonus token from ``p``). Both
-are lossless: the output has the target's distribution (greedy: equals greedy decoding of the
-target). ``synthetic_acceptance=alpha`` instead accepts each draft token with probability alpha,
-keeping all the draft and verification work, to time systems at a fixed acceptance.
+then :func:`emit` does the bookkeeping. Each sequence keeps its own accepted prefix plus one token
+from the target (a correction, or the bonus token when every draft token was accepted). Greedy and
+speculative sampling are lossless: the output has the target's distribution (greedy: equals
+greedy decoding of the target).
 
-Batching is static: the batch runs until its last sequence stops; a stopped sequence's rows are
-still computed (as in Hugging Face ``generate``) but emit nothing and leave the counters alone.
+Sequences accept different numbers of tokens, so the engine keeps one *slot* layout shared by both
+KV caches: each round appends ``gamma + 1`` slots to every sequence, and the slots of rejected draft
+tokens stay in the caches but are masked out of attention (a hole in the attention mask). Position
+ids count only unmasked slots, so every sequence sees exactly the positions plain decoding would
+give it. The KV length therefore grows by ``gamma + 1`` slots a round, whatever was accepted. The
+draft's cache lags the target's by one slot (the last draft token is scored by the target but never
+fed to the draft); the next round's first draft forward feeds that slot together with the new
+token, so both caches cover the same slots without extra forward passes.
+
+Batching is static: the batch runs until its last sequence stops or ``max_rounds`` rounds have run;
+a stopped sequence's rows are still computed (as in Hugging Face ``generate``) but emit nothing.
+Every round is recorded (:class:`RoundRecord`: sequences active, tokens accepted and emitted, stage
+times), so a caller can time a *window* of rounds in which every sequence was active
+(:meth:`DecodeStats.window`), which is what :mod:`moesd.bench` does.
 """
 
 from __future__ import annotations
@@ -31,9 +39,39 @@ from dataclasses import dataclass, field
 import torch
 
 
+@dataclass(frozen=True)
+class RoundRecord:
+    """One SD round or autoregressive decode step.
+
+    Attributes
+    ----------
+    active : int
+        Sequences still generating when the round began.
+    accepted, emitted : int
+        Draft tokens accepted and tokens emitted by those sequences (``accepted + active`` for SD,
+        ``active`` for a decode step).
+    t_draft, t_verify, t_reject : float
+        Seconds of the round's stages, contiguous, after device synchronisation: drafting (the
+        ``gamma`` draft forwards), the target forward (verification; the decode forward of a step),
+        and acceptance with bookkeeping (token selection of a step).
+    """
+
+    active: int
+    accepted: int
+    emitted: int
+    t_draft: float
+    t_verify: float
+    t_reject: float
+
+    @property
+    def seconds(self) -> float:
+        """Wall time of the round (the sum of its stages)."""
+        return self.t_draft + self.t_verify + self.t_reject
+
+
 @dataclass
 class DecodeStats:
-    """Counters and stage times of one generation.
+    """Counters and stage times of one generation, or of a window of its rounds.
 
     Counters follow vLLM's definitions: per sequence and round, ``gamma`` tokens are drafted,
     ``accepted`` of them are kept, and ``accepted + 1`` tokens are emitted. Times are seconds of wall
@@ -45,30 +83,77 @@ class DecodeStats:
         ``"autoregressive"``, ``"greedy"``, ``"sampling"`` or ``"synthetic alpha=<a>"``.
     gamma : int
         Draft tokens per round (0 for autoregressive decoding).
-    rounds : int
-        Rounds (decode steps) the batch ran after the prefill.
-    sequence_rounds : int
-        Sum over sequences of the rounds in which each was still generating.
-    drafted, accepted, emitted : int
-        Draft tokens proposed, accepted, and tokens emitted, over active sequences and rounds
-        (the prefill's first token excluded).
-    t_prefill, t_draft, t_verify, t_reject, t_total : float
-        Seconds in the prefill of both models, in draft forwards, in target forwards after the
-        prefill, in acceptance and bookkeeping, and in all.
+    batch_size : int
+        Sequences in the batch.
+    records : list of RoundRecord
+        The rounds (decode steps) after the prefill, in order.
+    t_prefill, t_total : float
+        Seconds of the prefill of both models, and of everything (prefill and rounds); a window has
+        no prefill and its total is the sum of its rounds.
     """
 
     mode: str
     gamma: int
-    rounds: int = 0
-    sequence_rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
+    batch_size: int
+    records: list = field(default_factory=list, repr=False)
     t_prefill: float = 0.0
-    t_draft: float = 0.0
-    t_verify: float = 0.0
-    t_reject: float = 0.0
     t_total: float = 0.0
+
+    def window(self, start: int, stop: int | None = None) -> DecodeStats:
+        """The statistics of rounds ``records[start:stop]`` alone."""
+        window = DecodeStats(self.mode, self.gamma, self.batch_size, self.records[start:stop])
+        window.t_total = window.t_rounds
+        return window
+
+    @property
+    def full(self) -> bool:
+        """Whether every sequence was active in every round."""
+        return all(record.active == self.batch_size for record in self.records)
+
+    @property
+    def rounds(self) -> int:
+        """Rounds (decode steps) recorded."""
+        return len(self.records)
+
+    @property
+    def sequence_rounds(self) -> int:
+        """Sum over rounds of the sequences active in them."""
+        return sum(record.active for record in self.records)
+
+    @property
+    def drafted(self) -> int:
+        """Draft tokens proposed to active sequences."""
+        return self.gamma * self.sequence_rounds
+
+    @property
+    def accepted(self) -> int:
+        """Draft tokens accepted by active sequences."""
+        return sum(record.accepted for record in self.records)
+
+    @property
+    def emitted(self) -> int:
+        """Tokens emitted in the rounds (the prefill's first token excluded)."""
+        return sum(record.emitted for record in self.records)
+
+    @property
+    def t_draft(self) -> float:
+        """Seconds in draft forwards."""
+        return sum(record.t_draft for record in self.records)
+
+    @property
+    def t_verify(self) -> float:
+        """Seconds in target forwards after the prefill."""
+        return sum(record.t_verify for record in self.records)
+
+    @property
+    def t_reject(self) -> float:
+        """Seconds in acceptance (token selection) and bookkeeping."""
+        return sum(record.t_reject for record in self.records)
+
+    @property
+    def t_rounds(self) -> float:
+        """Seconds in the rounds: the sum of their stages (the prefill and the gaps between rounds excluded)."""
+        return sum(record.seconds for record in self.records)
 
     @property
     def sigma(self) -> float:
@@ -125,30 +210,141 @@ class _Slots:
         self.positions[:, :prompt] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         self.length = prompt  # slots filled
 
-    def append(self, tokens: torch.Tensor, first_position: torch.Tensor) -> None:
-        """Add one slot per sequence holding ``tokens`` at position ``first_position``."""
+    def append(self, tokens: torch.Tensor, position: torch.Tensor) -> None:
+        """Add one slot per sequence holding ``tokens`` at ``position``."""
         self.tokens[:, self.length] = tokens
         self.mask[:, self.length] = 1
-        self.positions[:, self.length] = first_position
+        self.positions[:, self.length] = position
         self.length += 1
 
 
-def _forward(model, slots: _Slots, start: int, cache):
-    """Logits of ``model`` for slots [start, slots.length), given a cache of slots [0, start)."""
-    output = model(input_ids=slots.tokens[:, start:slots.length],
-                   attention_mask=slots.mask[:, :slots.length],
-                   position_ids=slots.positions[:, start:slots.length],
-                   past_key_values=cache, use_cache=True)
-    return output.logits.float(), output.past_key_values
+class _CachedModel:
+    """A model and its KV cache, which covers slots [0, length)."""
+
+    def __init__(self, model):
+        self.model, self.cache, self.length = model, None, 0
+
+    def forward(self, slots: _Slots) -> torch.Tensor:
+        """Float logits [batch, new, V] of the slots not yet in the cache, which then holds them."""
+        output = self.model(input_ids=slots.tokens[:, self.length:slots.length],
+                            attention_mask=slots.mask[:, :slots.length],
+                            position_ids=slots.positions[:, self.length:slots.length],
+                            past_key_values=self.cache, use_cache=True)
+        self.cache, self.length = output.past_key_values, slots.length
+        return output.logits.float()
 
 
 def _pick(logits: torch.Tensor, temperature: float, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Next tokens from [..., V] logits: argmax at temperature 0, else a sample; and the probabilities."""
+    """Tokens from [..., V] logits: argmax at temperature 0, else a sample; and the probabilities."""
     if temperature == 0:
         return logits.argmax(-1), None
     probs = torch.softmax(logits / temperature, dim=-1)
     flat = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)
     return flat.reshape(probs.shape[:-1]), probs
+
+
+def _generator(device: torch.device, seed: int | None) -> torch.Generator:
+    generator = torch.Generator(device)
+    generator.manual_seed(seed) if seed is not None else generator.seed()
+    return generator
+
+
+# ---- The stages of a round -------------------------------------------------------------------------
+
+def draft(model: _CachedModel, slots: _Slots, position: torch.Tensor, gamma: int, temperature: float,
+          generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Propose ``gamma`` tokens per sequence after the newest slot, appending each as a slot.
+
+    ``position`` [batch] is the position of the newest slot. Returns the draft tokens [batch, gamma]
+    and, when sampling, the draft's probabilities [batch, gamma, V] they were drawn from.
+    """
+    tokens, probs = [], []
+    for step in range(gamma):
+        token, prob = _pick(model.forward(slots)[:, -1], temperature, generator)
+        tokens.append(token)
+        probs.append(prob)
+        slots.append(token, position + step + 1)
+    return torch.stack(tokens, 1), None if temperature == 0 else torch.stack(probs, 1)
+
+
+def verify(model: _CachedModel, slots: _Slots) -> torch.Tensor:
+    """The target's logits [batch, gamma + 1, V] of the round's newest token and its ``gamma`` drafts."""
+    return model.forward(slots)
+
+
+def accept_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy verification: accept while the draft token is the target's argmax.
+
+    Parameters
+    ----------
+    draft_tokens : torch.Tensor
+        [batch, gamma] proposed tokens.
+    target_logits : torch.Tensor
+        [batch, gamma + 1, V]; position ``j`` predicts the token after draft token ``j - 1``.
+
+    Returns
+    -------
+    accepted, following : torch.Tensor
+        [batch] accepted draft tokens, and the target's argmax after them (a correction, or the
+        bonus token when all were accepted).
+    """
+    target_tokens = target_logits.argmax(-1)
+    return _accept_prefix(draft_tokens == target_tokens[:, :-1], target_tokens)
+
+
+def accept_synthetic(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, alpha: float,
+                     generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Synthetic acceptance: accept each draft token with probability ``alpha``, whatever it is.
+
+    The accepted count is the number of successes before the first failure, capped at gamma, so a
+    round emits ``(1 - alpha**(gamma+1)) / (1 - alpha)`` tokens on average (Eq. 5's numerator).
+    ``target_tokens`` [batch, gamma + 1] are the target's picks; the one after the accepted prefix
+    follows it. The output is not the target's: this mode times systems at a fixed acceptance.
+    """
+    coins = torch.rand(draft_tokens.shape, generator=generator, device=draft_tokens.device) < alpha
+    return _accept_prefix(coins, target_tokens)
+
+
+def accept_sampling(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                    generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling (Leviathan et al. 2023): lossless at any temperature.
+
+    Draft token ``x_j`` (drawn from ``q_j``) is accepted with probability ``min(1, p_j(x)/q_j(x))``;
+    after the first rejection at ``j`` the next token is drawn from ``max(0, p_j - q_j)``
+    normalised; when all ``gamma`` are accepted, a bonus token is drawn from ``p_gamma``.
+
+    Parameters
+    ----------
+    draft_tokens : torch.Tensor
+        [batch, gamma] proposed tokens.
+    draft_probs : torch.Tensor
+        [batch, gamma, V] the draft's distributions ``q`` they were drawn from.
+    target_probs : torch.Tensor
+        [batch, gamma + 1, V] the target's distributions ``p`` at the same temperature.
+
+    Returns
+    -------
+    accepted, following : torch.Tensor
+        [batch] accepted draft tokens, and the token drawn after them.
+    """
+    batch, gamma = draft_tokens.shape
+    rows = torch.arange(batch, device=draft_tokens.device)
+    p = target_probs[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0]
+    q = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
+    uniform = torch.rand(p.shape, generator=generator, device=p.device)
+    accepted = (uniform * q < p).long().cumprod(-1).sum(-1)  # u < p/q without dividing by q
+    padded_q = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)  # q = 0 after the last
+    residual = (target_probs[rows, accepted] - padded_q[rows, accepted]).clamp(min=0)
+    mass = residual.sum(-1, keepdim=True)
+    residual = torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(mass.dtype).tiny),
+                           target_probs[rows, accepted])
+    return accepted, torch.multinomial(residual, 1, generator=generator)[:, 0]
+
+
+def _accept_prefix(keep: torch.Tensor, target_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accepted counts (leading True values of ``keep`` [batch, gamma]) and the target token after them."""
+    accepted = keep.long().cumprod(-1).sum(-1)
+    return accepted, target_tokens.gather(1, accepted[:, None])[:, 0]
 
 
 class _Emitter:
@@ -172,8 +368,7 @@ class _Emitter:
         valid &= self.count[:, None] + offsets < self.max_new_tokens
         if self.eos.numel():
             is_eos = torch.isin(candidates, self.eos) & valid
-            after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0
-            valid &= ~after_eos
+            valid &= (is_eos.cumsum(-1) - is_eos.long()) == 0  # nothing after an EOS
             stopped = is_eos.any(-1)
         else:
             stopped = torch.zeros_like(self.active)
@@ -183,7 +378,24 @@ class _Emitter:
         self.active &= ~stopped & (self.count < self.max_new_tokens)
 
 
-def _check_inputs(input_ids, attention_mask, max_new_tokens, temperature):
+def emit(slots: _Slots, out: _Emitter, round_start: int, draft_tokens: torch.Tensor, accepted: torch.Tensor,
+         following: torch.Tensor) -> None:
+    """Bookkeeping after acceptance: mask rejected draft slots, emit ``accepted + 1`` tokens per sequence.
+
+    The round's slots are ``round_start`` (the previous round's last token) and the ``gamma`` drafts
+    after it; rejected drafts become holes in the attention mask of both caches from now on.
+    """
+    gamma = draft_tokens.shape[1]
+    offsets = torch.arange(gamma, device=draft_tokens.device)
+    slots.mask[:, round_start + 1:round_start + 1 + gamma] = (offsets < accepted[:, None]).long()
+    candidates = torch.cat([draft_tokens, following[:, None]], dim=1)
+    candidates.scatter_(1, accepted[:, None], following[:, None])
+    out.emit(candidates, accepted + 1)
+
+
+# ---- Generation ------------------------------------------------------------------------------------
+
+def _check_inputs(input_ids, attention_mask, max_new_tokens, temperature, max_rounds):
     if input_ids.ndim != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must be [batch, length] with length >= 1, got shape {tuple(input_ids.shape)}")
     if attention_mask is None:
@@ -194,46 +406,59 @@ def _check_inputs(input_ids, attention_mask, max_new_tokens, temperature):
         raise ValueError("every sequence needs at least one unmasked prompt token")
     if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a whole number >= 1, got {max_new_tokens!r}")
+    if max_rounds is not None and (int(max_rounds) != max_rounds or max_rounds < 1):
+        raise ValueError(f"max_rounds must be a whole number >= 1 or None, got {max_rounds!r}")
     if not temperature >= 0:
         raise ValueError(f"temperature must be >= 0, got {temperature!r}")
     return attention_mask.long()
 
 
+def _rounds_allowed(max_new_tokens: int, max_rounds: int | None) -> int:
+    """Most rounds a generation can run: every round emits a token, and the prefill emits the first."""
+    return max_new_tokens - 1 if max_rounds is None else min(max_new_tokens - 1, max_rounds)
+
+
+def _prefill(models, slots: _Slots, out: _Emitter, temperature: float, generator) -> torch.Tensor:
+    """Run the prompts through each model's cache; emit and return the target's first token."""
+    logits = [model.forward(slots) for model in models][0]
+    token, _ = _pick(logits[:, -1], temperature, generator)
+    out.emit(token[:, None], torch.ones_like(token))
+    return token
+
+
 @torch.no_grad()
 def generate_autoregressive(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                             max_new_tokens: int = 128, temperature: float = 0.0, seed: int | None = None,
-                            eos_token_id=None, pad_token_id: int = 0) -> DecodeOutput:
+                            eos_token_id=None, pad_token_id: int = 0, max_rounds: int | None = None) -> DecodeOutput:
     """Plain batched decoding with the same bookkeeping as :class:`SpeculativeDecoder` (the T_AR baseline).
 
-    Parameters are those of :meth:`SpeculativeDecoder.generate`; ``stats.t_verify`` holds the time of
-    the decode forwards.
+    Parameters are those of :meth:`SpeculativeDecoder.generate` (``max_rounds`` counts decode
+    steps). Each step's record holds the decode forward in ``t_verify`` and the token selection
+    and bookkeeping in ``t_reject``.
     """
-    attention_mask = _check_inputs(input_ids, attention_mask, max_new_tokens, temperature)
+    attention_mask = _check_inputs(input_ids, attention_mask, max_new_tokens, temperature, max_rounds)
     device = input_ids.device
-    generator = None if seed is None else torch.Generator(device).manual_seed(seed)
-    stats = DecodeStats(mode="autoregressive", gamma=0)
-    slots = _Slots(input_ids, attention_mask, input_ids.shape[1] + max_new_tokens)
+    generator = _generator(device, seed)
+    stats = DecodeStats(mode="autoregressive", gamma=0, batch_size=input_ids.shape[0])
+    steps = _rounds_allowed(max_new_tokens, max_rounds)
+    slots = _Slots(input_ids, attention_mask, input_ids.shape[1] + steps + 1)
     out = _Emitter(input_ids, max_new_tokens, eos_token_id, pad_token_id)
+    target = _CachedModel(model)
     start = _synchronize(device)
-    logits, cache = _forward(model, slots, 0, None)
-    token, _ = _pick(logits[:, -1], temperature, generator)
-    out.emit(token[:, None], torch.ones_like(token))
-    position = attention_mask.sum(-1)
+    token = _prefill([target], slots, out, temperature, generator)
+    position = attention_mask.sum(-1)  # position of ``token``
     stats.t_prefill = _synchronize(device) - start
-    while out.active.any():
+    while out.active.any() and stats.rounds < steps:
+        active = int(out.active.sum())
         tick = _synchronize(device)
-        active = out.active.clone()
         slots.append(token, position)
-        logits, cache = _forward(model, slots, slots.length - 1, cache)
+        logits = target.forward(slots)
         tock = _synchronize(device)
         token, _ = _pick(logits[:, -1], temperature, generator)
         out.emit(token[:, None], torch.ones_like(token))
         position = position + 1
-        stats.rounds += 1
-        stats.sequence_rounds += int(active.sum())
-        stats.emitted += int(active.sum())
-        stats.t_verify += tock - tick
-        stats.t_reject += _synchronize(device) - tock
+        done = _synchronize(device)
+        stats.records.append(RoundRecord(active, 0, active, 0.0, tock - tick, done - tock))
     stats.t_total = _synchronize(device) - start
     return DecodeOutput(out.sequences, out.count, stats)
 
@@ -261,7 +486,7 @@ class SpeculativeDecoder:
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  max_new_tokens: int = 128, temperature: float = 0.0, seed: int | None = None,
                  synthetic_acceptance: float | None = None, eos_token_id=None,
-                 pad_token_id: int = 0) -> DecodeOutput:
+                 pad_token_id: int = 0, max_rounds: int | None = None) -> DecodeOutput:
         """Generate up to ``max_new_tokens`` per sequence.
 
         Parameters
@@ -283,102 +508,58 @@ class SpeculativeDecoder:
             A sequence stops after emitting one of these.
         pad_token_id : int, default 0
             Fills a row after its sequence stops.
+        max_rounds : int, optional
+            Stop after this many rounds even if sequences are still active. With
+            ``max_new_tokens >= 1 + max_rounds (gamma + 1)`` and no EOS, every sequence is active
+            in every round.
 
         Returns
         -------
         DecodeOutput
         """
-        attention_mask = _check_inputs(input_ids, attention_mask, max_new_tokens, temperature)
+        attention_mask = _check_inputs(input_ids, attention_mask, max_new_tokens, temperature, max_rounds)
         if synthetic_acceptance is not None and not 0 <= synthetic_acceptance <= 1:
             raise ValueError(f"synthetic_acceptance must be in [0, 1], got {synthetic_acceptance!r}")
         gamma, device = self.gamma, input_ids.device
-        generator = torch.Generator(device)
-        generator.manual_seed(seed) if seed is not None else generator.seed()
+        generator = _generator(device, seed)
         mode = (f"synthetic alpha={synthetic_acceptance:g}" if synthetic_acceptance is not None
                 else "greedy" if temperature == 0 else "sampling")
-        stats = DecodeStats(mode=mode, gamma=gamma)
-        slots = _Slots(input_ids, attention_mask, input_ids.shape[1] + max_new_tokens * (gamma + 1) + 1)
+        stats = DecodeStats(mode=mode, gamma=gamma, batch_size=input_ids.shape[0])
+        rounds = _rounds_allowed(max_new_tokens, max_rounds)
+        slots = _Slots(input_ids, attention_mask, input_ids.shape[1] + rounds * (gamma + 1) + 1)
         out = _Emitter(input_ids, max_new_tokens, eos_token_id, pad_token_id)
-        batch = torch.arange(input_ids.shape[0], device=device)
-        offsets = torch.arange(gamma + 1, device=device)
+        target, drafter = _CachedModel(self.target), _CachedModel(self.draft)
 
         start = _synchronize(device)
-        logits, target_cache = _forward(self.target, slots, 0, None)
-        _, draft_cache = _forward(self.draft, slots, 0, None)
-        token, _ = _pick(logits[:, -1], temperature, generator)
-        out.emit(token[:, None], torch.ones_like(token))
+        token = _prefill([target, drafter], slots, out, temperature, generator)
         position = attention_mask.sum(-1)  # position of ``token``, the newest emitted token
-        draft_length = slots.length  # slots in the draft's cache
         stats.t_prefill = _synchronize(device) - start
-
-        while out.active.any():
+        while out.active.any() and stats.rounds < rounds:
             active = out.active.clone()
             tick = _synchronize(device)
             round_start = slots.length
             slots.append(token, position)
-            drafts, draft_probs = [], []
-            for step in range(gamma):
-                logits, draft_cache = _forward(self.draft, slots, draft_length, draft_cache)
-                draft_length = slots.length
-                proposal, probs = _pick(logits[:, -1], temperature, generator)
-                drafts.append(proposal)
-                draft_probs.append(probs)
-                slots.append(proposal, position + step + 1)
-            draft_tokens = torch.stack(drafts, dim=1)  # [batch, gamma]
-            tock = _synchronize(device)
-            logits, target_cache = _forward(self.target, slots, round_start, target_cache)  # [batch, gamma+1, V]
+            draft_tokens, draft_probs = draft(drafter, slots, position, gamma, temperature, generator)
+            drafted = _synchronize(device)
+            logits = verify(target, slots)
             verified = _synchronize(device)
-
-            if synthetic_acceptance is not None:
-                accept = torch.rand(draft_tokens.shape, generator=generator, device=device) < synthetic_acceptance
-                target_tokens, _ = _pick(logits, temperature, generator)
-                accepted = accept.long().cumprod(-1).sum(-1)
-                following = target_tokens[batch, accepted]
-            elif temperature == 0:
-                target_tokens = logits.argmax(-1)
-                accepted = (draft_tokens == target_tokens[:, :gamma]).long().cumprod(-1).sum(-1)
-                following = target_tokens[batch, accepted]
-            else:
-                accepted, following = _speculative_sampling(logits, draft_tokens, torch.stack(draft_probs, 1),
-                                                            temperature, generator)
-            # Rejected draft slots become holes: masked out of attention from now on.
-            slots.mask[:, round_start + 1:slots.length] = (offsets[:gamma] < accepted[:, None]).long()
-            candidates = torch.cat([draft_tokens, draft_tokens[:, :1]], dim=1)
-            candidates[batch, accepted] = following
-            out.emit(candidates, accepted + 1)
+            accepted, following = self._accept(draft_tokens, draft_probs, logits, temperature,
+                                               synthetic_acceptance, generator)
+            emit(slots, out, round_start, draft_tokens, accepted, following)
             token, position = following, position + accepted + 1
-
-            live = int(active.sum())
-            stats.rounds += 1
-            stats.sequence_rounds += live
-            stats.drafted += gamma * live
-            stats.accepted += int(accepted[active].sum())
-            stats.emitted += int(accepted[active].sum()) + live
-            stats.t_draft += tock - tick
-            stats.t_verify += verified - tock
-            stats.t_reject += _synchronize(device) - verified
+            done = _synchronize(device)
+            live, kept = int(active.sum()), int(accepted[active].sum())
+            stats.records.append(RoundRecord(live, kept, kept + live, drafted - tick, verified - drafted,
+                                             done - verified))
         stats.t_total = _synchronize(device) - start
         return DecodeOutput(out.sequences, out.count, stats)
 
-
-def _speculative_sampling(logits, draft_tokens, draft_probs, temperature, generator):
-    """Leviathan et al.'s rule: accepted counts and the token that follows the accepted prefix.
-
-    ``logits`` [batch, gamma+1, V] of the target, ``draft_tokens`` [batch, gamma] sampled from
-    ``draft_probs`` [batch, gamma, V].
-    """
-    batch, gamma = draft_tokens.shape
-    rows = torch.arange(batch, device=logits.device)
-    target_probs = torch.softmax(logits / temperature, dim=-1)
-    p = target_probs[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0]
-    q = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
-    uniform = torch.rand(p.shape, generator=generator, device=logits.device)
-    accepted = (uniform * q < p).long().cumprod(-1).sum(-1)  # u < p/q without dividing by q
-    # After a rejection at j: sample max(0, p_j - q_j), normalised; after all accepted: p_gamma.
-    padded_q = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)
-    residual = (target_probs[rows, accepted] - padded_q[rows, accepted]).clamp(min=0)
-    mass = residual.sum(-1, keepdim=True)
-    residual = torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(mass.dtype).tiny),
-                           target_probs[rows, accepted])
-    following = torch.multinomial(residual, 1, generator=generator)[:, 0]
-    return accepted, following
+    @staticmethod
+    def _accept(draft_tokens, draft_probs, logits, temperature, synthetic_acceptance, generator):
+        """The acceptance rule of the generation: synthetic, greedy or speculative sampling."""
+        if synthetic_acceptance is not None:
+            target_tokens, _ = _pick(logits, temperature, generator)
+            return accept_synthetic(draft_tokens, target_tokens, synthetic_acceptance, generator)
+        if temperature == 0:
+            return accept_greedy(draft_tokens, logits)
+        return accept_sampling(draft_tokens, draft_probs, torch.softmax(logits / temperature, dim=-1), generator)

@@ -770,6 +770,6 @@ def scorecard(device: str, robustness: pd.DataFrame | None = None) -> pd.DataFra
 
 def devices() -> list[str]:
     """Device folders of ``data/measurements/`` (each gets a scorecard)."""
-    from moesd.measurements import MEASUREMENTS_DIR
+    from moesd.measurements import measurements_dir
 
-    return sorted(path.name for path in MEASUREMENTS_DIR.iterdir() if path.is_dir())
+    return sorted(path.name for path in measurements_dir().iterdir() if path.is_dir())

@@ -1,117 +1,380 @@
-"""Sweeps: result files, columns, resuming, refusing to overwrite; on tiny random-weight models."""
+"""Sweeps: the steady-state protocol, result files that never lose or misstate a point, refusing bad settings."""
 
 import json
+import os
+import stat
 
+import numpy as np
 import pandas as pd
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import moesd.bench as bench  # noqa: E402
-from moesd.bench import SweepConfig, preset, run_sweep, summarize  # noqa: E402
+from moesd._files import atomic_write  # noqa: E402
+from moesd.bench import (SweepConfig, acceptance_seed, estimate_seconds, preset, run_sweep,  # noqa: E402
+                         steady_state_row, time_autoregressive, time_speculative)
+from moesd.sd import DecodeStats, RoundRecord, SpeculativeDecoder, generate_autoregressive  # noqa: E402
 from moesd.speedup import alpha_from_sigma  # noqa: E402
+from moesd.speedup import speedup as eq4  # noqa: E402
+from moesd.zoo import get_model, noisy_copy  # noqa: E402
 
 TINY = dict(target="qwen2-57b-a14b", draft="qwen2-0.5b", layers=1, draft_layers=1, width=1 / 32,
-            batch_sizes=(1, 3), gammas=(2, 3), context=8, max_new_tokens=6, repeats=2, warmup=1)
+            batch_sizes=(1, 3), gammas=(2, 3), context=8, repeats=2, warmup=1)
+E2E = dict(TINY, rounds=2, warmup_rounds=1)
 
 
-def test_forward_study_writes_every_point(tmp_path):
-    path = run_sweep(SweepConfig("forward", **TINY), tmp_path, progress=False)
+@pytest.fixture(scope="module")
+def ragged_pair():
+    """A tiny target and a noisy copy of it as draft: real greedy acceptance, different per sequence."""
+    target = get_model("qwen2-57b-a14b").random_model(num_layers=1, width=1 / 32, seed=0)
+    return target, noisy_copy(target, 0.06)
+
+
+def test_steady_state_speedup_matches_eq4_under_ragged_acceptance(ragged_pair):
+    """B = 8, real acceptance: the timed window holds only rounds with every sequence active.
+
+    The old protocol (one batch of 16 tokens timed until its last sequence stopped) fails this: its
+    speedup is Eq. 4 times the share of sequence-rounds still active.
+    """
+    target, draft = ragged_pair
+    ids = torch.randint(1, target.config.vocab_size, (8, 8), generator=torch.Generator().manual_seed(0))
+    decoder = SpeculativeDecoder(target, draft, 3)
+    ar, sd = time_autoregressive(target, ids, 32, 1), time_speculative(decoder, ids, 32, 1)
+    assert 0.2 < sd.acceptance_rate < 0.9 and len({r.accepted for r in sd.records}) > 3  # ragged
+    row = steady_state_row(ar, sd)
+    assert row["rounds"] == row["ar_steps"] == 32
+    assert row["speedup"] / row["speedup_eq4"] == pytest.approx(1, abs=0.03)
+    assert row["sigma"] == pytest.approx(sd.emitted / (8 * 32 * 4))
+    # The old protocol on the same pair and prompts: Eq. 4 overstates its speedup (stragglers)
+    old_ar = generate_autoregressive(target, ids, max_new_tokens=16).stats
+    old_sd = decoder.generate(ids, max_new_tokens=16).stats
+    old_t_ar, old_t_sd = ((s.t_total - s.t_prefill) / 15 for s in (old_ar, old_sd))
+    old_eq4 = eq4(old_sd.sigma, 3, old_t_ar, old_sd.t_verify / old_sd.rounds, old_sd.t_draft / (3 * old_sd.rounds),
+                  old_sd.t_reject / old_sd.rounds)
+    assert not old_sd.full and (old_t_ar / old_t_sd) / old_eq4 < 0.97
+
+
+def test_windows_with_an_idle_sequence_are_refused():
+    ar = DecodeStats("autoregressive", 0, 2, [RoundRecord(2, 0, 2, 0.0, 1.0, 0.1)])
+    idle = DecodeStats("greedy", 2, 2, [RoundRecord(1, 2, 3, 0.1, 1.0, 0.1)])  # one of two sequences active
+    with pytest.raises(ValueError, match="full windows"):
+        steady_state_row(ar, idle)
+    assert steady_state_row(ar, DecodeStats("greedy", 2, 2, [RoundRecord(2, 2, 4, 0.1, 1.0, 0.1)]))["speedup"] > 0
+
+
+def test_forward_study_writes_every_point_and_honours_top_ks(tmp_path, monkeypatch):
+    built, real_build = [], bench.build_models
+
+    def recording_build(config, top_k=None):
+        models = real_build(config, top_k)
+        built.append(models[0].config.num_experts_per_tok)
+        return models
+
+    monkeypatch.setattr(bench, "build_models", recording_build)
+    path = run_sweep(SweepConfig("forward", **{**TINY, "top_ks": (2, 4)}), tmp_path, progress=False)
     frame = pd.read_csv(path)
-    assert len(frame) == 2 * 2 * 4 * 2  # roles x batch sizes x s in {1, 2, 3, 4} x repeats
-    assert set(frame["tokens"]) == {1, 2, 3, 4} and set(frame["role"]) == {"target", "draft"}
-    assert (frame["seconds"] > 0).all() and (frame["num_experts_per_tok"] == 8).all()
+    assert built == [2, 4] and sorted(frame["num_experts_per_tok"].unique()) == [2, 4]
+    assert len(frame) == 2 * 2 * 2 * 4 * 2  # K x roles x batch sizes x s in {1, 2, 3, 4} x repeats
+    assert set(frame["tokens"]) == {1, 2, 3, 4} and (frame["seconds"] > 0).all()
     sidecar = json.loads(path.with_suffix(".json").read_text())
-    assert sidecar["complete"] and sidecar["weights"] == "random" and sidecar["acceptance"]["mode"] == "synthetic"
-    assert {"device", "torch", "transformers", "commit", "date", "command"} <= set(sidecar)
-    medians = summarize(frame, ["role", "batch_size", "tokens"], "seconds")
-    assert (medians["q25"] <= medians["median"]).all() and (medians["median"] <= medians["q75"]).all()
+    assert sidecar["complete"] and sidecar["settings"]["top_ks"] == [2, 4] and sidecar["acceptance"] == {"mode": "none"}
+    assert {"device", "torch", "transformers", "commit", "date", "command", "hardware"} <= set(sidecar)
 
 
-def test_e2e_rows_are_consistent(tmp_path):
-    path = run_sweep(SweepConfig("e2e", **TINY), tmp_path, progress=False)
+def test_e2e_rows_follow_the_protocol(tmp_path):
+    path = run_sweep(SweepConfig("e2e", **E2E), tmp_path, progress=False)
     frame = pd.read_csv(path)
     assert len(frame) == 2 * 2 * 2
-    required = {"batch_size", "gamma", "num_experts_per_tok", "t_ar", "t_sd", "t_target_1", "t_target_gamma",
-                "t_draft", "t_reject", "sigma", "speedup", "target_efficiency", "run", "alpha"}
-    assert required <= set(frame.columns)
+    schema = {"run", "batch_size", "gamma", "num_experts_per_tok", "context", "seed", "sigma_target", "alpha",
+              "warmup_rounds", "rounds", "ar_steps", "t_ar", "t_sd", "t_target_1", "t_target_gamma", "t_draft",
+              "t_reject", "sigma", "accept_length", "speedup", "speedup_eq4", "target_efficiency"}
+    assert set(frame.columns) == schema
+    assert (frame["rounds"] == 2).all() and (frame["ar_steps"] == 2).all() and (frame["warmup_rounds"] == 1).all()
     assert frame["speedup"].to_numpy() == pytest.approx((frame["t_ar"] / frame["t_sd"]).to_numpy())
-    assert frame["target_efficiency"].to_numpy() == pytest.approx(
-        (frame["t_target_1"] / frame["t_target_gamma"]).to_numpy())
+    assert frame["speedup_eq4"].to_numpy() == pytest.approx(frame["speedup"].to_numpy(), rel=1e-9)
+    efficiency = frame["t_target_1"] / frame["t_target_gamma"]
+    assert frame["target_efficiency"].to_numpy() == pytest.approx(efficiency.to_numpy())
+    assert (frame["t_ar"] > frame["t_target_1"]).all()  # the AR step also selects its token
     assert ((frame["sigma"] >= 1 / (frame["gamma"] + 1)) & (frame["sigma"] <= 1)).all()
-    for gamma, alpha in frame.groupby("gamma")["alpha"].first().items():
-        assert alpha == pytest.approx(float(alpha_from_sigma(bench.PAPER_SIGMA[gamma], gamma)))
+    for row in frame.itertuples():
+        assert row.sigma_target == bench.PAPER_SIGMA[row.gamma]
+        assert row.alpha == pytest.approx(float(alpha_from_sigma(row.sigma_target, row.gamma)))
+        assert row.seed == acceptance_seed("e2e", row.batch_size, row.gamma, 8, row.run)
+    assert frame["seed"].nunique() == len(frame)  # no two points share their acceptance coins
+    # each point's AR window is shared by its gammas
+    assert (frame.groupby(["run", "batch_size"])["t_ar"].nunique() == 1).all()
+
+
+def test_acceptance_seeds_are_independent_and_reproducible():
+    seeds = {acceptance_seed(study, b, g, k, r) for study in ("e2e", "sparsity") for b in (1, 2, 100)
+             for g in (2, 4) for k in (1, 8) for r in range(3)}
+    assert len(seeds) == 2 * 3 * 2 * 2 * 3
+    assert acceptance_seed("e2e", 4, 2, 8, 0) == acceptance_seed("e2e", 4, 2, 8, 0)
+    assert acceptance_seed("e2e", 4, 2, 8, 0, base_seed=1) != acceptance_seed("e2e", 4, 2, 8, 0)
+
+
+def test_small_batches_measure_the_target_sigma():
+    """32 rounds at B = 1, 2, 4 with independent seeds: no bias towards sigma = 1 (the old protocol's)."""
+
+    class Stub(torch.nn.Module):
+        lm_head = torch.nn.Linear(1, 4, bias=False)
+
+        def get_output_embeddings(self):
+            return self.lm_head
+
+        def forward(self, input_ids, past_key_values=None, **kwargs):
+            return type("Output", (), {"logits": torch.zeros(*input_ids.shape, 4), "past_key_values": None})
+
+    for gamma, sigma in bench.PAPER_SIGMA.items():
+        alpha, decoder = float(alpha_from_sigma(sigma, gamma)), SpeculativeDecoder(Stub(), Stub(), gamma)
+        measured = [time_speculative(decoder, torch.ones(b, 2, dtype=torch.long), 32, 1, alpha,
+                                     acceptance_seed("e2e", b, gamma, 8, run)).sigma
+                    for b in (1, 2, 4) for run in range(3)]
+        assert np.mean(measured) == pytest.approx(sigma, abs=0.03)
+
+
+def test_settings_study_emulates_table_1(tmp_path):
+    config = SweepConfig("settings", **{**E2E, "gammas": (4,), "batch_sizes": (2,), "repeats": 1, "rounds": 2})
+    assert [(w["dataset"], w["temperature"], w["sigma"][4]) for w in config.workloads] == [
+        ("humaneval", 0.0, 0.91), ("humaneval", 1.0, 0.67), ("mtbench", 0.0, 0.55), ("mtbench", 1.0, 0.48)]
+    frame = pd.read_csv(run_sweep(config, tmp_path, progress=False))
+    assert len(frame) == 4 and sorted(frame["setting"]) == ["humaneval T=0", "humaneval T=1", "mtbench T=0",
+                                                             "mtbench T=1"]
+    assert frame["sigma_target"].tolist() == [w["sigma"][4] for w in config.workloads]
+    assert frame["seed"].nunique() == 4 and frame["t_ar"].nunique() == 1
 
 
 def test_sparsity_study_varies_k(tmp_path):
-    config = SweepConfig("sparsity", **{**TINY, "top_ks": (1, 4), "repeats": 1, "batch_sizes": (2,)})
+    config = SweepConfig("sparsity", **{**E2E, "top_ks": (1, 4), "repeats": 1, "batch_sizes": (2,)})
     frame = pd.read_csv(run_sweep(config, tmp_path, progress=False))
     assert sorted(frame["num_experts_per_tok"].unique()) == [1, 4] and len(frame) == 2 * 2
 
 
-def test_an_interrupted_sweep_resumes_and_a_finished_one_is_kept(tmp_path, monkeypatch):
-    config = SweepConfig("e2e", **TINY)
-    real_row, calls = bench._e2e_row, []
+def test_an_interrupted_sweep_loses_only_the_point_in_flight(tmp_path, monkeypatch):
+    config = SweepConfig("e2e", **E2E)  # 4 points (2 repeats x 2 batch sizes) of 2 SD runs each
+    real, calls = bench.time_speculative, []
 
-    def failing_row(*args):
+    def interrupted(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 6:
+        if len(calls) == 2 + 2 * 2 + 2:  # after the warm-up's two, the third point's second SD run
             raise KeyboardInterrupt
-        return real_row(*args)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(bench, "_e2e_row", failing_row)
+    monkeypatch.setattr(bench, "time_speculative", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(config, tmp_path, progress=False)
     partial = pd.read_csv(tmp_path / "e2e.csv")
-    assert len(partial) == 4  # the first repeat's rows were written, the second's lost with the interruption
+    assert len(partial) == 2 * 2  # the two finished points, every row of each
     assert not json.loads((tmp_path / "e2e.json").read_text())["complete"]
-    monkeypatch.setattr(bench, "_e2e_row", real_row)
+    monkeypatch.setattr(bench, "time_speculative", real)
     frame = pd.read_csv(run_sweep(config, tmp_path, progress=False))
     assert len(frame) == 8 and not frame.duplicated(["run", "batch_size", "gamma"]).any()
     pd.testing.assert_frame_equal(frame.iloc[:4], partial)
     with pytest.raises(FileExistsError, match="finished"):
         run_sweep(config, tmp_path, progress=False)
     with pytest.raises(FileExistsError, match="finished"):
-        run_sweep(SweepConfig("e2e", **{**TINY, "repeats": 3}), tmp_path, progress=False)
+        run_sweep(SweepConfig("e2e", **{**E2E, "repeats": 3}), tmp_path, progress=False)
     assert len(pd.read_csv(run_sweep(config, tmp_path, overwrite=True, progress=False))) == 8
 
 
-def test_other_settings_do_not_resume(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "_e2e_row", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
+def test_a_truncated_or_incomplete_row_is_measured_again(tmp_path, monkeypatch):
+    config = SweepConfig("e2e", **{**E2E, "repeats": 1})
+    real, calls = bench.time_speculative, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2 + 2 + 2:  # after the warm-up's two, the second point's second SD run
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "time_speculative", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        run_sweep(SweepConfig("e2e", **TINY), tmp_path, progress=False)
-    (tmp_path / "e2e.csv").write_text("run,batch_size,gamma\n")
+        run_sweep(config, tmp_path, progress=False)
+    monkeypatch.setattr(bench, "time_speculative", real)
+    path = tmp_path / "e2e.csv"
+    lines = path.read_text().splitlines(keepends=True)
+    assert len(lines) == 3  # header and the first point's two rows
+    header, cells = lines[0].strip().split(","), lines[1].split(",")
+    cells[header.index("t_sd")] = ""  # an empty cell in the first row
+    lines[1] = ",".join(cells)
+    path.write_text("".join(lines)[:-9])  # and the last row cut mid-line
     with pytest.raises(FileExistsError, match="other settings"):
-        run_sweep(SweepConfig("e2e", **{**TINY, "context": 9}), tmp_path, progress=False)
+        run_sweep(SweepConfig("e2e", **{**E2E, "repeats": 1, "context": 9}), tmp_path, progress=False)
+    with pytest.warns(UserWarning) as warned:
+        frame = pd.read_csv(run_sweep(config, tmp_path, progress=False))
+    messages = [str(w.message) for w in warned]
+    assert any("line 3, cut mid-line" in m for m in messages)
+    assert any("data row 1, which has empty" in m for m in messages)
+    assert len(frame) == 4 and not frame.isna().any().any()
+    assert json.loads((tmp_path / "e2e.json").read_text())["complete"]
 
 
 @pytest.mark.parametrize("changes, match", [
-    (dict(study="prefill"), "study"), (dict(weights="trained"), "weights"), (dict(sigma=None), "random weights"),
-    (dict(sigma={2: 0.9}), "no value for gamma"), (dict(repeats=0), "repeats"), (dict(batch_sizes=(0, 1)), ">= 1")])
+    (dict(study="prefill"), "study must be one of"),
+    (dict(weights="trained"), "weights must be"),
+    (dict(target="gpt-5"), "target unknown model 'gpt-5'"),
+    (dict(sigma="real"), "random weights"),
+    (dict(sigma={2: 0.9}), r"no value for gamma \[3\]"),
+    (dict(sigma={2: 0.9, 3: 0.9, 4: 0.9}), r"gamma \[4\], which the sweep does not run"),
+    (dict(sigma={2: 0.2, 3: 0.9}), r"must lie in \[1/\(gamma\+1\), 1\]"),
+    (dict(sigma=[0.9, 0.9]), "must map each gamma"),
+    (dict(repeats=0), "repeats must be >= 1"),
+    (dict(rounds=0), "rounds must be >= 1"),
+    (dict(rounds=2.5), "rounds must be a whole number"),
+    (dict(warmup_rounds=-1), "warmup_rounds must be >= 0"),
+    (dict(context=0), "context must be >= 1"),
+    (dict(batch_sizes=(0, 1)), "batch_sizes must be >= 1"),
+    (dict(batch_sizes=(2, 2)), "must not repeat"),
+    (dict(batch_sizes=()), "at least one value"),
+    (dict(gammas=(2, 2.5)), "gammas must be a whole number"),
+    (dict(dtype="bogus"), "dtype must be one of float32"),
+    (dict(device="nonsense"), "device must be 'cpu', 'cuda' or 'cuda:N'"),
+    (dict(top_ks=(65,)), r"top_ks must lie in \[1, 64\]"),
+    (dict(target="opt-30b", draft="opt-350m", top_ks=(2,)), "top_ks applies to MoE targets; opt-30b is dense"),
+    (dict(layers=29), r"layers must be in \[1, 28\]"),
+    (dict(width=0.0), r"width must be in \(0, 1\]"),
+    (dict(weights="pretrained"), "shape settings apply to random weights only"),
+    (dict(target_path="/weights"), "apply to pretrained weights only"),
+    (dict(workloads=({"dataset": "x", "temperature": 0, "sigma": {2: 0.9, 3: 0.9}},)), "settings study only"),
+])
 def test_bad_configs_raise(changes, match):
     with pytest.raises(ValueError, match=match):
-        SweepConfig(**{"study": "e2e", **TINY, **changes})
+        SweepConfig(**{"study": "e2e", **E2E, **changes})
+
+
+def test_pretrained_weights_default_to_real_acceptance():
+    config = SweepConfig("e2e", target="qwen2-57b-a14b", draft="qwen2-0.5b", weights="pretrained")
+    assert config.sigma == "real" and config.layers is None and config.settings()["sigma"] == "real"
+
+
+@pytest.mark.parametrize("study, changes, match", [
+    ("forward", dict(rounds=8), "rounds is not used by the forward study"),
+    ("forward", dict(sigma={2: 0.9, 3: 0.9}), "sigma is not used by the forward study"),
+    ("dense_forward", dict(target="opt-30b", draft="opt-350m", top_ks=(2,)), "opt-30b is dense"),
+    ("settings", dict(sigma={2: 0.9, 3: 0.9}), "sigma is not used by the settings study"),
+])
+def test_settings_a_study_does_not_use_are_refused(study, changes, match):
+    with pytest.raises(ValueError, match=match):
+        SweepConfig(**{"study": study, **TINY, **changes})
+
+
+def test_summarize_keeps_its_old_home():
+    from moesd import measurements
+
+    assert bench.summarize is measurements.summarize
 
 
 def test_presets_keep_the_paper_settings():
-    cpu = preset("sparsity")
-    assert cpu.top_ks == (1, 2, 4, 8, 16, 32) and cpu.gammas == (2, 4) and len(cpu.batch_sizes) == 19
+    sparsity = preset("sparsity")
+    assert sparsity.top_ks == (1, 2, 4, 8, 16, 32) and sparsity.gammas == (2, 4) and len(sparsity.batch_sizes) == 19
+    assert len(sparsity.top_ks) * len(sparsity.gammas) * len(sparsity.batch_sizes) == 228
     assert preset("dense").target == "opt-30b" and preset("e2e", "gpu").dtype == "bfloat16"
-    assert preset("e2e").sigma == {2: 0.95, 3: 0.93, 4: 0.90}
+    assert preset("e2e").sigma == {2: 0.95, 3: 0.93, 4: 0.90} and sparsity.sigma == {2: 0.95, 4: 0.90}
+    assert all(preset(s).rounds >= 32 for s in ("e2e", "sparsity", "dense", "settings"))
+    assert preset("settings").repeats == 5 and len(preset("settings").workloads) == 4
+    assert preset("forward").rounds is None and preset("forward").sigma is None
     with pytest.raises(ValueError, match="preset"):
         preset("e2e", "tpu")
+
+
+def test_estimate_seconds_by_hand():
+    forward = pd.DataFrame([{"role": r, "batch_size": b, "tokens": s, "seconds": 1.0}
+                            for r in ("target", "draft") for b in (1, 2) for s in (1, 3)])
+    config = SweepConfig("e2e", **{**E2E, "batch_sizes": (1, 2), "gammas": (2,), "repeats": 1, "rounds": 4})
+    # per batch size: AR 4 steps + SD 4 rounds of (2 drafts + 1 verify); warm-up 1 + 3; prefills 2 target, 1 draft
+    assert estimate_seconds(config, forward, build_seconds=5) == {"timed": 32, "warmup": 8, "prefill": 6,
+                                                                  "build": 5, "total": 51}
+    with pytest.raises(ValueError, match="no target time at B = 1, s = 4"):
+        estimate_seconds(SweepConfig("e2e", **{**E2E, "batch_sizes": (1,), "gammas": (3,)}), forward)
+
+
+def test_atomic_write_refuses_special_files(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target, kind in ((fifo, "FIFO"), (tmp_path, "folder"), ("/dev/null", "character device")):
+        with pytest.raises(ValueError, match=f"is a {kind}, not a regular file"):
+            with atomic_write(target, "w") as file:
+                file.write("x")
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    real, link = tmp_path / "real.txt", tmp_path / "link.txt"
+    real.write_text("old")
+    link.symlink_to(real)
+    with atomic_write(link, "w") as file:
+        file.write("new")
+    assert link.is_symlink() and real.read_text() == "new"
+
+
+def test_out_dir_and_device_are_checked_before_any_model(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "build_models", lambda *a, **k: pytest.fail("a model was built"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="is not a folder"):
+        run_sweep(SweepConfig("e2e", **E2E), tmp_path / "file", progress=False)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="'cuda' is not available"):
+            run_sweep(SweepConfig("e2e", **{**E2E, "device": "cuda"}), tmp_path, progress=False)
+    (tmp_path / "e2e.csv").mkdir()
+    with pytest.raises(ValueError, match="not a regular file"):
+        run_sweep(SweepConfig("e2e", **E2E), tmp_path, progress=False)
+
+
+def test_the_default_folder_follows_moesd_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOESD_DATA", str(tmp_path / "data"))
+    config = SweepConfig("e2e", **{**E2E, "batch_sizes": (1,), "gammas": (2,), "repeats": 1, "rounds": 2})
+    path = run_sweep(config, progress=False)
+    assert path == tmp_path / "data" / "measurements" / "cpu" / "e2e.csv" and path.exists()
+
+
+CLI_TINY = ["--layers", "1", "--draft-layers", "1", "--width", "0.03125", "--batch-sizes", "2", "--gammas", "2",
+            "--repeats", "1", "--rounds", "2", "--context", "5"]
 
 
 def test_cli_sweep(tmp_path, capsys):
     from moesd.cli import main
 
-    arguments = ["sweep", "e2e", "--layers", "1", "--draft-layers", "1", "--width", "0.03125", "--batch-sizes", "2",
-                 "--gammas", "2", "--sigma", "0.8", "--repeats", "1", "--max-new-tokens", "4", "--context", "5",
-                 "--out-dir", str(tmp_path)]
+    arguments = ["sweep", "e2e", *CLI_TINY, "--sigma", "0.8", "--out-dir", str(tmp_path)]
     assert main(arguments) == 0
     frame = pd.read_csv(tmp_path / "e2e.csv")
     assert len(frame) == 1 and frame["alpha"].iloc[0] == pytest.approx(float(alpha_from_sigma(0.8, 2)))
     with pytest.raises(SystemExit):
         main(arguments)
     assert "finished" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["e2e", "--gammas", "2", "--sigma", "0.9", "0.5"], "--sigma has 2 value(s) for 1 gamma(s) [2]"),
+    (["e2e", "--sigma", "0.9"], "--sigma has 1 value(s) for 3 gamma(s) [2, 3, 4]"),
+    (["e2e", "--sigma", "high"], "--sigma takes numbers or 'real'"),
+    (["forward", "--top-ks", "2", "--rounds", "4"], "--rounds is not used by the forward study"),
+    (["dense", "--top-ks", "2"], "--top-ks applies to MoE targets; opt-30b is dense"),
+    (["e2e", "--weights", "pretrained", "--layers", "2"], "layers=2: shape settings apply to random weights only"),
+    (["e2e", "--dtype", "bogus"], "--dtype must be one of float32"),
+    (["e2e", "--device", "nonsense"], "--device must be 'cpu', 'cuda' or 'cuda:N', got 'nonsense'"),
+    (["e2e", "--rounds", "0"], "--rounds must be >= 1, got 0"),
+    (["e2e", "--repeats", "0"], "--repeats must be >= 1, got 0"),
+    (["e2e", "--width", "2"], "--width must be in (0, 1], got 2.0"),
+])
+def test_cli_sweep_refuses_bad_settings_before_any_model(arguments, message, capsys, monkeypatch, tmp_path):
+    from moesd.cli import main
+
+    monkeypatch.setattr(bench, "build_models", lambda *a, **k: pytest.fail("a model was built"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["sweep", *arguments, "--out-dir", str(tmp_path)])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and message in error
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_cli_sweep_refuses_a_bad_out_dir_or_device(tmp_path, capsys, monkeypatch):
+    from moesd.cli import main
+
+    monkeypatch.setattr(bench, "build_models", lambda *a, **k: pytest.fail("a model was built"))
+    (tmp_path / "file").write_text("")
+    cases = [(["--out-dir", str(tmp_path / "file")], "is not a folder")]
+    if not torch.cuda.is_available():
+        cases.append((["--device", "cuda", "--out-dir", str(tmp_path)], "'cuda' is not available"))
+    for arguments, message in cases:
+        with pytest.raises(SystemExit) as exit_:
+            main(["sweep", "e2e", *CLI_TINY, *arguments])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err

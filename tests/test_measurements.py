@@ -1,11 +1,16 @@
-"""Reading shipped measurements, and the quantities the chapters derive from them."""
+"""Reading shipped measurements, checking what is read, and the quantities the chapters derive from them."""
+
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from moesd.fit import sigma_adjusted_speedup
-from moesd.measurements import available, forward_target_efficiency, load, provenance
+from moesd.measurements import (MeasurementWarning, available, check_rows, fitting_frame,
+                                forward_target_efficiency, load, provenance, summarize)
 
 
 def test_shipped_studies_load_with_provenance():
@@ -48,3 +53,67 @@ def test_ridge_point_comes_from_the_sidecars_measured_roofline():
         ridge_point_for({"device": "AMD EPYC"})
     with pytest.raises(ValueError, match="unknown Hardware field"):
         ridge_point_for({"hardware": {**record, "colour": "green"}})
+
+
+def e2e_rows(**changes):
+    row = {"run": 0, "batch_size": 4, "gamma": 2, "num_experts_per_tok": 8, "sigma_target": 0.95, "alpha": 0.949,
+           "t_ar": 0.02, "t_sd": 0.012, "t_target_1": 0.019, "t_target_gamma": 0.025, "t_draft": 0.002,
+           "t_reject": 0.0005, "sigma": 0.95, "speedup": 1.6}
+    return pd.DataFrame([row, {**row, "run": 1, **changes}])
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(speedup=2.95), "line 3 (run=1, batch_size=4, gamma=2, num_experts_per_tok=8): speedup = 2.95 exceeds "
+                         "sigma (gamma + 1) = 2.85 by more than 2%"),
+    (dict(t_draft=0.0), "line 3 (run=1, batch_size=4, gamma=2, num_experts_per_tok=8): t_draft = 0 s is not > 0"),
+    (dict(t_sd=-1.0), "t_sd = -1 s is not > 0"),
+    (dict(sigma=0.3), "sigma = 0.3 lies outside [1/(gamma+1), 1]"),
+    (dict(sigma=1.2), "sigma = 1.2 lies outside"),
+    (dict(t_ar=np.nan), "line 3 (run=1, batch_size=4, gamma=2, num_experts_per_tok=8): t_ar is empty"),
+])
+def test_check_rows_names_the_line_and_field(changes, message):
+    assert check_rows(e2e_rows()) == []
+    problems = check_rows(e2e_rows(**changes))
+    assert any(message in problem for problem in problems), problems
+
+
+def test_check_rows_allows_timing_noise_and_empty_optional_cells():
+    assert check_rows(e2e_rows(speedup=2.85 * 1.019, num_experts_per_tok=np.nan, sigma_target=np.nan)) == []
+
+
+def test_load_warns_with_file_and_line(tmp_path):
+    folder = tmp_path / "cpu"
+    folder.mkdir()
+    e2e_rows(speedup=3.5).to_csv(folder / "e2e.csv", index=False)
+    (folder / "e2e.json").write_text(json.dumps({"complete": True}))
+    with pytest.warns(MeasurementWarning, match=r"cpu/e2e.csv: line 3 .*speedup = 3.5 exceeds"):
+        frame, sidecar = load("e2e", "cpu", directory=tmp_path)
+    assert len(frame) == 2 and available(directory=tmp_path) == [("cpu", "e2e")]
+    (folder / "e2e.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot be read as a result file"):
+        load("e2e", "cpu", directory=tmp_path)
+
+
+def test_fitting_frame_takes_e_from_the_sidecar():
+    rows = e2e_rows()
+    frame = fitting_frame(rows, {"settings": {"target": "qwen2-57b-a14b"}})
+    assert list(frame.columns) == ["B", "gamma", "K", "E", "sigma", "speedup"] and (frame["E"] == 64).all()
+    assert (fitting_frame(rows, {"settings": {"target": "qwen3-30b-a3b"}})["E"] == 128).all()
+    assert (fitting_frame(rows, {"settings": {"target": "mixtral-8x7b"}})["E"] == 8).all()
+    with pytest.raises(ValueError, match="opt-30b is dense"):
+        fitting_frame(rows, {"settings": {"target": "opt-30b"}})
+    with pytest.raises(ValueError, match="e2e, sparsity or settings study"):
+        fitting_frame(rows.drop(columns="sigma"), {"settings": {"target": "qwen2-57b-a14b"}})
+    with pytest.raises(ValueError, match="names no target"):
+        fitting_frame(rows, {})
+
+
+def test_summarize_and_the_read_side_need_no_torch():
+    frame = pd.DataFrame({"b": [1, 1, 1, 2], "v": [1.0, 2.0, 3.0, 5.0]})
+    table = summarize(frame, ["b"], "v")
+    assert table["median"].tolist() == [2.0, 5.0] and table["q25"].tolist() == [1.5, 5.0]
+    assert table["runs"].tolist() == [3, 1]
+    code = ("import sys; from moesd.measurements import load, summarize, fitting_frame; "
+            "load('forward'); print('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"

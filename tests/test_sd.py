@@ -1,5 +1,7 @@
 """Batched speculative decoding: lossless against greedy decoding, assisted generation, and in distribution."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -7,7 +9,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 scipy_stats = pytest.importorskip("scipy.stats")
 
-from moesd.sd import SpeculativeDecoder, generate_autoregressive  # noqa: E402
+from moesd.sd import (SpeculativeDecoder, accept_greedy, accept_sampling, accept_synthetic,  # noqa: E402
+                      generate_autoregressive)
 from moesd.speedup import sigma as sigma_of_alpha  # noqa: E402
 from moesd.zoo import get_model  # noqa: E402
 from moesd.zoo import noisy_copy  # noqa: E402
@@ -143,17 +146,99 @@ def test_speculative_sampling_has_the_target_distribution(small_vocabulary_pair)
     assert chi_square_p(wrong, second) < 1e-6
 
 
+class FixedLogits(torch.nn.Module):
+    """A stub LM whose every position predicts token 1: the engine's bookkeeping without a model."""
+
+    def __init__(self, vocab: int = 5):
+        super().__init__()
+        self.lm_head = torch.nn.Linear(1, vocab, bias=False)
+        self.forwards = 0
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def forward(self, input_ids, past_key_values=None, **kwargs):
+        self.forwards += 1
+        logits = torch.zeros(*input_ids.shape, self.lm_head.out_features)
+        logits[..., 1] = 1.0
+        return SimpleNamespace(logits=logits, past_key_values=past_key_values)
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 0.9, 1.0])
-def test_synthetic_acceptance_follows_eq5(pair, alpha):
-    target, draft = pair
-    gamma = 3
-    ids, mask = left_padded([4] * 8, target.config.vocab_size)
-    stats = SpeculativeDecoder(target, draft, gamma).generate(
-        ids, mask, max_new_tokens=200, synthetic_acceptance=alpha, seed=0).stats
+def test_synthetic_acceptance_follows_eq5(alpha):
+    gamma, batch, rounds = 3, 64, 200
+    stub = FixedLogits()
+    ids = torch.ones(batch, 4, dtype=torch.long)
+    stats = SpeculativeDecoder(stub, stub, gamma).generate(
+        ids, max_new_tokens=1 + rounds * (gamma + 1), max_rounds=rounds, synthetic_acceptance=alpha, seed=0).stats
     assert stats.mode == f"synthetic alpha={alpha:g}"
+    assert stats.rounds == rounds and stats.full and stats.sequence_rounds == batch * rounds
+    assert stub.forwards == 2 + rounds * (gamma + 1)  # two prefills, gamma drafts and one verification a round
     if alpha in (0.0, 1.0):
         assert stats.accepted == alpha * stats.drafted
-    assert stats.sigma == pytest.approx(float(sigma_of_alpha(alpha, gamma)), abs=0.03)
+    # 12 800 sequence-rounds: the standard error of sigma is below 0.004
+    assert stats.sigma == pytest.approx(float(sigma_of_alpha(alpha, gamma)), abs=0.015)
+
+
+def test_rounds_are_recorded_and_windows_cut_them():
+    stub = FixedLogits()
+    decoder = SpeculativeDecoder(stub, stub, 2)
+    ids = torch.ones(3, 2, dtype=torch.long)
+    stats = decoder.generate(ids, max_new_tokens=1 + 5 * 3, max_rounds=5, synthetic_acceptance=0.7, seed=1).stats
+    assert stats.rounds == 5 and stats.full
+    window = stats.window(2)
+    assert window.rounds == 3 and window.t_prefill == 0
+    assert window.emitted == sum(r.emitted for r in stats.records[2:])
+    assert window.t_total == pytest.approx(sum(r.t_draft + r.t_verify + r.t_reject for r in stats.records[2:]))
+    assert all(r.emitted == r.accepted + r.active for r in stats.records)
+    # A budget the sequences reach: they stop, the rounds after it are not full
+    short = decoder.generate(ids, max_new_tokens=4, synthetic_acceptance=1.0, seed=1).stats
+    assert short.rounds == 1 and short.emitted == 3 * 3
+    ragged = decoder.generate(ids, max_new_tokens=6, synthetic_acceptance=0.5, seed=3).stats
+    assert not ragged.full
+    ar = generate_autoregressive(stub, ids, max_new_tokens=50, max_rounds=7).stats
+    assert ar.rounds == 7 and ar.full and ar.emitted == 21 and ar.sigma == 1.0
+
+
+def test_greedy_rule_accepts_exactly_the_matching_prefix():
+    vocab = 6
+    targets = torch.tensor([[2, 3, 4, 5],   # draft 2, 3, 1: two match, then the target's 4
+                            [2, 3, 1, 5],   # all three match: bonus token 5
+                            [0, 3, 1, 5]])  # the first differs: the target's 0
+    logits = torch.nn.functional.one_hot(targets, vocab).double()
+    drafts = torch.tensor([[2, 3, 1], [2, 3, 1], [2, 3, 1]])
+    accepted, following = accept_greedy(drafts, logits)
+    assert accepted.tolist() == [2, 3, 0] and following.tolist() == [4, 5, 0]
+
+
+def test_synthetic_rule_at_alpha_zero_and_one():
+    generator = torch.Generator().manual_seed(0)
+    drafts = torch.randint(0, 9, (50, 4), generator=generator)
+    picks = torch.arange(5).repeat(50, 1)
+    accepted, following = accept_synthetic(drafts, picks, 0.0, generator)
+    assert (accepted == 0).all() and (following == 0).all()
+    accepted, following = accept_synthetic(drafts, picks, 1.0, generator)
+    assert (accepted == 4).all() and (following == 4).all()  # the bonus token: the pick after the last draft
+
+
+def test_speculative_sampling_rule_against_its_closed_form():
+    """gamma = 1 on a 3-token vocabulary: acceptance sum(min(p, q)), residual max(0, p - q), output p."""
+    p, q, bonus = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.2, 0.6]), torch.tensor([0.1, 0.1, 0.8])
+    n = 200_000
+    generator = torch.Generator().manual_seed(7)
+    drafts = torch.multinomial(q, n, replacement=True, generator=generator)[:, None]
+    accepted, following = accept_sampling(drafts, q.expand(n, 1, 3), torch.stack([p, bonus]).expand(n, 2, 3),
+                                          generator)
+    accepted, following = accepted.numpy(), following.numpy()
+    assert accepted.mean() == pytest.approx(float(torch.minimum(p, q).sum()), abs=0.005)  # 0.6
+    residual = (p - q).clamp(min=0) / (p - q).clamp(min=0).sum()  # [0.75, 0.25, 0]
+    after_rejection = np.bincount(following[accepted == 0], minlength=3) / (accepted == 0).sum()
+    assert after_rejection == pytest.approx(residual.numpy(), abs=0.01)
+    assert after_rejection[2] == 0  # never a token the draft over-proposes
+    after_acceptance = np.bincount(following[accepted == 1], minlength=3) / (accepted == 1).sum()
+    assert after_acceptance == pytest.approx(bonus.numpy(), abs=0.01)
+    first = np.where(accepted == 1, drafts[:, 0].numpy(), following)
+    assert np.bincount(first, minlength=3) / n == pytest.approx(p.numpy(), abs=0.006)  # lossless: p, not q
 
 
 def test_seeded_runs_repeat(pair):
@@ -174,7 +259,8 @@ def test_bad_arguments_raise(pair):
         SpeculativeDecoder(target, other, 2)
     decoder = SpeculativeDecoder(target, draft, 2)
     for kwargs, match in [(dict(max_new_tokens=0), "max_new_tokens"), (dict(temperature=-1.0), "temperature"),
-                          (dict(synthetic_acceptance=1.5), "synthetic_acceptance")]:
+                          (dict(synthetic_acceptance=1.5), "synthetic_acceptance"), (dict(max_rounds=0), "max_rounds"),
+                          (dict(max_rounds=2.5), "max_rounds")]:
         with pytest.raises(ValueError, match=match):
             decoder.generate(ids, mask, **kwargs)
     with pytest.raises(ValueError, match="unmasked"):

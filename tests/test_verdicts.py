@@ -352,7 +352,7 @@ def test_table3_unmeasurable():
 
 
 def test_scorecard_reads_a_device_folder(tmp_path, monkeypatch):
-    monkeypatch.setattr(moesd.measurements, "MEASUREMENTS_DIR", tmp_path)
+    monkeypatch.setattr(moesd.measurements, "measurements_dir", lambda: tmp_path)
     folder = tmp_path / "h100"
     folder.mkdir()
     e2e_study(lambda b: hump(b, 24), lambda b: hump(b, 20, 0.6, 0.3)).to_csv(folder / "e2e.csv", index=False)
@@ -368,7 +368,7 @@ def test_scorecard_reads_a_device_folder(tmp_path, monkeypatch):
 
 
 def test_scorecard_says_why_table3_cannot_be_fitted(tmp_path, monkeypatch):
-    monkeypatch.setattr(moesd.measurements, "MEASUREMENTS_DIR", tmp_path)
+    monkeypatch.setattr(moesd.measurements, "measurements_dir", lambda: tmp_path)
     (tmp_path / "cpu").mkdir()
     sparsity_study().assign(sigma=0.9).to_csv(tmp_path / "cpu" / "sparsity.csv", index=False)
     sidecar = {"device": "old CPU", "complete": True, "settings": {"target": "qwen2-57b-a14b"}}

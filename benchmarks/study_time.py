@@ -1,0 +1,59 @@
+"""Estimated wall time of every CPU preset study, from the shipped quiet-machine step times.
+
+Nothing is timed here: ``moesd.bench.estimate_seconds`` prices every forward a preset runs at the
+median T_T(B, s) and T_D(B, s) that the shipped studies measured on an otherwise idle 2-core
+machine (``data/measurements/cpu/forward.csv`` and ``dense_forward.csv``, 4-layer models). The
+sparsity study needs T_T at every K: its target times come from the shipped sparsity study's stage
+times (``t_target_1``, ``t_target_gamma`` per K, gamma and B, 4-layer target), its draft times from
+the forward study; where a preset uses fewer layers than those measurements, times are scaled by the
+ratio of layers (a rough rule: per-layer work dominates and the scaled vocabulary shrinks with the
+layers too). Build time per K is an assumption (``BUILD_SECONDS``).
+
+Run: python benchmarks/study_time.py
+"""
+
+import pandas as pd
+
+from moesd.bench import STUDIES, estimate_seconds, preset
+from moesd.measurements import load
+
+BUILD_SECONDS = 5.0
+"""Seconds to build the 4-layer random-weight target and draft (about 5 s measured on the shared machine)."""
+BUDGET_SECONDS = 15 * 60
+
+
+def sparsity_step_times() -> pd.DataFrame:
+    """Target T_T(B, 1) and T_T(B, gamma + 1) per K from the sparsity study; draft times from the forward study."""
+    sparsity, _ = load("sparsity")
+    forward, _ = load("forward")
+    target = pd.concat([
+        sparsity.assign(tokens=1, seconds=sparsity["t_target_1"]),
+        sparsity.assign(tokens=sparsity["gamma"] + 1, seconds=sparsity["t_target_gamma"]),
+    ]).assign(role="target")[["role", "batch_size", "tokens", "num_experts_per_tok", "seconds"]]
+    draft = forward[forward["role"] == "draft"].drop(columns="num_experts_per_tok")
+    draft = pd.concat([draft.assign(num_experts_per_tok=k) for k in sorted(sparsity["num_experts_per_tok"].unique())])
+    return pd.concat([target, draft[target.columns]], ignore_index=True)
+
+
+def main() -> None:
+    forward = {"forward": load("forward")[0], "dense_forward": load("dense_forward")[0]}
+    measured_layers = {"target": 4, "draft": {"forward": 3, "dense_forward": 2}}
+    rows = []
+    for study in STUDIES:
+        config = preset(study)
+        dense = study in ("dense", "dense_forward")
+        source = "dense_forward" if dense else "forward"
+        times = sparsity_step_times() if study == "sparsity" else forward[source]
+        estimate = estimate_seconds(config, times, build_seconds=BUILD_SECONDS,
+                                    target_scale=config.layers / measured_layers["target"],
+                                    draft_scale=config.draft_layers / measured_layers["draft"][source])
+        points = len(config.top_k_values) * len(config.batch_sizes) * config.repeats
+        rows.append({"study": study, "layers": f"{config.layers}/{config.draft_layers}", "points x repeats": points,
+                     "rounds": config.rounds, **{k: round(v) for k, v in estimate.items()},
+                     "minutes": round(estimate["total"] / 60, 1),
+                     "fits 15 min": estimate["total"] <= BUDGET_SECONDS})
+    print(pd.DataFrame(rows).set_index("study").to_string())
+
+
+if __name__ == "__main__":
+    main()
