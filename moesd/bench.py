@@ -47,6 +47,7 @@ import torch
 from tqdm.auto import tqdm
 
 from moesd._files import atomic_write
+from moesd.hardware import measured_roofline
 from moesd.sd import SpeculativeDecoder, generate_autoregressive
 from moesd.speedup import alpha_from_sigma
 from moesd.zoo import default_experts_implementation, get_model
@@ -163,6 +164,8 @@ def environment(config: SweepConfig) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(sys.argv), "weights": config.weights, "acceptance": acceptance,
         "experts_implementation": default_experts_implementation(device),
+        # the measured roofline of this device in the sweep's dtype and threads: "hardware" (ridge point) and curves
+        **measured_roofline(config.device, config.dtype).sidecar_entries(),
     }
 
 
