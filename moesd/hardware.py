@@ -185,30 +185,34 @@ def _threads(threads: int | None):
         torch.set_num_threads(before)
 
 
-def _time_calls(function, calls: int, device) -> list[float]:
-    """Seconds of each of ``calls`` calls after one untimed call: CUDA events on a GPU, the wall clock elsewhere.
+def _time_calls(function, calls: int, device, after=None) -> list[float]:
+    """Seconds of each of ``calls`` calls of ``function()`` after one untimed call.
 
-    ``function`` receives the call's index (to rotate over buffers).
+    CUDA events on a GPU, the wall clock elsewhere; ``after()``, if given, runs untimed after every call.
     """
     import torch
 
-    function(-1)
+    after = after or (lambda: None)
+    function()
+    after()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         events = []
-        for index in range(calls):
+        for _ in range(calls):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            function(index)
+            function()
             end.record()
             events.append((start, end))
+            after()
         torch.cuda.synchronize(device)
         return [start.elapsed_time(end) / 1e3 for start, end in events]
     seconds = []
-    for index in range(calls):
+    for _ in range(calls):
         tick = time.perf_counter()
-        function(index)
+        function()
         seconds.append(time.perf_counter() - tick)
+        after()
     return seconds
 
 
@@ -248,7 +252,7 @@ def streaming_bandwidth(device: str = "cpu", array_bytes: int | None = None, rep
     a = torch.empty(elements, dtype=torch.float32, device=device).fill_(0.0)
     b = torch.empty_like(a).fill_(1.0)
     c = torch.empty_like(a).fill_(2.0)
-    kernels = {"copy": lambda _: a.copy_(b), "triad": lambda _: torch.add(b, c, alpha=3.0, out=a)}
+    kernels = {"copy": lambda: a.copy_(b), "triad": lambda: torch.add(b, c, alpha=3.0, out=a)}
     rows = []
     for kernel, function in kernels.items():
         seconds = _time_calls(function, repeats, device)
@@ -311,7 +315,7 @@ def gemm_curve(tokens=GEMM_TOKENS, in_features: int = 3584, out_features: int = 
     with torch.no_grad():
         for m, flop in zip(tokens, flops):
             x = torch.empty(m, in_features, dtype=torch_dtype, device=device).uniform_(-1, 1, generator=generator)
-            seconds = _time_calls(lambda _: torch.nn.functional.linear(x, weight()), repeats, device)
+            seconds = _time_calls(lambda: torch.nn.functional.linear(x, weight()), repeats, device)
             best, median = min(seconds), statistics.median(seconds)
             rows.append({"tokens": m, "in_features": in_features, "out_features": out_features,
                          "flops": float(flop), "best_seconds": best, "median_seconds": median,
@@ -555,11 +559,8 @@ def forward_seconds(model, batch_size: int, tokens_per_sequence: int = 1, contex
         new = torch.randint(1, vocab, (batch_size, tokens_per_sequence), generator=generator).to(device)
         positions = torch.arange(context, context + tokens_per_sequence, device=device).expand(batch_size, -1)
 
-        def one(_):
-            model(input_ids=new, position_ids=positions, past_key_values=cache, use_cache=True)
-            cache.crop(-tokens_per_sequence)  # drop the timed tokens (crop takes a negative count)
-
-        return _time_calls(one, repeats, device)
+        return _time_calls(lambda: model(input_ids=new, position_ids=positions, past_key_values=cache, use_cache=True),
+                           repeats, device, after=lambda: cache.crop(-tokens_per_sequence))  # crop takes a negative count
 
 
 def expert_dispatch_seconds(model: str = "qwen2-57b-a14b", dtype: str = "float32", device: str = "cpu",
@@ -597,7 +598,7 @@ def expert_dispatch_seconds(model: str = "qwen2-57b-a14b", dtype: str = "float32
         for n in range(K, E + 1, K):
             index = (torch.arange(tokens)[:, None] * K + torch.arange(K)[None, :]) % n
             index = index.to(device)
-            seconds = _time_calls(lambda _: experts(hidden, index, weights), repeats, device)
+            seconds = _time_calls(lambda: experts(hidden, index, weights), repeats, device)
             rows.append({"experts": n, "median_seconds": statistics.median(seconds)})
     table = pd.DataFrame(rows)
     slope, intercept = np.polyfit(table["experts"], table["median_seconds"], 1)
