@@ -8,8 +8,8 @@
     (x K = 1, 2, 4, 8, 16, 32, gamma 2, 4, 1 repeat) under the steady-state protocol of issue 9 (32 timed
     AR steps and 32 timed SD rounds per point, two prefills of ``context`` tokens per sequence per point,
     warm-up not counted), from step times measured at B = 1, 8, 24, 48, 100 and interpolated linearly
-    over the 19 batch sizes. The sparsity study's K other than 8 is scaled from K = 8 by the measured
-    step times at K = 1 and K = 32 only with ``--sparsity-k``.
+    over the 19 batch sizes. The sparsity study takes the K = 8 step times for every K, or with
+    ``--sparsity-k`` the step times measured at each K.
 
 An option is ``LAYERS:DRAFT_LAYERS:WIDTH_DIVISOR`` (the preset is 4:3:8). Medians of ``--repeats`` timings;
 on a shared machine the numbers are noisy, and 2-thread timings on an oversubscribed machine suffer
@@ -35,11 +35,11 @@ BREAKDOWN_BATCHES = (1, 8, 24, 100)
 STUDY_BATCHES = (1, 8, 24, 48, 100)
 
 
-def step_table(model, layers, width, batches, tokens, repeats, top_k=None):
-    """Median forward seconds per (batch size, tokens per sequence) of one model."""
+def step_table(model, layers, width, batches, tokens, repeats, statistic, top_k=None):
+    """Median (or best) forward seconds per (batch size, tokens per sequence) of one model."""
     net = get_model(model).random_model(layers, top_k, width)
-    rows = [{"batch_size": b, "tokens_per_sequence": s,
-             "seconds": statistics.median(forward_seconds(net, b, s, CONTEXT, repeats))}
+    pick = min if statistic == "best" else statistics.median
+    rows = [{"batch_size": b, "tokens_per_sequence": s, "seconds": pick(forward_seconds(net, b, s, CONTEXT, repeats))}
             for b in batches for s in tokens]
     return pd.DataFrame(rows)
 
@@ -68,17 +68,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--options", type=option, nargs="+", default=[(4, 3, 8)])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--sparsity-k", action="store_true", help="time K = 1 and 32 for the sparsity study")
+    parser.add_argument("--best", action="store_true", help="fastest repeat instead of the median")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's, the sweeps' count)")
+    parser.add_argument("--sparsity-k", action="store_true", help="time every K of the sparsity study")
     parser.add_argument("--no-study", action="store_true", help="breakdowns only")
     parser.add_argument("--json", help="write every table to this file")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     start = time.time()
     roofline = measure_roofline()
     hw = roofline.hardware
     print(f"{hw.name}: {hw.peak_flops / 1e9:.1f} GFLOP/s, {hw.memory_bandwidth / 1e9:.1f} GB/s, "
           f"ridge point {hw.ridge_point:.2f} FLOP/byte (shared machine)")
     print(roofline.gemm.assign(gflops=roofline.gemm["flop_per_s"] / 1e9)[["tokens", "gflops"]].T.to_string())
-    dispatch = expert_dispatch_seconds(TARGET, repeats=args.repeats)
+    statistic = "best" if args.best else "median"
+    dispatch = expert_dispatch_seconds(TARGET, repeats=args.repeats, statistic=statistic)
     print(f"expert dispatch: {dispatch['per_expert_seconds'] * 1e6:.1f} us per activated expert "
           f"(fixed {dispatch['fixed_seconds'] * 1e6:.0f} us per MoE call)")
     results = {"roofline": roofline.sidecar_entries(), "dispatch": {**dispatch, "table": dispatch["table"].to_dict("records")},
@@ -89,9 +94,9 @@ def main():
         width = 1 / divisor
         label = f"{layers} layers, widths / {divisor} (draft {draft_layers} layers)"
         target = decode_step_breakdown(TARGET, layers, width, BREAKDOWN_BATCHES, CONTEXT, repeats=args.repeats,
-                                       roofline=roofline, dispatch=dispatch)
+                                       roofline=roofline, dispatch=dispatch, statistic=statistic)
         draft = decode_step_breakdown(DRAFT, draft_layers, width, BREAKDOWN_BATCHES, CONTEXT, repeats=args.repeats,
-                                      roofline=roofline)
+                                      roofline=roofline, statistic=statistic)
         for role, frame in (("target", target), ("draft", draft)):
             shown = frame[columns].copy()
             for column in columns[3:]:
@@ -109,8 +114,8 @@ def main():
         entry["draft_share_of_active"] = draft_counts["active"] / counts["active"]
         print(f"draft / target active parameters: {100 * entry['draft_share_of_active']:.1f} %")
         if not args.no_study:
-            targets = step_table(TARGET, layers, width, STUDY_BATCHES, (1, 3, 4, 5), args.repeats)
-            drafts = step_table(DRAFT, draft_layers, width, STUDY_BATCHES, (1,), args.repeats)
+            targets = step_table(TARGET, layers, width, STUDY_BATCHES, (1, 3, 4, 5), args.repeats, statistic)
+            drafts = step_table(DRAFT, draft_layers, width, STUDY_BATCHES, (1,), args.repeats, statistic)
             prefill = prefill_seconds(TARGET, layers, width, hw.peak_flops)
             draft_prefill = prefill_seconds(DRAFT, draft_layers, width, hw.peak_flops)
             t_target, t_draft = interpolated(targets), interpolated(drafts)
@@ -129,7 +134,8 @@ def main():
             if args.sparsity_k:
                 minutes = 0.0
                 for k in (1, 2, 4, 8, 16, 32):
-                    table = step_table(TARGET, layers, width, STUDY_BATCHES, (1, 3, 5), args.repeats, top_k=k)
+                    table = step_table(TARGET, layers, width, STUDY_BATCHES, (1, 3, 5), args.repeats, statistic,
+                                       top_k=k)
                     minutes += e2e(interpolated(table), gammas=(2, 4), repeats=1) / 60
                 entry["sparsity_minutes"] = minutes
                 print(f"sparsity study (step times per K) ~ {minutes:.1f} min")

@@ -160,6 +160,12 @@ def _check_device(device: str):
     return parsed
 
 
+def _check_statistic(statistic: str) -> str:
+    if statistic not in ("median", "best"):
+        raise ValueError(f"statistic must be 'median' or 'best', got {statistic!r}")
+    return statistic
+
+
 def _check_dtype(dtype: str):
     import torch
 
@@ -564,20 +570,21 @@ def forward_seconds(model, batch_size: int, tokens_per_sequence: int = 1, contex
 
 
 def expert_dispatch_seconds(model: str = "qwen2-57b-a14b", dtype: str = "float32", device: str = "cpu",
-                            repeats: int = 7, width: float = OVERHEAD_WIDTH) -> dict:
+                            repeats: int = 7, width: float = OVERHEAD_WIDTH, statistic: str = "median") -> dict:
     """Seconds one activated expert adds to a MoE layer's call, at negligible weights.
 
     Times the routed-experts module of one layer of ``model`` at ``width`` (every width at its floor:
     the weights fit in the first cache levels and the FLOPs are negligible) with routing built to
-    activate exactly ``n`` of the ``E`` experts, for ``n = K, 2K, ..., E``, and fits the medians by
-    a line: its slope is the per-expert dispatch cost (the loop's indexing, two matrix products,
-    activation, scaling and scatter of one expert), its intercept the call's fixed cost.
+    activate exactly ``n`` of the ``E`` experts, for ``n = K, 2K, ..., E``, and fits the medians
+    (``statistic="best"``: the fastest of the repeats) by a line: its slope is the per-expert
+    dispatch cost (the loop's indexing, two matrix products, activation, scaling and scatter of one
+    expert), its intercept the call's fixed cost.
 
     Returns
     -------
     dict
         ``per_expert_seconds`` (slope), ``fixed_seconds`` (intercept) and ``table``
-        (a DataFrame of ``experts`` and ``median_seconds``).
+        (a DataFrame of ``experts``, ``median_seconds`` and ``best_seconds``).
     """
     import torch
 
@@ -599,18 +606,19 @@ def expert_dispatch_seconds(model: str = "qwen2-57b-a14b", dtype: str = "float32
             index = (torch.arange(tokens)[:, None] * K + torch.arange(K)[None, :]) % n
             index = index.to(device)
             seconds = _time_calls(lambda: experts(hidden, index, weights), repeats, device)
-            rows.append({"experts": n, "median_seconds": statistics.median(seconds)})
+            rows.append({"experts": n, "median_seconds": statistics.median(seconds), "best_seconds": min(seconds)})
     table = pd.DataFrame(rows)
-    slope, intercept = np.polyfit(table["experts"], table["median_seconds"], 1)
+    slope, intercept = np.polyfit(table["experts"], table[f"{_check_statistic(statistic)}_seconds"], 1)
     return {"per_expert_seconds": float(slope), "fixed_seconds": float(intercept), "table": table}
 
 
-def _matmul_seconds(shapes, tokens, dtype: str, device: str, repeats: int, from_memory: bool) -> dict:
-    """Median seconds of ``linear`` per (out, in) weight shape and M (see :func:`gemm_curve`)."""
+def _matmul_seconds(shapes, tokens, dtype: str, device: str, repeats: int, from_memory: bool,
+                    statistic: str) -> dict:
+    """Median (or best) seconds of ``linear`` per (out, in) weight shape and M (see :func:`gemm_curve`)."""
     seconds = {}
     for out_features, in_features in sorted(set(shapes)):
         curve = gemm_curve(sorted(set(tokens)), in_features, out_features, device, dtype, repeats, from_memory)
-        for m, value in zip(curve["tokens"], curve["median_seconds"]):
+        for m, value in zip(curve["tokens"], curve[f"{statistic}_seconds"]):
             seconds[out_features, in_features, int(m)] = value
     return seconds
 
@@ -631,12 +639,12 @@ def decode_step_breakdown(model: str = "qwen2-57b-a14b", layers: int | None = 4,
                           batch_sizes=(1, 8, 24, 100), context: int = 64, dtype: str = "float32",
                           device: str = "cpu", threads: int | None = None, repeats: int = 7,
                           roofline: RooflineMeasurement | None = None, dispatch: dict | None = None,
-                          seed: int = 0) -> pd.DataFrame:
+                          statistic: str = "median", seed: int = 0) -> pd.DataFrame:
     """Where a measured decode step of a scaled model goes: weights, compute, dispatch, other overhead.
 
     For each batch size ``B`` (one new token per sequence over a KV cache of ``context`` tokens):
 
-    * ``measured_s``: median step time of ``model`` at ``layers`` and ``width`` (random weights,
+    * ``measured_s``: median (or best) step time of ``model`` at ``layers`` and ``width`` (random weights,
       the sweeps' experts implementation);
     * ``streaming_s``: :func:`step_cost`'s bytes (dense weights, ``N(B)`` experts per MoE layer by
       Eq. 8, KV cache) over the measured STREAM bandwidth: the floor weight streaming sets;
@@ -665,11 +673,14 @@ def decode_step_breakdown(model: str = "qwen2-57b-a14b", layers: int | None = 4,
     threads : int, optional
         torch threads (default: as they are).
     repeats : int
-        Timed repeats of every timing (medians).
+        Timed repeats of every timing.
     roofline : RooflineMeasurement, optional
         Measured roofline for the bandwidth (default: :func:`measure_roofline` now).
     dispatch : dict, optional
         A :func:`expert_dispatch_seconds` result to reuse (default: measured now, for MoE models).
+    statistic : str, default "median"
+        Each timing's median over the repeats, or ``"best"``: the fastest repeat (on a shared
+        machine, interference only ever adds time).
     seed : int
 
     Returns
@@ -686,6 +697,7 @@ def decode_step_breakdown(model: str = "qwen2-57b-a14b", layers: int | None = 4,
 
     _check_device(device)
     torch_dtype = _check_dtype(dtype)
+    pick = {"median": statistics.median, "best": min}[_check_statistic(statistic)]
     spec = get_model(model)
     bytes_per_value = torch.tensor([], dtype=torch_dtype).element_size()
     cost = step_cost(model, batch_sizes, layers, width, context, bytes_per_value)
@@ -703,22 +715,23 @@ def decode_step_breakdown(model: str = "qwen2-57b-a14b", layers: int | None = 4,
     with _threads(threads):
         roofline = roofline or measure_roofline(device, dtype)
         if spec.is_moe and dispatch is None:
-            dispatch = expert_dispatch_seconds(model, dtype, device, repeats)
+            dispatch = expert_dispatch_seconds(model, dtype, device, repeats, statistic=statistic)
         per_expert = dispatch["per_expert_seconds"] if spec.is_moe else 0.0
         step = {}
         for scale in (width, OVERHEAD_WIDTH):
             net = spec.random_model(layers, None, scale, seed=seed, dtype=torch_dtype, device=device)
             for b in batch:
-                step[scale, b] = statistics.median(forward_seconds(net, b, 1, context, repeats, seed))
+                step[scale, b] = pick(forward_seconds(net, b, 1, context, repeats, seed))
             del net
         all_tokens = set(batch) | expert_tokens
-        call = _matmul_seconds([(2, 2)], all_tokens, dtype, device, repeats, from_memory=False)
+        call = _matmul_seconds([(2, 2)], all_tokens, dtype, device, repeats, False, statistic)
         call = {m: call[2, 2, m] for m in all_tokens}
         products = {}
         for from_memory in (False, True):
-            products[from_memory] = _matmul_seconds(dense_shapes, batch, dtype, device, repeats, from_memory)
+            products[from_memory] = _matmul_seconds(dense_shapes, batch, dtype, device, repeats, from_memory,
+                                                    statistic)
             products[from_memory].update(_matmul_seconds(expert_shapes, expert_tokens, dtype, device, repeats,
-                                                         from_memory))
+                                                         from_memory, statistic))
     rows = []
     for _, row in cost.iterrows():
         b = int(row["batch_size"])

@@ -169,6 +169,8 @@ def test_dispatch_and_breakdown_structure(quick):
     assert np.allclose(frame["streaming_share"], frame["streaming_s"] / frame["measured_s"])
     with pytest.raises(ValueError, match="dense"):
         hardware.expert_dispatch_seconds("qwen2-0.5b")
+    with pytest.raises(ValueError, match="statistic must be 'median' or 'best'"):
+        hardware.decode_step_breakdown(statistic="mean")
 
 
 def test_study_seconds_by_hand():
