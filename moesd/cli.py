@@ -84,10 +84,12 @@ def _measured_hardware(args: argparse.Namespace) -> None:
           .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     gemm = measured.gemm.assign(**{"M": measured.gemm["tokens"], "best GFLOP/s": measured.gemm["flop_per_s"] / 1e9,
                                    "median GFLOP/s": measured.gemm["median_flop_per_s"] / 1e9,
-                                   "ms": measured.gemm["best_seconds"] * 1e3})
+                                   "ms": measured.gemm["best_seconds"] * 1e3,
+                                   "weight GB/s": measured.gemm["weight_bandwidth"] / 1e9})
     print(f"GEMM {int(gemm['out_features'][0])} x {int(gemm['in_features'][0])} weight read from memory, "
           "against the tokens M:")
-    print(gemm[["M", "ms", "best GFLOP/s", "median GFLOP/s"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(gemm[["M", "ms", "best GFLOP/s", "median GFLOP/s", "weight GB/s"]]
+          .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if args.json:
         from moesd._files import atomic_write
 

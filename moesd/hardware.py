@@ -296,7 +296,9 @@ def gemm_curve(tokens=GEMM_TOKENS, in_features: int = 3584, out_features: int = 
     -------
     pandas.DataFrame
         One row per M: ``tokens``, ``in_features``, ``out_features``, ``flops``,
-        ``best_seconds``, ``median_seconds``, ``flop_per_s`` (best) and ``median_flop_per_s``.
+        ``arithmetic_intensity`` (FLOPs per byte of weight, input and output), ``best_seconds``,
+        ``median_seconds``, ``flop_per_s`` (best), ``median_flop_per_s`` and ``weight_bandwidth``
+        (weight bytes per best second: the rate at which the product reads its weight).
     """
     import torch
 
@@ -305,7 +307,8 @@ def gemm_curve(tokens=GEMM_TOKENS, in_features: int = 3584, out_features: int = 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     flops = gemm_flops(tokens, in_features, out_features)
-    weight_bytes = in_features * out_features * torch.tensor([], dtype=torch_dtype).element_size()
+    value_bytes = torch.tensor([], dtype=torch_dtype).element_size()
+    weight_bytes = in_features * out_features * value_bytes
     copies = max(1, math.ceil(4 * (last_level_cache_bytes(device) or 0) / weight_bytes)) if from_memory else 1
     generator = torch.Generator(device=device).manual_seed(seed)
     size = out_features * in_features
@@ -323,9 +326,11 @@ def gemm_curve(tokens=GEMM_TOKENS, in_features: int = 3584, out_features: int = 
             x = torch.empty(m, in_features, dtype=torch_dtype, device=device).uniform_(-1, 1, generator=generator)
             seconds = _time_calls(lambda: torch.nn.functional.linear(x, weight()), repeats, device)
             best, median = min(seconds), statistics.median(seconds)
+            moved = weight_bytes + value_bytes * m * (in_features + out_features)
             rows.append({"tokens": m, "in_features": in_features, "out_features": out_features,
-                         "flops": float(flop), "best_seconds": best, "median_seconds": median,
-                         "flop_per_s": flop / best, "median_flop_per_s": flop / median})
+                         "flops": float(flop), "arithmetic_intensity": flop / moved, "best_seconds": best,
+                         "median_seconds": median, "flop_per_s": flop / best, "median_flop_per_s": flop / median,
+                         "weight_bandwidth": weight_bytes / best})
     return pd.DataFrame(rows)
 
 

@@ -55,6 +55,9 @@ def test_gemm_curve_reports_flops_per_second():
     assert curve["flops"].tolist() == [2 * 1 * 32 * 16, 2 * 3 * 32 * 16]
     assert np.allclose(curve["flop_per_s"], curve["flops"] / curve["best_seconds"])
     assert (curve["flop_per_s"] >= curve["median_flop_per_s"]).all() and (curve["median_flop_per_s"] > 0).all()
+    assert np.allclose(curve["weight_bandwidth"], 4 * 32 * 16 / curve["best_seconds"])
+    assert curve["arithmetic_intensity"].tolist() == pytest.approx(
+        [2 * m * 32 * 16 / (4 * (32 * 16 + m * 48)) for m in (1, 3)])
 
 
 def test_measured_record_is_the_best_of_its_curves(quick):
