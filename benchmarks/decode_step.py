@@ -13,7 +13,8 @@
 
 An option is ``LAYERS:DRAFT_LAYERS:WIDTH_DIVISOR`` (the preset is 4:3:8). Medians of ``--repeats`` timings;
 on a shared machine the numbers are noisy, and 2-thread timings on an oversubscribed machine suffer
-OpenMP stalls: re-run on a quiet one. Run: python benchmarks/decode_step.py [--options 4:3:8 2:2:4]
+OpenMP stalls of a scheduler time slice per parallel region: re-run on a quiet one, or take
+``--threads 1 --cpu-clock`` (the thread's CPU time leaves out the time it waits for a core). Run: python benchmarks/decode_step.py [--options 4:3:8 2:2:4]
 """
 
 import argparse
@@ -35,11 +36,11 @@ BREAKDOWN_BATCHES = (1, 8, 24, 100)
 STUDY_BATCHES = (1, 8, 24, 48, 100)
 
 
-def step_table(model, layers, width, batches, tokens, repeats, statistic, top_k=None):
+def step_table(model, layers, width, batches, tokens, repeats, statistic, clock, top_k=None):
     """Median (or best) forward seconds per (batch size, tokens per sequence) of one model."""
     net = get_model(model).random_model(layers, top_k, width)
     pick = min if statistic == "best" else statistics.median
-    rows = [{"batch_size": b, "tokens_per_sequence": s, "seconds": pick(forward_seconds(net, b, s, CONTEXT, repeats))}
+    rows = [{"batch_size": b, "tokens_per_sequence": s, "seconds": pick(forward_seconds(net, b, s, CONTEXT, repeats, clock=clock))}
             for b in batches for s in tokens]
     return pd.DataFrame(rows)
 
@@ -69,6 +70,8 @@ def main():
     parser.add_argument("--options", type=option, nargs="+", default=[(4, 3, 8)])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--best", action="store_true", help="fastest repeat instead of the median")
+    parser.add_argument("--cpu-clock", action="store_true",
+                        help="time in the thread's CPU time (with --threads 1, on a shared machine)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's, the sweeps' count)")
     parser.add_argument("--sparsity-k", action="store_true", help="time every K of the sparsity study")
     parser.add_argument("--no-study", action="store_true", help="breakdowns only")
@@ -77,13 +80,14 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.time()
-    roofline = measure_roofline()
+    clock = "cpu" if args.cpu_clock else "wall"
+    roofline = measure_roofline(clock=clock)
     hw = roofline.hardware
     print(f"{hw.name}: {hw.peak_flops / 1e9:.1f} GFLOP/s, {hw.memory_bandwidth / 1e9:.1f} GB/s, "
           f"ridge point {hw.ridge_point:.2f} FLOP/byte (shared machine)")
     print(roofline.gemm.assign(gflops=roofline.gemm["flop_per_s"] / 1e9)[["tokens", "gflops"]].T.to_string())
     statistic = "best" if args.best else "median"
-    dispatch = expert_dispatch_seconds(TARGET, repeats=args.repeats, statistic=statistic)
+    dispatch = expert_dispatch_seconds(TARGET, repeats=args.repeats, statistic=statistic, clock=clock)
     print(f"expert dispatch: {dispatch['per_expert_seconds'] * 1e6:.1f} us per activated expert "
           f"(fixed {dispatch['fixed_seconds'] * 1e6:.0f} us per MoE call)")
     results = {"roofline": roofline.sidecar_entries(), "dispatch": {**dispatch, "table": dispatch["table"].to_dict("records")},
@@ -94,9 +98,10 @@ def main():
         width = 1 / divisor
         label = f"{layers} layers, widths / {divisor} (draft {draft_layers} layers)"
         target = decode_step_breakdown(TARGET, layers, width, BREAKDOWN_BATCHES, CONTEXT, repeats=args.repeats,
-                                       roofline=roofline, dispatch=dispatch, statistic=statistic)
+                                       roofline=roofline, dispatch=dispatch, statistic=statistic,
+                                       clock=clock)
         draft = decode_step_breakdown(DRAFT, draft_layers, width, BREAKDOWN_BATCHES, CONTEXT, repeats=args.repeats,
-                                      roofline=roofline, statistic=statistic)
+                                      roofline=roofline, statistic=statistic, clock=clock)
         for role, frame in (("target", target), ("draft", draft)):
             shown = frame[columns].copy()
             for column in columns[3:]:
@@ -114,8 +119,8 @@ def main():
         entry["draft_share_of_active"] = draft_counts["active"] / counts["active"]
         print(f"draft / target active parameters: {100 * entry['draft_share_of_active']:.1f} %")
         if not args.no_study:
-            targets = step_table(TARGET, layers, width, STUDY_BATCHES, (1, 3, 4, 5), args.repeats, statistic)
-            drafts = step_table(DRAFT, draft_layers, width, STUDY_BATCHES, (1,), args.repeats, statistic)
+            targets = step_table(TARGET, layers, width, STUDY_BATCHES, (1, 3, 4, 5), args.repeats, statistic, clock)
+            drafts = step_table(DRAFT, draft_layers, width, STUDY_BATCHES, (1,), args.repeats, statistic, clock)
             prefill = prefill_seconds(TARGET, layers, width, hw.peak_flops)
             draft_prefill = prefill_seconds(DRAFT, draft_layers, width, hw.peak_flops)
             t_target, t_draft = interpolated(targets), interpolated(drafts)
@@ -135,7 +140,7 @@ def main():
                 minutes = 0.0
                 for k in (1, 2, 4, 8, 16, 32):
                     table = step_table(TARGET, layers, width, STUDY_BATCHES, (1, 3, 5), args.repeats, statistic,
-                                       top_k=k)
+                                       clock, top_k=k)
                     minutes += e2e(interpolated(table), gammas=(2, 4), repeats=1) / 60
                 entry["sparsity_minutes"] = minutes
                 print(f"sparsity study (step times per K) ~ {minutes:.1f} min")

@@ -191,13 +191,31 @@ def _threads(threads: int | None):
         torch.set_num_threads(before)
 
 
-def _time_calls(function, calls: int, device, after=None) -> list[float]:
+CLOCKS = ("wall", "cpu")
+"""How a CPU call is timed: the wall clock, or the calling thread's CPU time (one torch thread only)."""
+
+
+def _check_clock(clock: str, device) -> str:
+    import torch
+
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
+    if clock == "cpu" and (torch.device(device).type != "cpu" or torch.get_num_threads() != 1):
+        raise ValueError("clock='cpu' (the calling thread's CPU time) needs device 'cpu' and one torch thread, "
+                         f"got {device!r} with {torch.get_num_threads()} threads")
+    return clock
+
+
+def _time_calls(function, calls: int, device, after=None, clock: str = "wall") -> list[float]:
     """Seconds of each of ``calls`` calls of ``function()`` after one untimed call.
 
-    CUDA events on a GPU, the wall clock elsewhere; ``after()``, if given, runs untimed after every call.
+    CUDA events on a GPU; on a CPU the wall clock or (``clock="cpu"``) the calling thread's CPU time,
+    which leaves out the time a shared machine keeps the thread waiting. ``after()``, if given, runs
+    untimed after every call.
     """
     import torch
 
+    read = time.thread_time if _check_clock(clock, device) == "cpu" else time.perf_counter
     after = after or (lambda: None)
     function()
     after()
@@ -215,9 +233,9 @@ def _time_calls(function, calls: int, device, after=None) -> list[float]:
         return [start.elapsed_time(end) / 1e3 for start, end in events]
     seconds = []
     for _ in range(calls):
-        tick = time.perf_counter()
+        tick = read()
         function()
-        seconds.append(time.perf_counter() - tick)
+        seconds.append(read() - tick)
         after()
     return seconds
 
@@ -226,7 +244,8 @@ def _time_calls(function, calls: int, device, after=None) -> list[float]:
 # Measuring
 
 
-def streaming_bandwidth(device: str = "cpu", array_bytes: int | None = None, repeats: int = 5) -> pd.DataFrame:
+def streaming_bandwidth(device: str = "cpu", array_bytes: int | None = None, repeats: int = 5,
+                        clock: str = "wall") -> pd.DataFrame:
     """STREAM copy and triad bandwidth of a device.
 
     Parameters
@@ -238,6 +257,8 @@ def streaming_bandwidth(device: str = "cpu", array_bytes: int | None = None, rep
         Default: four times the last-level cache and at least 128 MiB, as STREAM asks.
     repeats : int, default 5
         Timed passes per kernel, after one untimed pass.
+    clock : str, default "wall"
+        ``"cpu"``: the thread's CPU time (one torch thread on a shared CPU; see :data:`CLOCKS`).
 
     Returns
     -------
@@ -261,7 +282,7 @@ def streaming_bandwidth(device: str = "cpu", array_bytes: int | None = None, rep
     kernels = {"copy": lambda: a.copy_(b), "triad": lambda: torch.add(b, c, alpha=3.0, out=a)}
     rows = []
     for kernel, function in kernels.items():
-        seconds = _time_calls(function, repeats, device)
+        seconds = _time_calls(function, repeats, device, clock=clock)
         counted = float(stream_bytes(kernel, elements * 4))
         best, median = min(seconds), statistics.median(seconds)
         rows.append({"kernel": kernel, "array_bytes": elements * 4, "bytes_counted": counted,
@@ -271,7 +292,8 @@ def streaming_bandwidth(device: str = "cpu", array_bytes: int | None = None, rep
 
 
 def gemm_curve(tokens=GEMM_TOKENS, in_features: int = 3584, out_features: int = 2560, device: str = "cpu",
-               dtype: str = "float32", repeats: int = 3, from_memory: bool = True, seed: int = 0) -> pd.DataFrame:
+               dtype: str = "float32", repeats: int = 3, from_memory: bool = True, seed: int = 0,
+               clock: str = "wall") -> pd.DataFrame:
     """Achieved FLOP/s of ``torch.nn.functional.linear`` against the tokens ``M``.
 
     Parameters
@@ -291,6 +313,8 @@ def gemm_curve(tokens=GEMM_TOKENS, in_features: int = 3584, out_features: int = 
         then sits in cache when it fits (the arithmetic and call cost alone).
     seed : int
         Seed of the random values.
+    clock : str, default "wall"
+        As in :func:`streaming_bandwidth`.
 
     Returns
     -------
@@ -324,7 +348,7 @@ def gemm_curve(tokens=GEMM_TOKENS, in_features: int = 3584, out_features: int = 
     with torch.no_grad():
         for m, flop in zip(tokens, flops):
             x = torch.empty(m, in_features, dtype=torch_dtype, device=device).uniform_(-1, 1, generator=generator)
-            seconds = _time_calls(lambda: torch.nn.functional.linear(x, weight()), repeats, device)
+            seconds = _time_calls(lambda: torch.nn.functional.linear(x, weight()), repeats, device, clock=clock)
             best, median = min(seconds), statistics.median(seconds)
             moved = weight_bytes + value_bytes * m * (in_features + out_features)
             rows.append({"tokens": m, "in_features": in_features, "out_features": out_features,
@@ -382,7 +406,7 @@ class RooflineMeasurement:
 def measure_roofline(device: str = "cpu", dtype: str = "float32", threads: int | None = None,
                      tokens=None, in_features: int | None = None, out_features: int | None = None,
                      array_bytes: int | None = None, repeats: int | None = None,
-                     quick: bool = False) -> RooflineMeasurement:
+                     quick: bool = False, clock: str = "wall") -> RooflineMeasurement:
     """Measure the roofline of this machine: STREAM bandwidth and GEMM FLOP/s against M.
 
     Takes about 10 seconds on a quiet 2-core CPU with the defaults; ``quick`` (small arrays and
@@ -409,6 +433,8 @@ def measure_roofline(device: str = "cpu", dtype: str = "float32", threads: int |
         Timed repeats per kernel and per M (default 5 for STREAM and 3 per M; quick: 2).
     quick : bool, default False
         Small sizes for tests: the numbers are then not the machine's roofline.
+    clock : str, default "wall"
+        ``"cpu"``: time in the thread's CPU time (one thread on a shared CPU; see :data:`CLOCKS`).
 
     Returns
     -------
@@ -429,8 +455,9 @@ def measure_roofline(device: str = "cpu", dtype: str = "float32", threads: int |
     stream_repeats, gemm_repeats = (repeats, repeats) if repeats else ((2, 2) if quick else (5, 3))
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     with _threads(threads) as used_threads:
-        bandwidth = streaming_bandwidth(device, array_bytes, stream_repeats)
-        gemm = gemm_curve(tokens, in_features, out_features, device, dtype, gemm_repeats)
+        _check_clock(clock, torch_device)
+        bandwidth = streaming_bandwidth(device, array_bytes, stream_repeats, clock)
+        gemm = gemm_curve(tokens, in_features, out_features, device, dtype, gemm_repeats, clock=clock)
     cache = last_level_cache_bytes(torch_device)
     is_cuda = torch_device.type == "cuda"
     name = torch.cuda.get_device_name(torch_device) if is_cuda else cpu_name()
@@ -444,13 +471,14 @@ def measure_roofline(device: str = "cpu", dtype: str = "float32", threads: int |
               f"{best_stream['kernel']} over {best_stream['array_bytes'] / _MIB:.0f} MiB arrays, "
               f"{best_stream['bandwidth'] / 1e9:.4g} GB/s; best of {gemm_repeats} (GEMM) and {stream_repeats} "
               f"(STREAM) repeats; {'CUDA events' if is_cuda else f'{used_threads} torch threads'}, "
+              f"{'thread CPU time, ' if clock == 'cpu' else ''}"
               f"torch {torch.__version__}")
     hardware = Hardware(name=name, peak_flops=float(best_gemm["flop_per_s"]),
                         memory_bandwidth=float(best_stream["bandwidth"]),
                         memory_bytes=device_memory_bytes(torch_device), source=source)
     settings = {"device": str(torch_device), "dtype": dtype, "threads": None if is_cuda else used_threads,
                 "quick": quick, "date": date, "torch": torch.__version__, "last_level_cache_bytes": cache,
-                "stream_repeats": stream_repeats, "gemm_repeats": gemm_repeats}
+                "stream_repeats": stream_repeats, "gemm_repeats": gemm_repeats, "clock": clock}
     return RooflineMeasurement(hardware, bandwidth, gemm, settings)
 
 
@@ -553,7 +581,7 @@ def step_cost(model: str = "qwen2-57b-a14b", batch_sizes=(1, 8, 24, 100), layers
 
 
 def forward_seconds(model, batch_size: int, tokens_per_sequence: int = 1, context: int = 64,
-                    repeats: int = 7, seed: int = 0) -> list[float]:
+                    repeats: int = 7, seed: int = 0, clock: str = "wall") -> list[float]:
     """Seconds of each of ``repeats`` forwards of ``tokens_per_sequence`` new tokens for ``batch_size`` sequences.
 
     The timing of the sweeps' forward study: a KV cache of ``context`` tokens is filled first; every
@@ -571,11 +599,13 @@ def forward_seconds(model, batch_size: int, tokens_per_sequence: int = 1, contex
         positions = torch.arange(context, context + tokens_per_sequence, device=device).expand(batch_size, -1)
 
         return _time_calls(lambda: model(input_ids=new, position_ids=positions, past_key_values=cache, use_cache=True),
-                           repeats, device, after=lambda: cache.crop(-tokens_per_sequence))  # crop takes a negative count
+                           repeats, device, after=lambda: cache.crop(-tokens_per_sequence),  # a negative count
+                           clock=clock)
 
 
 def expert_dispatch_seconds(model: str = "qwen2-57b-a14b", dtype: str = "float32", device: str = "cpu",
-                            repeats: int = 7, width: float = OVERHEAD_WIDTH, statistic: str = "median") -> dict:
+                            repeats: int = 7, width: float = OVERHEAD_WIDTH, statistic: str = "median",
+                            clock: str = "wall") -> dict:
     """Seconds one activated expert adds to a MoE layer's call, at negligible weights.
 
     Times the routed-experts module of one layer of ``model`` at ``width`` (every width at its floor:
@@ -610,7 +640,7 @@ def expert_dispatch_seconds(model: str = "qwen2-57b-a14b", dtype: str = "float32
         for n in range(K, E + 1, K):
             index = (torch.arange(tokens)[:, None] * K + torch.arange(K)[None, :]) % n
             index = index.to(device)
-            seconds = _time_calls(lambda: experts(hidden, index, weights), repeats, device)
+            seconds = _time_calls(lambda: experts(hidden, index, weights), repeats, device, clock=clock)
             rows.append({"experts": n, "median_seconds": statistics.median(seconds), "best_seconds": min(seconds)})
     table = pd.DataFrame(rows)
     slope, intercept = np.polyfit(table["experts"], table[f"{_check_statistic(statistic)}_seconds"], 1)
@@ -618,11 +648,12 @@ def expert_dispatch_seconds(model: str = "qwen2-57b-a14b", dtype: str = "float32
 
 
 def _matmul_seconds(shapes, tokens, dtype: str, device: str, repeats: int, from_memory: bool,
-                    statistic: str) -> dict:
+                    statistic: str, clock: str) -> dict:
     """Median (or best) seconds of ``linear`` per (out, in) weight shape and M (see :func:`gemm_curve`)."""
     seconds = {}
     for out_features, in_features in sorted(set(shapes)):
-        curve = gemm_curve(sorted(set(tokens)), in_features, out_features, device, dtype, repeats, from_memory)
+        curve = gemm_curve(sorted(set(tokens)), in_features, out_features, device, dtype, repeats, from_memory,
+                           clock=clock)
         for m, value in zip(curve["tokens"], curve[f"{statistic}_seconds"]):
             seconds[out_features, in_features, int(m)] = value
     return seconds
@@ -644,7 +675,7 @@ def decode_step_breakdown(model: str = "qwen2-57b-a14b", layers: int | None = 4,
                           batch_sizes=(1, 8, 24, 100), context: int = 64, dtype: str = "float32",
                           device: str = "cpu", threads: int | None = None, repeats: int = 7,
                           roofline: RooflineMeasurement | None = None, dispatch: dict | None = None,
-                          statistic: str = "median", seed: int = 0) -> pd.DataFrame:
+                          statistic: str = "median", clock: str = "wall", seed: int = 0) -> pd.DataFrame:
     """Where a measured decode step of a scaled model goes: weights, compute, dispatch, other overhead.
 
     For each batch size ``B`` (one new token per sequence over a KV cache of ``context`` tokens):
@@ -686,6 +717,8 @@ def decode_step_breakdown(model: str = "qwen2-57b-a14b", layers: int | None = 4,
     statistic : str, default "median"
         Each timing's median over the repeats, or ``"best"``: the fastest repeat (on a shared
         machine, interference only ever adds time).
+    clock : str, default "wall"
+        ``"cpu"``: every timing in the thread's CPU time (one torch thread on a shared CPU).
     seed : int
 
     Returns
@@ -718,25 +751,26 @@ def decode_step_breakdown(model: str = "qwen2-57b-a14b", layers: int | None = 4,
                      if first_layer and name.startswith(first_layer)]
     expert_tokens = {max(1, f(t)) for t in cost["tokens_per_expert"] for f in (math.floor, math.ceil)}
     with _threads(threads):
-        roofline = roofline or measure_roofline(device, dtype)
+        _check_clock(clock, device)
+        roofline = roofline or measure_roofline(device, dtype, clock=clock)
         if spec.is_moe and dispatch is None:
-            dispatch = expert_dispatch_seconds(model, dtype, device, repeats, statistic=statistic)
+            dispatch = expert_dispatch_seconds(model, dtype, device, repeats, statistic=statistic, clock=clock)
         per_expert = dispatch["per_expert_seconds"] if spec.is_moe else 0.0
         step = {}
         for scale in (width, OVERHEAD_WIDTH):
             net = spec.random_model(layers, None, scale, seed=seed, dtype=torch_dtype, device=device)
             for b in batch:
-                step[scale, b] = pick(forward_seconds(net, b, 1, context, repeats, seed))
+                step[scale, b] = pick(forward_seconds(net, b, 1, context, repeats, seed, clock))
             del net
         all_tokens = set(batch) | expert_tokens
-        call = _matmul_seconds([(2, 2)], all_tokens, dtype, device, repeats, False, statistic)
+        call = _matmul_seconds([(2, 2)], all_tokens, dtype, device, repeats, False, statistic, clock)
         call = {m: call[2, 2, m] for m in all_tokens}
         products = {}
         for from_memory in (False, True):
             products[from_memory] = _matmul_seconds(dense_shapes, batch, dtype, device, repeats, from_memory,
-                                                    statistic)
+                                                    statistic, clock)
             products[from_memory].update(_matmul_seconds(expert_shapes, expert_tokens, dtype, device, repeats,
-                                                         from_memory, statistic))
+                                                         from_memory, statistic, clock))
     rows = []
     for _, row in cost.iterrows():
         b = int(row["batch_size"])

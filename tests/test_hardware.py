@@ -81,6 +81,13 @@ def test_record_round_trips_through_a_sidecar(quick):
         hardware.RooflineMeasurement.from_sidecar({"hardware": entries["hardware"]})
 
 
+def test_thread_cpu_time_clock(quick):
+    measured = hardware.measure_roofline(quick=True, threads=1, clock="cpu")
+    assert measured.settings["clock"] == "cpu" and "thread CPU time" in measured.hardware.source
+    assert measured.hardware.peak_flops > 0 and measured.hardware.memory_bandwidth > 0
+    assert quick.settings["clock"] == "wall"
+
+
 def test_threads_are_restored():
     before = torch.get_num_threads()
     hardware.gemm_curve((1,), 8, 8, repeats=1)
@@ -93,6 +100,8 @@ def test_threads_are_restored():
     ({"device": "tpu"}, "device must be 'cpu' or 'cuda'"),
     ({"dtype": "int8"}, "dtype must be a torch floating-point type"),
     ({"threads": 0}, "threads must be a whole number >= 1"),
+    ({"clock": "sundial"}, "clock must be 'wall' or 'cpu'"),
+    ({"clock": "cpu", "threads": 2}, "needs device 'cpu' and one torch thread"),
 ])
 def test_bad_arguments_fail_before_measuring(changes, match):
     with pytest.raises(ValueError, match=match):
