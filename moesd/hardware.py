@@ -51,7 +51,8 @@ STREAM_ARRAYS = {"copy": 2, "triad": 3}
 """Arrays a STREAM kernel reads or writes once per element: copy ``a = b``, triad ``a = b + s c``."""
 
 GEMM_TOKENS = tuple(2 ** i for i in range(12))
-"""Default tokens M of the GEMM sweep: 1, 2, 4, ..., 2048."""
+"""Default tokens M of the GEMM sweep on a CPU: 1, 2, 4, ..., 2048 (on CUDA up to 16384, where a
+GPU's tensor cores need more tokens to reach their peak)."""
 
 DTYPES = ("float32", "bfloat16", "float16")
 """The GEMM types the ``moesd hardware --measure`` command offers."""
@@ -409,8 +410,8 @@ def measure_roofline(device: str = "cpu", dtype: str = "float32", threads: int |
                      quick: bool = False, clock: str = "wall") -> RooflineMeasurement:
     """Measure the roofline of this machine: STREAM bandwidth and GEMM FLOP/s against M.
 
-    Takes about 10 seconds on a quiet 2-core CPU with the defaults; ``quick`` (small arrays and
-    shapes, for tests) well under one second. The numbers are the best of the repeats (as STREAM
+    Takes under 10 seconds on this project's 2-core CPU with the defaults; ``quick`` (small arrays
+    and shapes, for tests) well under one second. The numbers are the best of the repeats (as STREAM
     reports); medians are kept in the curves.
 
     Parameters
@@ -423,7 +424,7 @@ def measure_roofline(device: str = "cpu", dtype: str = "float32", threads: int |
         torch threads during the measurement (default: ``torch.get_num_threads()``, the sweeps'
         count); restored afterwards. Ignored on CUDA beyond being recorded.
     tokens : sequence of int, optional
-        M values of the GEMM sweep (default :data:`GEMM_TOKENS`; quick: 1, 4, 16, 64).
+        M values of the GEMM sweep (default :data:`GEMM_TOKENS`, on CUDA up to 16384; quick: 1, 4, 16, 64).
     in_features, out_features : int, optional
         Weight shape (default: a Qwen2-57B-A14B expert's gate projection, from :mod:`moesd.zoo`;
         quick: 256 x 256).
@@ -447,7 +448,8 @@ def measure_roofline(device: str = "cpu", dtype: str = "float32", threads: int |
     torch_device = _check_device(device)
     _check_dtype(dtype)
     expert = get_model("qwen2-57b-a14b").config
-    tokens = tokens if tokens is not None else ((1, 4, 16, 64) if quick else GEMM_TOKENS)
+    if tokens is None:
+        tokens = (1, 4, 16, 64) if quick else GEMM_TOKENS + ((4096, 8192, 16384) if torch_device.type == "cuda" else ())
     in_features = in_features or (256 if quick else expert["hidden_size"])
     out_features = out_features or (256 if quick else expert["moe_intermediate_size"])
     if quick and array_bytes is None:
