@@ -14,7 +14,10 @@
 An option is ``LAYERS:DRAFT_LAYERS:WIDTH_DIVISOR`` (the preset is 4:3:8). Medians of ``--repeats`` timings;
 on a shared machine the numbers are noisy, and 2-thread timings on an oversubscribed machine suffer
 OpenMP stalls of a scheduler time slice per parallel region: re-run on a quiet one, or take
-``--threads 1 --cpu-clock`` (the thread's CPU time leaves out the time it waits for a core). Run: python benchmarks/decode_step.py [--options 4:3:8 2:2:4]
+``--threads 1 --cpu-clock`` (the thread's CPU time leaves out the time it waits for a core).
+The prefills are arithmetic (FLOPs over the measured peak), not timed.
+
+Run: python benchmarks/decode_step.py [--options 4:3:8 1:1:7] [--threads 1 --cpu-clock] [--sparsity-k]
 """
 
 import argparse
