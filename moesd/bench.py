@@ -85,6 +85,7 @@ from tqdm.auto import tqdm
 
 from moesd import measurements
 from moesd._files import atomic_write
+from moesd.hardware import measured_roofline
 from moesd.measurements import NULLABLE_COLUMNS, measurements_dir
 from moesd.sd import DecodeStats, SpeculativeDecoder, generate_autoregressive
 from moesd.speedup import alpha_from_sigma, speedup
@@ -367,10 +368,8 @@ def environment(config: SweepConfig) -> dict:
         "command": shlex.join(sys.argv), "weights": config.weights, "acceptance": acceptance,
         "protocol": "forward passes" if config.study in FORWARD_STUDIES else "steady state",
         "experts_implementation": default_experts_implementation(device),
-        # ---- Measured roofline of the measuring device (moesd.hardware, the "roofline" work) ----
-        # Filled with Hardware.as_dict() of the host's measured bandwidth and GEMM FLOP/s in the
-        # sweep's dtype and threads; moesd.measurements.ridge_point_for(sidecar) reads it.
-        "hardware": None,
+        # the measured roofline of this device in the sweep's dtype and threads: "hardware" (ridge point) and curves
+        **measured_roofline(config.device, config.dtype).sidecar_entries(),
     }
 
 

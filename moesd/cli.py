@@ -1,7 +1,7 @@
 """The ``moesd`` command: one sub-command per job.
 
 ``moesd theory --E 64 --K 8`` prints N(t), tokens per expert and T_thres (Eqs. 8-10);
-``moesd hardware`` prints the hardware table with ridge points (Eq. 1);
+``moesd hardware`` prints the hardware table with ridge points (Eq. 1); ``--measure`` adds this machine's;
 ``moesd trace --model M --prompts humaneval ...`` captures expert routing into a trace file;
 ``moesd sweep e2e --preset cpu`` times AR against SD over batch sizes (``moesd.bench``);
 ``moesd fit data/measurements/cpu/sparsity.csv --stride 11`` fits Algorithm 1 (``moesd.fit``);
@@ -39,6 +39,23 @@ def _theory(args: argparse.Namespace) -> None:
 
 
 def _hardware(args: argparse.Namespace) -> None:
+    if not args.measure:
+        given = [flag for flag, value in (("--device", args.device), ("--dtype", args.dtype),
+                                          ("--threads", args.threads), ("--json", args.json)) if value is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only with --measure")
+    else:
+        from pathlib import Path
+
+        if args.threads is not None and args.threads < 1:
+            raise UsageError(f"--threads must be >= 1, got {args.threads}")
+        if args.json is not None and not Path(args.json).resolve().parent.is_dir():
+            raise UsageError(f"--json: folder {Path(args.json).resolve().parent} does not exist")
+        if args.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise UsageError("--device cuda: torch sees no CUDA device here")
     table = pd.DataFrame([{
         "name": hw.name,
         "bf16 TFLOP/s": hw.peak_flops / 1e12,
@@ -47,6 +64,42 @@ def _hardware(args: argparse.Namespace) -> None:
         "ridge point": hw.ridge_point,
     } for hw in HARDWARE.values()])
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if args.measure:
+        _measured_hardware(args)
+
+
+def _measured_hardware(args: argparse.Namespace) -> None:
+    import json
+
+    from moesd.hardware import measure_roofline
+
+    measured = measure_roofline(args.device or "cpu", args.dtype or "float32", args.threads)
+    hw = measured.hardware
+    print(f"\nmeasured here: {hw.name}")
+    print(pd.DataFrame([{"name": hw.name, f"{measured.settings['dtype']} TFLOP/s": hw.peak_flops / 1e12,
+                         "TB/s": hw.memory_bandwidth / 1e12, "GB": hw.memory_bytes / 1e9,
+                         "ridge point": hw.ridge_point}])
+          .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"source: {hw.source}")
+    bandwidth = measured.bandwidth.assign(**{"best GB/s": measured.bandwidth["bandwidth"] / 1e9,
+                                             "median GB/s": measured.bandwidth["median_bandwidth"] / 1e9,
+                                             "MiB per array": measured.bandwidth["array_bytes"] / 2 ** 20})
+    print(bandwidth[["kernel", "MiB per array", "best GB/s", "median GB/s"]]
+          .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    gemm = measured.gemm.assign(**{"M": measured.gemm["tokens"], "best GFLOP/s": measured.gemm["flop_per_s"] / 1e9,
+                                   "median GFLOP/s": measured.gemm["median_flop_per_s"] / 1e9,
+                                   "ms": measured.gemm["best_seconds"] * 1e3,
+                                   "weight GB/s": measured.gemm["weight_bandwidth"] / 1e9})
+    print(f"GEMM {int(gemm['out_features'][0])} x {int(gemm['in_features'][0])} weight read from memory, "
+          "against the tokens M:")
+    print(gemm[["M", "ms", "best GFLOP/s", "median GFLOP/s", "weight GB/s"]]
+          .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if args.json:
+        from moesd._files import atomic_write
+
+        with atomic_write(args.json, "w") as file:
+            json.dump(measured.sidecar_entries(), file, indent=2)
+        print(f"-> {args.json}")
 
 
 def _trace(args: argparse.Namespace) -> None:
@@ -335,7 +388,14 @@ def build_parser() -> argparse.ArgumentParser:
     theory.add_argument("--tau", type=float, default=0.95, help="'almost all' fraction for T_thres")
     theory.set_defaults(run=_theory)
 
-    hardware = commands.add_parser("hardware", help="hardware records and ridge points")
+    hardware = commands.add_parser("hardware", help="hardware records and ridge points; --measure: this machine's")
+    hardware.add_argument("--measure", action="store_true",
+                          help="measure this machine's roofline (STREAM bandwidth, GEMM FLOP/s against M)")
+    hardware.add_argument("--device", choices=["cpu", "cuda"], help="with --measure: device (default cpu)")
+    hardware.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                          help="with --measure: GEMM type (default float32)")
+    hardware.add_argument("--threads", type=int, help="with --measure: torch threads (default: torch's)")
+    hardware.add_argument("--json", help="with --measure: write the record and curves to this JSON file")
     hardware.set_defaults(run=_hardware)
 
     trace = commands.add_parser("trace", help="capture expert routing of a Hugging Face MoE model")
