@@ -181,25 +181,39 @@ def provenance(sidecar: dict) -> str:
     return f"{sidecar.get('device')}, {sidecar.get('weights')} weights, {shape}, {accept}; moesd.bench"
 
 
-def forward_target_efficiency(forward: pd.DataFrame, gammas=(2, 3, 4)) -> pd.DataFrame:
+def forward_target_efficiency(forward: pd.DataFrame, gammas=(2, 3, 4), role: str = "target") -> pd.DataFrame:
     """Target efficiency ``T_T(B, 1) / T_T(B, gamma)`` from a forward study, per batch size.
 
     The verification pass scores ``gamma + 1`` positions per sequence (as vLLM and :mod:`moesd.sd` do).
-    Medians over repeats; ``low`` and ``high`` divide the quartiles crosswise (a conservative band).
+    The ratio is taken within each repeat (``run``), whose passes are timed minutes apart at most, and
+    then summarised over repeats: a slow drift of the machine (seen on the shared CPU host as whole
+    repeats running 30 % slower) scales both passes of a repeat alike and cancels, where a ratio of
+    medians taken over repeats separately would not.
+
+    Parameters
+    ----------
+    forward : pandas.DataFrame
+        A forward study's rows (``run``, ``role``, ``batch_size``, ``tokens``, ``seconds``).
+    gammas : sequence of int
+        Draft lengths; the study must hold passes of ``gamma + 1`` tokens per sequence.
+    role : {"target", "draft"}
+        The model whose passes are compared.
 
     Returns
     -------
     pandas.DataFrame
-        Columns ``batch_size``, ``gamma``, ``efficiency``, ``low``, ``high``.
+        Columns ``batch_size``, ``gamma``, ``efficiency`` (median over repeats of the per-repeat ratio),
+        ``low`` and ``high`` (its quartiles over repeats), ``runs``.
     """
-    times = forward[forward["role"] == "target"].groupby(["tokens", "batch_size"])["seconds"]
-    median, q25, q75 = times.median(), times.quantile(0.25), times.quantile(0.75)
+    passes = forward[forward["role"] == role].pivot_table(index=["run", "batch_size"], columns="tokens",
+                                                           values="seconds")
     parts = []
     for gamma in gammas:
-        if gamma + 1 not in median.index.get_level_values("tokens"):
-            raise ValueError(f"the forward study has no pass of {gamma + 1} tokens per sequence")
-        parts.append(pd.DataFrame({"gamma": gamma, "efficiency": median[1] / median[gamma + 1],
-                                   "low": q25[1] / q75[gamma + 1], "high": q75[1] / q25[gamma + 1]}))
+        if gamma + 1 not in passes.columns or 1 not in passes.columns:
+            raise ValueError(f"the forward study has no {role} pass of 1 and {gamma + 1} tokens per sequence")
+        ratio = (passes[1] / passes[gamma + 1]).dropna().groupby(level="batch_size")
+        parts.append(pd.DataFrame({"gamma": gamma, "efficiency": ratio.median(), "low": ratio.quantile(0.25),
+                                   "high": ratio.quantile(0.75), "runs": ratio.size()}))
     return pd.concat(parts).reset_index()
 
 

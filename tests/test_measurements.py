@@ -34,6 +34,16 @@ def test_forward_target_efficiency():
         forward_target_efficiency(forward, gammas=(3,))
 
 
+def test_forward_target_efficiency_pairs_the_passes_of_each_repeat():
+    # Run 1 ran slow throughout (both passes x 10); run 2 timed its 1-token pass slow only. Per-repeat ratios
+    # are 0.5, 0.5 and 4: the median is 0.5. Medians taken over repeats separately would give 10 / 2.5 = 4.
+    seconds = {(0, 1): 1.0, (0, 3): 2.0, (1, 1): 10.0, (1, 3): 20.0, (2, 1): 10.0, (2, 3): 2.5}
+    forward = pd.DataFrame([{"role": "target", "batch_size": 8, "run": r, "tokens": s, "seconds": v}
+                            for (r, s), v in seconds.items()])
+    row = forward_target_efficiency(forward, gammas=(2,)).iloc[0]
+    assert row["efficiency"] == pytest.approx(0.5) and row["runs"] == 3
+
+
 def test_sigma_adjustment():
     frame = pd.DataFrame({"K": [8, 8, 2, 2], "gamma": [2, 2, 2, 2], "sigma": [0.9, 0.9, 0.6, 0.6],
                           "speedup": [2.0, 1.0, 1.2, 0.6]})
