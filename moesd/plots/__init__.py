@@ -1,8 +1,10 @@
-"""One figure style for the whole book.
+"""One figure style for the whole book, and the figures of its chapters.
 
-Chapters call :func:`use_style` once and :func:`note_provenance` on every figure whose
-numbers are not the package's pure theory, so a reader always sees where data came from
-(the paper's print, a CPU or GPU measurement, random weights, synthetic acceptance).
+Chapters call :func:`use_style` once. Every figure whose numbers are not the package's pure theory
+gets a caption that says where its data came from (the paper's print, a CPU or GPU measurement,
+random weights, synthetic acceptance): :func:`caption` glues the provenance text into the chapter's
+caption cell (myst-nb ``glue``), so it is part of the page, not of the canvas. A chapter's figure
+functions live in a submodule of this package (``moesd.plots.<chapter>``), one function per figure.
 """
 
 from __future__ import annotations
@@ -36,6 +38,22 @@ STYLE = {
 def use_style() -> None:
     """Apply the book's matplotlib style to every later figure."""
     mpl.rcParams.update(STYLE)
+
+
+def caption(name: str, text: str) -> str:
+    """Glue ``text`` under ``name`` for a caption cell (``{glue:text}`name```) and return it.
+
+    Parameters
+    ----------
+    name : str
+        The glue key, unique in the book (e.g. ``"fig2_source"``).
+    text : str
+        The provenance, e.g. :func:`moesd.measurements.provenance` of a study's sidecar.
+    """
+    from myst_nb import glue
+
+    glue(name, text, display=False)
+    return text
 
 
 def note_provenance(figure: plt.Figure, text: str) -> None:
