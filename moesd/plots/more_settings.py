@@ -51,10 +51,11 @@ def settings_runs(settings: pd.DataFrame, paper_peaks: dict | None = None, title
             if row == len(datasets) - 1:
                 ax.set_xlabel("batch size $B$")
         axes[row][0].set_ylabel("speedup")
-    axes[0][0].legend(loc="lower center")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=len(labels), bbox_to_anchor=(0.5, 0.0))
     if title:
         figure.suptitle(title, fontsize=11)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.05, 1, 1))
     return figure
 
 
