@@ -1,10 +1,12 @@
 # Two entry points, each installing what it needs into .venv first:
 #   make book   build the executed book into _build/html (warnings are errors)
-#   make test   pytest over tests/ and nbval over the committed outputs of book/
+#   make test   pytest over tests/ and nbval over the committed outputs of book/; where _build/html
+#               exists, tests/test_browser.py checks the built book in headless Chromium
 # and three for developers:
 #   make lint     ruff (pinned in requirements.txt) with the rules in pyproject.toml
-#   make outputs  re-execute every chapter into its committed outputs (book/*.ipynb) and store the
-#                 fresh notebooks in the book's execution cache, so that make book shows the same
+#   make outputs  re-execute every chapter into its committed outputs (book/*.ipynb), store the
+#                 fresh notebooks in the book's execution cache, so that make book shows the same,
+#                 then strip from book/*.ipynb the images that nbval never compares
 #   make clean    remove _build (the book, its execution cache, the state folders)
 
 VENV := .venv
@@ -44,11 +46,15 @@ lint: $(VENV)/.installed
 # jupyter-cache keys a chapter by its code cells (and their metadata), not by the package: after the
 # package changes, it would keep serving old outputs to make book. Caching the re-executed chapters
 # (which carry new execution metadata, hence new keys) makes make book show exactly what was committed.
+# The committed chapters then lose their PNG and JPEG outputs (megabytes per re-run, which nbval skips)
+# and keep their text; the key ignores outputs, so make book still serves the cached, complete run, and
+# a fresh clone (no cache) executes the chapters again.
 outputs: $(VENV)/.installed
 	mkdir -p $(IPYTHONDIR) $(MPLCONFIGDIR)
 	$(VENV)/bin/jupyter-execute --inplace --timeout=1800 $(CHAPTERS)
 	$(PYTHON) -c "import sys; from jupyter_cache import get_cache; cache = get_cache(sys.argv[1]); \
 	    [cache.cache_notebook_file(path, overwrite=True) for path in sys.argv[2:]]" $(BOOK_CACHE) $(CHAPTERS)
+	$(PYTHON) tools/strip_images.py $(CHAPTERS)
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)

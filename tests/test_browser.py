@@ -1,0 +1,210 @@
+"""The built book as a reader sees it (issue 14): every page of ``_build/html`` loaded in headless
+Chromium with JavaScript on and every remote host blocked, as on a machine with no network.
+
+For each page: every equation is typeset by the bundled MathJax (each math element holds MathJax's
+output, no TeX error, no raw ``\\(``, ``\\[`` or ``$$`` left in the rendered text outside code), every
+image loaded, the console logged no error, every internal link reaches an existing file and, where it
+names one, an existing anchor. A full-page screenshot of each page is kept under
+``_build/screenshots/`` for people to look at. A static check needs no browser: no page loads a
+script, style sheet or image from a remote host.
+
+Skipped where no book is built (``make book``) or where Chromium, chromedriver or selenium is
+missing (Debian: ``apt-get install chromium chromium-driver``; ``.ci/run`` installs them).
+"""
+
+import base64
+import re
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urldefrag, urlsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "_build" / "html"
+SCREENSHOTS = ROOT / "_build" / "screenshots"
+
+if not (BOOK / "index.html").is_file():
+    pytest.skip(f"no built book in {BOOK}: run make book first", allow_module_level=True)
+
+pytestmark = pytest.mark.slow
+
+PAGES = sorted(
+    path.relative_to(BOOK).as_posix()
+    for path in BOOK.rglob("*.html")
+    if path.relative_to(BOOK).parts[0] not in ("_static", "_sources", "_images")
+)
+REDIRECT = re.compile(r'<meta http-equiv="refresh" content="0; url=([^"]+)"', re.IGNORECASE)
+REDIRECTS = {page: m.group(1) for page in PAGES if (m := REDIRECT.search((BOOK / page).read_text()))}
+"""Pages that only forward to another (the root index.html): their target must exist."""
+CONTENT_PAGES = [page for page in PAGES if page not in REDIRECTS]
+
+RAW_TEX = re.compile(r"\\\(|\\\)|\\\[|\\\]|\$\$|\\begin\{|\$[^$\n]*\\[A-Za-z]+[^$\n]*\$")
+"""TeX that MathJax did not typeset: its delimiters, or a $...$ span holding a TeX command."""
+MAX_SHOT_HEIGHT = 16384
+"""Pixels: Chromium's largest capture; a longer page is cut at this height."""
+
+BROWSER_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",  # CI runs as root
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--window-size=1280,1000",
+    "--force-device-scale-factor=1",
+    "--hide-scrollbars",
+    "--host-resolver-rules=MAP * ~NOTFOUND",  # no remote host resolves: the book must need none
+    "--disable-background-networking",
+    "--disable-extensions",
+    "--no-first-run",
+)
+
+SETTLE = """
+const done = arguments[arguments.length - 1];
+(async () => {
+  const hasMathJax = [...document.scripts].some(s => /mathjax/i.test(s.src));
+  const ready = () => window.MathJax && MathJax.startup && MathJax.startup.promise;
+  for (let i = 0; hasMathJax && !ready() && i < 300; i++) await new Promise(r => setTimeout(r, 100));
+  if (ready()) await MathJax.startup.promise;
+  const images = [...document.images];
+  images.forEach(img => { img.loading = "eager"; });
+  await Promise.all(images.map(img => img.decode().catch(() => null)));
+  const text = document.body.cloneNode(true);
+  text.querySelectorAll("pre, code, script, style, mjx-container, .highlight").forEach(e => e.remove());
+  done({
+    math: [...document.querySelectorAll("span.math, div.math")].map(
+      e => ({tex: e.textContent.trim().slice(0, 80), typeset: e.querySelector("mjx-container") !== null})),
+    texErrors: [...document.querySelectorAll("mjx-merror")].map(e => e.getAttribute("data-mjx-error")),
+    text: text.textContent,
+    images: images.length,
+    broken: images.filter(img => !img.complete || img.naturalWidth === 0).map(img => img.getAttribute("src")),
+    links: [...document.querySelectorAll("a[href]")].map(a => a.href),
+    ids: [...document.querySelectorAll("[id], a[name]")].map(e => e.id || e.getAttribute("name")),
+  });
+})().catch(error => done({failure: String(error)}));
+"""
+"""Wait for MathJax's first typesetting and for every image, then read what the reader sees."""
+
+
+class _Assets(HTMLParser):
+    """The URLs a page loads by itself: scripts, style sheets, icons, images, frames."""
+
+    def __init__(self):
+        super().__init__()
+        self.urls = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag in ("script", "img", "iframe", "source", "video", "audio") and attrs.get("src"):
+            self.urls.append(attrs["src"])
+        rel = attrs.get("rel") or ""
+        if tag == "link" and attrs.get("href") and any(k in rel for k in ("stylesheet", "preload", "icon")):
+            self.urls.append(attrs["href"])
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_no_remote_assets(page):
+    assets = _Assets()
+    assets.feed((BOOK / page).read_text())
+    remote = [url for url in assets.urls if url.startswith("//") or urlsplit(url).scheme in ("http", "https")]
+    assert not remote, f"{page} loads from remote hosts (fails with no network): {remote}"
+
+
+@pytest.mark.parametrize("page", sorted(REDIRECTS))
+def test_redirect_target_exists(page):
+    target = (BOOK / page).parent / urldefrag(REDIRECTS[page]).url
+    assert target.is_file(), f"{page} forwards to {REDIRECTS[page]}, which was not built"
+
+
+def _which(*names: str) -> str | None:
+    return next((path for path in map(shutil.which, names) if path), None)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Headless Chromium driven by selenium through Debian's chromedriver (no driver download)."""
+    chromium, chromedriver = _which("chromium", "chromium-browser"), _which("chromedriver")
+    if not (chromium and chromedriver):
+        pytest.skip("no Chromium or chromedriver on PATH: apt-get install chromium chromium-driver (.ci/run does)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (requirements.txt)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in BROWSER_FLAGS + (f"--user-data-dir={tmp_path_factory.mktemp('chromium')}",):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=chromedriver))
+    driver.set_page_load_timeout(120)
+    driver.set_script_timeout(120)
+    yield driver
+    driver.quit()
+
+
+def _screenshot(driver, path: Path) -> None:
+    """Save a PNG of the whole page (up to ``MAX_SHOT_HEIGHT`` pixels tall) at ``path``: the window is
+    made as tall as the page for the capture, so the layout is the one a reader scrolls through."""
+    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    height = min(int(size["height"]), MAX_SHOT_HEIGHT)
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": int(size["width"]), "height": height, "deviceScaleFactor": 1, "mobile": False})
+    try:
+        shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png"})
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(base64.b64decode(shot["data"]))
+
+
+@pytest.fixture(scope="module")
+def visit(browser):
+    """``visit(page)``: the page's state once loaded and settled (each page is loaded once)."""
+    seen = {}
+
+    def load(page: str) -> dict:
+        if page not in seen:
+            browser.get((BOOK / page).as_uri())
+            state = browser.execute_async_script(SETTLE)
+            assert "failure" not in state, f"{page}: {state.get('failure')}"
+            state["console"] = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+            _screenshot(browser, SCREENSHOTS / Path(page).with_suffix(".png"))
+            seen[page] = state
+        return seen[page]
+
+    return load
+
+
+@pytest.mark.parametrize("page", CONTENT_PAGES)
+def test_equations_typeset(visit, page):
+    state = visit(page)
+    untypeset = [math["tex"] for math in state["math"] if not math["typeset"]]
+    assert not untypeset, f"{page}: {len(untypeset)} of {len(state['math'])} equations not typeset: {untypeset[:3]}"
+    assert not state["texErrors"], f"{page}: MathJax could not typeset: {state['texErrors'][:5]}"
+    raw = RAW_TEX.findall(state["text"])
+    assert not raw, f"{page}: raw TeX in the rendered text: {raw[:5]}"
+
+
+@pytest.mark.parametrize("page", CONTENT_PAGES)
+def test_images_load(visit, page):
+    state = visit(page)
+    assert not state["broken"], f"{page}: {len(state['broken'])} of {state['images']} images did not load: {state['broken']}"
+
+
+@pytest.mark.parametrize("page", CONTENT_PAGES)
+def test_no_console_errors(visit, page):
+    assert not visit(page)["console"], f"{page}: console errors: {visit(page)['console']}"
+
+
+@pytest.mark.parametrize("page", CONTENT_PAGES)
+def test_internal_links_resolve(visit, page):
+    broken = []
+    for href in sorted(set(visit(page)["links"])):
+        url, fragment = urldefrag(href)
+        if urlsplit(url).scheme != "file":
+            continue  # a remote link: the reader's browser follows it, this test has no network
+        target = Path(unquote(urlsplit(url).path))
+        if not target.is_relative_to(BOOK) or not target.is_file():
+            broken.append(f"{href} (no such file in the book)")
+        elif fragment and target.suffix == ".html":
+            target_page = target.relative_to(BOOK).as_posix()
+            if target_page in CONTENT_PAGES and unquote(fragment) not in visit(target_page)["ids"]:
+                broken.append(f"{href} (no such anchor)")
+    assert not broken, f"{page}: {len(broken)} broken internal links: {broken}"
