@@ -87,12 +87,10 @@ from moesd import measurements
 from moesd._files import atomic_write
 from moesd.hardware import measured_roofline
 from moesd.measurements import NULLABLE_COLUMNS, measurements_dir
+from moesd.predict import PAPER_BATCH_SIZES as BATCH_SIZES  # the paper's 19 batch sizes, 1 to 100
 from moesd.sd import DecodeStats, SpeculativeDecoder, generate_autoregressive
 from moesd.speedup import alpha_from_sigma, speedup
 from moesd.zoo import default_experts_implementation, get_model
-
-BATCH_SIZES = (1, 2, 4, *range(8, 61, 4), 80, 100)
-"""The paper's batch sizes: 19 values from 1 to 100."""
 
 PAPER_SIGMA = {2: 0.95, 3: 0.93, 4: 0.90}
 """sigma of Qwen2-57B-A14B with Qwen2-0.5B on HumanEval at temperature 0 on 2xH800, 4xA800 and 4xL40

@@ -6,8 +6,9 @@ principles, for any :class:`moesd.zoo.ModelSpec` on any :class:`moesd.roofline.H
 * :func:`step_time`: seconds of one forward pass of ``B`` sequences with ``s`` new tokens each, summed
   over the model's components. Every weight matrix is a roofline, ``max(bytes / bandwidth, FLOPs /
   peak)`` at the achieved fractions of the data-sheet peaks, plus a fixed cost per kernel. Routed
-  experts load the ``N(t)`` experts that ``t = B s`` tokens activate (Eq. 8, or a measured popularity)
-  and give each ``t K / N`` tokens (Eq. 10); attention reads the KV cache of ``context`` tokens per
+  experts load the ``N(t)`` experts that ``t = B s`` tokens activate (Eq. 8, a measured popularity, or
+  a :class:`~moesd.traces.RoutingTrace` whose consecutive tokens' correlation is kept) and give each
+  ``t K / N`` tokens (Eq. 10); attention reads the KV cache of ``context`` tokens per
   sequence; tensor parallelism (TP) splits weights and FLOPs and adds two all-reduces per layer priced
   by the interconnect; expert parallelism (EP) splits the experts.
 * :func:`predict_sd`: ``T_T(B, 1)``, ``T_T(B, gamma + 1)``, ``T_D(B, 1)`` and the rejection step, and
@@ -29,16 +30,21 @@ import pandas as pd
 
 from moesd._checks import as_array
 from moesd.experts import expected_active_experts, expected_active_experts_from_popularity
+from moesd.measurements import measuring_hardware
 from moesd.roofline import HARDWARE, Hardware
 from moesd.speedup import sigma as emitted_fraction
 from moesd.speedup import speedup_terms
+from moesd.traces import RoutingTrace
 from moesd.zoo import Architecture, ModelSpec, get_model
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}
 """Bytes per weight of each supported weight dtype."""
 
 PAPER_BATCH_SIZES = (1, 2, 4, *range(8, 61, 4), 80, 100)
-"""The paper's batch sizes (Sec. 7; the same grid as ``moesd.bench.BATCH_SIZES``)."""
+"""The paper's batch sizes (Sec. 7): 19 values from 1 to 100; ``moesd.bench.BATCH_SIZES`` is this tuple."""
+
+TRACE_ROUTING_MODELS = ("windows", "popularity")
+"""How :func:`step_time` reads a :class:`~moesd.traces.RoutingTrace` (see :mod:`moesd.routing`)."""
 
 #: Kernels per block as inference engines fuse them, each adding ``Efficiency.kernel_seconds``: GQA attention
 #: (input norm, fused QKV GEMM, rotary embedding and cache write, attention, output GEMM), MLA (also the two
@@ -262,11 +268,23 @@ def _grouped_gemm_time(hardware, experts, tokens, in_features, out_features, dty
     return np.maximum((weights + activations) / bandwidth, flops / flops_rate)
 
 
-def _active_experts(arch: Architecture, tokens: np.ndarray, top_k: np.ndarray, routing) -> np.ndarray:
-    """Expected activated experts per MoE layer: shape ``(layers or 1, *tokens.shape)``."""
+def _active_experts(arch: Architecture, B: np.ndarray, s: np.ndarray, top_k: np.ndarray, routing,
+                    routing_model: str) -> np.ndarray:
+    """Expected activated experts per MoE layer for ``B`` sequences x ``s`` tokens: shape ``(layers or 1, *B.shape)``."""
     E = arch.num_experts
+    tokens = B * s
     if routing is None:
         return expected_active_experts(tokens, E, top_k)[None]
+    if isinstance(routing, RoutingTrace):
+        from moesd.routing import activated_experts
+
+        if routing.num_experts != E:
+            raise ValueError(f"routing: the trace has E = {routing.num_experts} experts, {arch.name} has {E}")
+        per_layer = activated_experts(routing, B, s, model=routing_model)  # (*B.shape, trace layers)
+        if np.isnan(per_layer).any():
+            raise ValueError(f"routing: some layer of the trace has no run of {int(s.max())} consecutive tokens of "
+                             "one sequence (select its decode tokens, or use shorter drafts)")
+        return np.moveaxis(per_layer, -1, 0)
     if callable(routing):
         active = np.asarray(routing(tokens), dtype=float)
         if active.shape not in ((), tokens.shape, (arch.moe_layers, *tokens.shape)):
@@ -313,11 +331,13 @@ def zipf_popularity(num_experts, top_k, exponent=1.0) -> np.ndarray:
 
 
 def _routing_top_k(arch: Architecture, routing, top_k):
-    """Experts per token: ``top_k`` if given, the popularity's sum for a popularity vector, else the model's."""
+    """Experts per token: ``top_k`` if given, a trace's or a popularity vector's (its sum), else the model's."""
     if top_k is not None:
         if routing is not None and not callable(routing):
-            raise ValueError("top_k: a popularity vector (routing) already sets experts per token")
+            raise ValueError("top_k: a popularity vector or trace (routing) already sets experts per token")
         return as_array("top_k", top_k, low=1, high=arch.num_experts, whole=True)
+    if isinstance(routing, RoutingTrace):
+        return np.asarray(float(routing.top_k))
     if routing is not None and not callable(routing):
         p = np.asarray(routing, dtype=float)
         return np.asarray(float(np.round(p.reshape(-1, p.shape[-1]).sum(axis=-1).mean())))
@@ -326,7 +346,7 @@ def _routing_top_k(arch: Architecture, routing, top_k):
 
 def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1, ep=1, dtype="bf16",
               routing=None, cuda_graphs=True, top_k=None, efficiency: Efficiency | None = None,
-              grouped_experts=True) -> StepTime:
+              grouped_experts=True, routing_model="windows") -> StepTime:
     """Seconds of one forward pass of ``batch_size`` sequences with ``tokens_per_sequence`` new tokens.
 
     Summed per layer over the attention projections (GQA or MLA), the KV-cache reads of ``context``
@@ -359,10 +379,13 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
         Tensor-parallel GPUs and the expert-parallel degree (``ep`` divides ``tp``).
     dtype : {"bf16", "fp8", "fp32"}
         Weight dtype.
-    routing : array_like or callable, optional
+    routing : array_like, callable or RoutingTrace, optional
         Expert popularity, shape ``(E,)`` or ``(moe_layers, E)``, each row summing to ``K`` (uses
-        :func:`moesd.experts.expected_active_experts_from_popularity`); or a function of the token
-        count returning ``N(tokens)``. Default: uniform routing, Eq. 8.
+        :func:`moesd.experts.expected_active_experts_from_popularity`); a function of the token
+        count returning ``N(tokens)``; or a :class:`~moesd.traces.RoutingTrace` of the model's routing
+        (its ``E``; its ``K`` replaces the model's), read as ``routing_model`` says through
+        :func:`moesd.routing.activated_experts`. A trace of some layers stands for every MoE layer by
+        their mean. Default: uniform routing, Eq. 8.
     cuda_graphs : bool, default True
         Whether the engine replays CUDA graphs (else every kernel adds a launch cost).
     top_k : array_like, optional
@@ -372,6 +395,12 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     grouped_experts : bool, default True
         Routed experts run as grouped GEMMs (vLLM, SGLang); False: one matrix product per activated
         expert (Hugging Face's eager loop).
+    routing_model : {"windows", "popularity"}, default "windows"
+        How a trace gives ``N``: ``"windows"``, sequences independent and each sequence's ``s``
+        consecutive tokens activating expert ``e`` with the chance measured on the trace's runs of
+        ``s`` tokens (the correlation of a verification's drafts kept); ``"popularity"``, every token
+        independent with the measured expert shares. Pass a trace of decode tokens
+        (``trace.select(trace.phase == "decode")``): verification runs over generated tokens.
 
     Returns
     -------
@@ -397,6 +426,8 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
         raise ValueError(f"routing: {arch.name} is dense")
     if top_k is not None and not arch.num_experts:
         raise ValueError(f"top_k: {arch.name} is dense")
+    if routing_model not in TRACE_ROUTING_MODELS:
+        raise ValueError(f"routing_model must be one of {TRACE_ROUTING_MODELS}, got {routing_model!r}")
     K = _routing_top_k(arch, routing, top_k) if arch.num_experts else np.asarray(0.0)
     s, B, context, K = np.broadcast_arrays(s, B, context, K)
     tokens = s * B
@@ -445,7 +476,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
             kernels = _KERNELS["shared"] + (_KERNELS["shared_gate"] if arch.model_type == "qwen2_moe" else 0)
             seconds["shared_experts"], traffic["shared_experts"], flops["shared_experts"] = gemm(
                 arch.shared_params / tp, kernels + _KERNELS["moe_norm"], arch.moe_layers, 2 * d)
-        active = _active_experts(arch, tokens, K, routing)  # (layers or 1, ...)
+        active = _active_experts(arch, B, s, K, routing, routing_model)  # (layers or 1, ...)
         layer_weight = arch.moe_layers / active.shape[0]
         width = arch.expert_intermediate / (tp // ep)
         local = active / ep
@@ -515,9 +546,8 @@ def _grid(**arrays) -> dict:
 
 
 def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, draft_tp=1, context=512, *, alpha=None,
-               ep=1,
-               top_k=None, dtype="bf16", draft_dtype=None, draft_hardware=None, routing=None,
-               verify_tokens="gamma+1", efficiency: Efficiency | None = None,
+               ep=1, top_k=None, dtype="bf16", draft_dtype=None, draft_hardware=None, routing=None,
+               routing_model="windows", verify_tokens="gamma+1", efficiency: Efficiency | None = None,
                draft_efficiency: Efficiency | None = None, cuda_graphs=True, grouped_experts=True) -> pd.DataFrame:
     """Predicted speculative-decoding speedup (Eq. 4) and its terms over a grid of settings.
 
@@ -542,8 +572,11 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
         GPUs of the target and of the draft.
     context : array_like, default 512
         Tokens in each sequence's KV cache (prompt and generated so far).
-    ep, top_k, dtype, routing, cuda_graphs, grouped_experts, efficiency
-        As in :func:`step_time` (the target's); ``top_k`` may be an array (a grid axis).
+    ep, top_k, dtype, routing, routing_model, cuda_graphs, grouped_experts, efficiency
+        As in :func:`step_time` (the target's); ``top_k`` may be an array (a grid axis). A
+        :class:`~moesd.traces.RoutingTrace` as ``routing`` gives ``N(B)`` of the decode step and
+        ``N(B (gamma + 1))`` of verification from the measured routing (its consecutive tokens'
+        correlation kept with ``routing_model="windows"``), so real routing reaches the speedup.
     draft_dtype : str, optional
         The draft's weight dtype (default ``dtype``).
     draft_hardware : str or Hardware, optional
@@ -584,7 +617,8 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
     if alpha is not None:
         grid = {**grid, "sigma": emitted_fraction(grid["alpha"], grid["gamma"])}
     k = grid.get("num_experts_per_tok")
-    common = dict(routing=routing, cuda_graphs=cuda_graphs, efficiency=efficiency, grouped_experts=grouped_experts)
+    common = dict(routing=routing, routing_model=routing_model, cuda_graphs=cuda_graphs, efficiency=efficiency,
+                  grouped_experts=grouped_experts)
     verify = grid["gamma"] + (1 if verify_tokens == "gamma+1" else 0)
     # Time each distinct (B, s, context, K) once: sigma does not change a step.
     key = np.stack([grid["batch_size"], grid["context"], k if k is not None else np.zeros_like(grid["gamma"])])
@@ -755,21 +789,32 @@ def paper_orderings(comparison: pd.DataFrame) -> pd.DataFrame:
     """How often each ordering of :data:`PAPER_ORDERINGS` holds, printed and predicted.
 
     Pairs are rows of a :func:`paper_comparison` frame with the same dataset, temperature and gamma.
+    The two rows of a pair were printed with slightly different sigma (0.90 against 0.91, say), which
+    moves ``x`` by as much as the devices do; the ``*_at_equal_sigma`` counts compare the cost of a
+    round instead, ``sigma (gamma + 1) / x`` (the denominator of Eq. 4, lower is better), from
+    which sigma has gone.
 
     Returns
     -------
     pandas.DataFrame
-        ``better``, ``worse``, ``reading``, ``pairs``, ``printed_holds`` and ``predicted_holds`` (counts).
+        ``better``, ``worse``, ``reading``, ``pairs``, ``printed_holds``, ``predicted_holds``,
+        ``printed_holds_at_equal_sigma`` and ``predicted_holds_at_equal_sigma`` (counts of pairs).
     """
     key = ["dataset", "temperature", "gamma"]
+    comparison = comparison.assign(
+        predicted_denominator=comparison["sigma"] * (comparison["gamma"] + 1) / comparison["predicted"])
     out = []
     for better, worse, reading in PAPER_ORDERINGS:
         a = comparison[comparison["device"] == better].set_index(key)
         b = comparison[comparison["device"] == worse].set_index(key)
-        both = a.join(b, lsuffix="_a", rsuffix="_b", how="inner")
+        both = a.join(b, suffixes=("_a", "_b"), how="inner")
         out.append({"better": better, "worse": worse, "reading": reading, "pairs": len(both),
                     "printed_holds": int((both["printed_a"] > both["printed_b"]).sum()),
-                    "predicted_holds": int((both["predicted_a"] > both["predicted_b"]).sum())})
+                    "predicted_holds": int((both["predicted_a"] > both["predicted_b"]).sum()),
+                    "printed_holds_at_equal_sigma": int(
+                        (both["printed_denominator_a"] < both["printed_denominator_b"]).sum()),
+                    "predicted_holds_at_equal_sigma": int(
+                        (both["predicted_denominator_a"] < both["predicted_denominator_b"]).sum())})
     return pd.DataFrame(out)
 
 
@@ -857,6 +902,25 @@ def measured_shapes(sidecar: dict) -> tuple[Architecture, Architecture]:
     return target, Architecture.from_config(draft_spec.name, draft_spec.model_type, draft_config)
 
 
+def measured_device(sidecar: dict) -> Hardware:
+    """The measured roofline of the device that ran a ``moesd sweep``, usable in the sweep's weight dtype.
+
+    :func:`moesd.measurements.measuring_hardware` reads the record from the sidecar; its GEMM peak
+    was measured in the sweep's dtype, so for a float32 sweep it is also the record's fp32 peak
+    (the record's ``peak_flops`` slot otherwise means bf16).
+
+    Raises
+    ------
+    ValueError
+        If the sidecar holds no measured roofline.
+    """
+    hardware = measuring_hardware(sidecar)
+    measured_dtype = sidecar.get("roofline_measurement", {}).get("settings", {}).get("dtype")
+    if measured_dtype == "float32" and hardware.fp32_flops is None:
+        hardware = dataclasses.replace(hardware, fp32_flops=hardware.peak_flops)
+    return hardware
+
+
 CALIBRATED = ("bandwidth_fraction", "flops_fraction", "step_seconds")
 """The parameters :func:`calibrate` fits by default. ``kernel_seconds`` is left out: one model's kernels
 do not change in number with the batch, so their cost and ``step_seconds`` are one constant to a fit."""
@@ -880,7 +944,7 @@ def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dt
     model : str, ModelSpec or Architecture
         The measured model's shape (for a scaled sweep, ``spec.architecture(layers, width=...)``).
     hardware : str or Hardware
-        The measuring device, e.g. ``moesd.measurements.measuring_hardware(sidecar)``.
+        The measuring device, e.g. :func:`measured_device` of the sweep's sidecar.
     role : {"target", "draft"}
         Which model's rows to fit.
     dtype : str, default "fp32"

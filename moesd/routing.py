@@ -17,8 +17,10 @@ A decode step of ``B`` sequences routes ``B`` tokens; a verification pass routes
 :func:`verification_expert_ratio` turns the counts into the expert-weight bytes a verification
 pass loads relative to a decode step, and :func:`routed_ffn_target_efficiency` into the roofline
 floor of the MoE FFN's target efficiency, the cost model of :func:`moesd.roofline.ffn_cost` with
-``N`` from routing instead of Eq. 8. Eq. 4 then gives the speedup
-(``moesd.speedup.speedup(sigma, gamma, 1, 1 / efficiency, draft_cost)``).
+``N`` from routing instead of Eq. 8. For the whole model (attention, shared experts, dense layers and
+LM head as well) pass the trace to :func:`moesd.predict.step_time` or :func:`moesd.predict.predict_sd`
+as ``routing=trace`` (with ``routing_model="windows"`` or ``"popularity"``): the same counts then reach
+target efficiency and the speedup of Eq. 4.
 """
 
 from __future__ import annotations

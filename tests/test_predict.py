@@ -18,6 +18,8 @@ from moesd.predict import (
     calibrate,
     efficiency_to_match,
     expert_gemm_time,
+    measured_device,
+    paper_orderings,
     predict_sd,
     rejection_time,
     one_layer_draft,
@@ -27,6 +29,7 @@ from moesd.predict import (
 )
 from moesd.roofline import HARDWARE
 from moesd.speedup import speedup
+from moesd.traces import RoutingTrace, popularity
 from moesd.zoo import get_model
 
 H100 = HARDWARE["H100"]
@@ -146,6 +149,61 @@ def test_popularity_and_callable_routing():
                                rtol=1e-9)
 
 
+def routing_trace(sequences, length, layers=1, num_experts=64, top_k=8, correlated=False, seed=0) -> RoutingTrace:
+    """Decode tokens of ``sequences`` sequences; each token draws ``top_k`` distinct experts uniformly, or
+    (``correlated``) each sequence draws its experts once and every token of it reuses them."""
+    rng = np.random.default_rng(seed)
+    draws = sequences if correlated else sequences * length
+    ids = np.argsort(rng.random((draws, layers, num_experts)), axis=-1)[..., :top_k]
+    if correlated:
+        ids = np.repeat(ids, length, axis=0)
+    return RoutingTrace(ids, num_experts, sequence=np.repeat(np.arange(sequences), length),
+                        position=np.tile(np.arange(length), sequences))
+
+
+def test_a_trace_of_sequences_that_reuse_their_experts_makes_verification_load_no_new_expert():
+    """Perfectly correlated routing (windows model): verifying s tokens per sequence loads the experts of
+    one token per sequence, so the routed experts' traffic grows only by the activations."""
+    trace = routing_trace(40, 12, layers=2, correlated=True)
+    B = np.array([1, 4, 16])
+    decode = step_time("qwen2-57b-a14b", H100, 1, B, routing=trace).bytes["routed_experts"]
+    verify = step_time("qwen2-57b-a14b", H100, 5, B, routing=trace).bytes["routed_experts"]
+    np.testing.assert_allclose(verify - decode, 28 * B * 4 * 8 * 2 * (3584 + 2560) * 2, rtol=1e-9)
+    uniform = step_time("qwen2-57b-a14b", H100, 5, B).bytes["routed_experts"]
+    assert (verify < uniform).all()
+
+
+def test_a_trace_of_independent_uniform_routing_reproduces_eq8():
+    trace = routing_trace(400, 40, seed=1)
+    for s in (1, 5):
+        for model in ("windows", "popularity"):
+            got = step_time("qwen2-57b-a14b", H100, s, [1, 4, 16], routing=trace, routing_model=model)
+            want = step_time("qwen2-57b-a14b", H100, s, [1, 4, 16])
+            np.testing.assert_allclose(got.bytes["routed_experts"], want.bytes["routed_experts"], rtol=0.03)
+
+
+def test_a_trace_read_as_popularity_equals_its_popularity_vector():
+    trace = routing_trace(30, 20, correlated=True, seed=2)
+    shares = popularity(trace)["probability"].to_numpy()
+    got = step_time("qwen2-57b-a14b", H100, [1, 3, 5], 8, routing=trace, routing_model="popularity")
+    want = step_time("qwen2-57b-a14b", H100, [1, 3, 5], 8, routing=shares)
+    np.testing.assert_allclose(got.total, want.total, rtol=1e-12)
+
+
+def test_routing_traces_reach_the_speedup():
+    """Correlated routing makes verification cheaper below T_thres: higher target efficiency and speedup than
+    Eq. 8 at small B, and the frame still satisfies Eq. 4."""
+    trace = routing_trace(60, 12, layers=2, correlated=True, seed=3)
+    options = dict(tp=2, context=256)
+    routed = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", [1, 4, 16], 4, 0.9, routing=trace, **options)
+    uniform = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", [1, 4, 16], 4, 0.9, **options)
+    assert (routed["target_efficiency"] > uniform["target_efficiency"]).all()
+    assert (routed["speedup"] > uniform["speedup"]).all()
+    expected = speedup(routed["sigma"], routed["gamma"], routed["t_target_1"], routed["t_target_gamma"],
+                       routed["t_draft"], routed["t_reject"])
+    np.testing.assert_allclose(routed["speedup"], expected, rtol=1e-12)
+
+
 def test_predict_sd_satisfies_eq4_and_has_the_sweep_columns():
     frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", [1, 16, 64], [2, 4], [0.8, 0.9], tp=2, context=256)
     assert len(frame) == 3 * 2 * 2
@@ -218,6 +276,29 @@ def test_efficiency_to_match_closes_the_gap():
         efficiency_to_match(100.0, "qwen2-57b-a14b", "qwen2-0.5b", "H800", [1, 8], 4, 0.9, **options)
 
 
+def test_measured_device_reads_the_sidecar_roofline_as_the_sweeps_dtype():
+    record = dataclasses.replace(HARDWARE["CPU"], name="measured", peak_flops=1e11, memory_bandwidth=4e10,
+                                 fp32_flops=None)
+    sidecar = {"hardware": record.as_dict(), "roofline_measurement": {"settings": {"dtype": "float32"}}}
+    device = measured_device(sidecar)
+    assert device.fp32_flops == device.peak_flops == 1e11 and device.memory_bandwidth == 4e10
+    assert step_time("qwen2-0.5b", device, 1, 1, dtype="fp32").total > 0
+    with pytest.raises(ValueError, match="no measured roofline"):
+        measured_device({"device": "cpu"})
+
+
+def test_paper_orderings_at_equal_sigma_compare_the_cost_of_a_round():
+    """x orders two setups printed with different sigma one way, the cost of a round sigma (gamma + 1) / x the other."""
+    rows = []
+    for device, sigma, printed, predicted in (("2xH800", 0.90, 2.20, 3.0), ("2xA800", 0.95, 2.25, 3.2)):
+        rows.append({"device": device, "dataset": "humaneval", "temperature": 0.0, "gamma": 4, "sigma": sigma,
+                     "printed": printed, "printed_denominator": sigma * 5 / printed, "predicted": predicted})
+    table = paper_orderings(pd.DataFrame(rows)).set_index("better").loc["2xH800"]
+    assert table["pairs"] == 1 and table["printed_holds"] == 0 and table["predicted_holds"] == 0
+    assert table["printed_holds_at_equal_sigma"] == 1  # 4.5 / 2.20 = 2.05 < 4.75 / 2.25 = 2.11
+    assert table["predicted_holds_at_equal_sigma"] == 0  # 4.5 / 3.0 = 1.50 > 4.75 / 3.2 = 1.48
+
+
 def test_calibrate_recovers_known_parameters_and_holds_out_batch_sizes():
     arch = get_model("qwen2-57b-a14b").architecture(num_layers=2, width=1 / 8)
     truth = Efficiency(bandwidth_fraction=0.6, flops_fraction=0.4, step_seconds=1e-3, expert_seconds=1.5e-4)
@@ -249,6 +330,10 @@ def test_calibrate_recovers_known_parameters_and_holds_out_batch_sizes():
     (lambda: step_time("qwen2-57b-a14b", "H100", 1, 1, routing=np.ones(63) / 63 * 8), "routing"),
     (lambda: step_time("qwen2-57b-a14b", "H100", 1, 1, routing=lambda t: t * 0 - 1), "routing"),
     (lambda: step_time("opt-30b", "H100", 1, 1, routing=np.ones(8)), "routing"),
+    (lambda: step_time("qwen2-57b-a14b", "H100", 1, 1, routing=routing_trace(4, 4, num_experts=60)), "routing"),
+    (lambda: step_time("qwen2-57b-a14b", "H100", 6, 1, routing=routing_trace(4, 4)), "routing"),
+    (lambda: step_time("qwen2-57b-a14b", "H100", 1, 1, routing=routing_trace(4, 4), top_k=4), "top_k"),
+    (lambda: step_time("qwen2-57b-a14b", "H100", 1, 1, routing_model="measured"), "routing_model"),
     (lambda: step_time("gpt-9", "H100", 1, 1), "model"),
     (lambda: step_time("qwen2-57b-a14b", "TPU", 1, 1), "hardware"),
     (lambda: expert_gemm_time("H100", -1, 1, 8, 8), "experts"),
