@@ -133,7 +133,7 @@ class FitResult:
     variant : str
         The denominator fitted (``"eq4"`` or ``"printed"``).
     rp : float
-        Ridge point (FLOP/byte) used in G.
+        Ridge point in tokens used in G (its transition is at ``lam * rp`` tokens).
     mse : float
         Mean squared error of the predicted speedup on the points fitted.
     residuals : numpy.ndarray
@@ -236,7 +236,9 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
     frame : pandas.DataFrame
         Measurements with columns ``B``, ``gamma``, ``K``, ``E``, ``sigma``, ``speedup`` and a unique index.
     rp : float
-        Ridge point (FLOP/byte) of the hardware measured.
+        Ridge point of the hardware measured, in tokens (> 0): G turns linear at ``lam * rp`` tokens. From
+        a result file, :func:`moesd.measurements.ridge_tokens_for` of its sidecar; for bf16 weights it
+        equals the ridge point in FLOP/byte, for float32 twice that.
     model, hardware, draft, bytes_per_parameter, t_reject
         Passed to :func:`parameter_bounds`.
     variant : {"eq4", "printed"}
@@ -534,7 +536,7 @@ def fit_stage_times(target: pd.DataFrame, draft: pd.DataFrame, reject: pd.DataFr
     K, E : int
         Experts per token and per layer of the target.
     rp : float
-        Ridge point (FLOP/byte).
+        Ridge point in tokens (see :func:`fit_speedup_model`).
 
     Returns
     -------

@@ -236,3 +236,36 @@ def measuring_hardware(sidecar: dict) -> Hardware:
 def ridge_point_for(sidecar: dict) -> float:
     """Ridge point (FLOP/byte) of the device that produced a result file, from its measured roofline."""
     return measuring_hardware(sidecar).ridge_point
+
+
+def ridge_tokens_for(sidecar: dict) -> float:
+    """Ridge point in tokens of the device that produced a result file: where Algorithm 1's G turns linear.
+
+    A weight of ``b`` bytes does 2 FLOP per token it meets (a multiply and an add), so a GEMM over ``t``
+    tokens performs ``2 t / b`` FLOP per byte of weights read and reaches the ridge point ``RP``
+    (FLOP/byte, :func:`ridge_point_for`) at ``t = RP b / 2`` tokens. For bf16 weights (``b = 2``) that
+    is ``RP`` itself, as the paper uses it; for float32 it is ``2 RP``. ``b`` comes from the sweep's
+    dtype (``settings.dtype``, else the dtype its roofline was measured in).
+
+    Returns
+    -------
+    float
+        Tokens (per GEMM: tokens of a dense layer, tokens per expert of an expert's).
+
+    Raises
+    ------
+    ValueError
+        If the sidecar holds no measured roofline, names no dtype, a dtype moesd does not know, or
+        two different dtypes for the sweep and its roofline.
+    """
+    from moesd.predict import DTYPE_BYTES, _check_dtype
+
+    rp = ridge_point_for(sidecar)
+    dtypes = {_check_dtype(dtype) for dtype in (sidecar.get("settings", {}).get("dtype"),
+                                                 sidecar.get("roofline_measurement", {}).get("settings", {})
+                                                 .get("dtype")) if dtype is not None}
+    if len(dtypes) != 1:
+        raise ValueError("the sidecar names " + (f"two dtypes ({', '.join(sorted(dtypes))}) for the sweep and its "
+                                                 "roofline" if dtypes else "no dtype (settings.dtype)")
+                         + ": the ridge point in tokens needs the bytes per weight")
+    return rp * DTYPE_BYTES[dtypes.pop()] / 2

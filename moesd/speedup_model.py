@@ -1,7 +1,10 @@
 """Algorithm 1's forward model of SD speedup (the paper's ``ComputeSpeedup``, Appendix C).
 
 Stage times are built from the expected activated experts N(t) (Eq. 8), the tokens per expert
-``t K / N(t)`` (Eq. 10) and the roofline growth ``G(t) = G(t; lam RP, s)`` (Eq. 11):
+``t K / N(t)`` (Eq. 10) and the roofline growth ``G(t) = G(t; lam RP, s)`` (Eq. 11), where ``RP`` (the
+argument ``rp``) is the ridge point in tokens: the tokens at which a GEMM reaches the hardware's
+ridge point in FLOP/byte (equal to it for bf16 weights, as in the paper; twice it for float32; see
+:func:`moesd.measurements.ridge_tokens_for`):
 
 * ``ar_time     = bias + k1 G(B) + k2 N(B) + k3 G(B K / N(B))``
 * ``verify_time = bias + k1 G(B w) + k2 N(B w) + k3 G(B w K / N(B w))``, ``w = gamma`` as Algorithm 1
@@ -193,7 +196,7 @@ class SpeedupInputs:
     per_expert : numpy.ndarray
         Tokens per activated expert ``tokens K / N`` (Eq. 10) in those forwards.
     rp : float
-        Ridge point (FLOP/byte) of the hardware measured.
+        Ridge point of the hardware measured, in tokens (G's transition is at ``lam * rp`` tokens).
     """
 
     batch: np.ndarray
@@ -325,7 +328,7 @@ def target_time(params, tokens, K, E, rp):
     K, E : array_like
         Experts per token and routed experts per layer (whole numbers, 1 <= K <= E).
     rp : float
-        Ridge point of the hardware (FLOP/byte, > 0); the transition of G is at ``lam * rp`` tokens.
+        Ridge point of the hardware in tokens (> 0); the transition of G is at ``lam * rp`` tokens.
 
     Returns
     -------
@@ -375,7 +378,8 @@ def compute_speedup(params, B, gamma, K, E, sigma, rp, variant: str = "eq4", ver
     sigma : array_like
         Measured sigma (Eq. 5), in [1/(gamma+1), 1].
     rp : float
-        Ridge point (FLOP/byte, > 0).
+        Ridge point in tokens (> 0): ``RP b / 2`` for a ridge point RP in FLOP/byte and weights of ``b``
+        bytes (:func:`moesd.measurements.ridge_tokens_for`), RP itself for bf16 as in the paper.
     variant : {"eq4", "printed"}
         The denominator: ``gamma draft + verify + reject`` (Eq. 4) or, as line 11 prints it,
         ``draft + ar + verify + reject``.

@@ -696,7 +696,7 @@ def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.D
     """Appendix C.3's robustness study of a device's sparsity study, with that device's ridge point.
 
     E comes from the target named in the sidecar (:func:`moesd.zoo.get_model`), the ridge point from
-    the sidecar's measured roofline (:func:`moesd.measurements.ridge_point_for`).
+    the sidecar's measured roofline, in tokens (:func:`moesd.measurements.ridge_tokens_for`).
 
     Raises
     ------
@@ -705,10 +705,9 @@ def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.D
         too few rows for a fit.
     """
     from moesd.fit import from_sweep, robustness_study
-    from moesd.measurements import ridge_point_for
+    from moesd.measurements import ridge_tokens_for
     from moesd.zoo import get_model
 
-    rp = ridge_point_for(sidecar)
     target = sidecar.get("settings", {}).get("target")
     try:
         num_experts = get_model(str(target)).num_experts
@@ -716,7 +715,7 @@ def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.D
         raise ValueError(f"the sidecar's target {target!r} is not a known model") from error
     if not num_experts:
         raise ValueError(f"the sidecar's target {target!r} is not an MoE")
-    return robustness_study(from_sweep(sparsity, num_experts), rp, **fit_options)
+    return robustness_study(from_sweep(sparsity, num_experts), ridge_tokens_for(sidecar), **fit_options)
 
 
 def load_studies(device: str) -> tuple[dict, dict]:

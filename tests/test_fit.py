@@ -248,10 +248,10 @@ def old_fit_predictions(frame, rp, variant, stride):
 def test_same_answers_as_the_old_fit_on_the_shipped_data(variant):
     """Predictions on all 228 shipped CPU points of the 21-point fit, old against new.
 
-    Measured when this test was written: 1.0e-6 (eq4) and 1.9e-6 (printed) relative. The two ends lie
-    on a flat floor of the MSE: the new point's MSE is lower by about 2e-11 relative, the old solver
-    (finite-difference Jacobian, ftol 1e-8) stops short of it, and its end point moved by ~3e-6 with the
-    OpenBLAS kernel. The new fit must be at least as good and agree to 5e-6.
+    The two ends lie on a flat floor of the MSE, where the old solver (finite-difference Jacobian, ftol
+    1e-8) stops short. On the steady-state re-measurement (lam and s on their bounds) the largest
+    relative difference is 1.2e-5 (eq4; the new MSE lower by 1.4e-6 relative) and 4.1e-6 (printed); on
+    the data before it, 1.0e-6 and 1.9e-6. The new fit must be at least as good and agree to 5e-5.
     """
     from moesd.measurements import load
 
@@ -260,7 +260,7 @@ def test_same_answers_as_the_old_fit_on_the_shipped_data(variant):
     old, old_mse = old_fit_predictions(frame, 10.0, variant, 11)
     new = fit_speedup_model(frame, 10.0, variant=variant, stride=11)
     assert new.mse <= old_mse * (1 + 1e-10)
-    assert new.predict(frame) == pytest.approx(old, rel=5e-6)
+    assert new.predict(frame) == pytest.approx(old, rel=5e-5)
 
 
 def test_stage_time_fit_is_identifiable():
@@ -342,3 +342,32 @@ def test_stride_samples_cover_the_batch_sizes_of_table_3():
             assert covered == special[row.batch_sizes_covered], row.m
         else:
             assert covered == [int(b) for b in row.batch_sizes_covered.split(", ")], row.m
+
+
+def test_ridge_point_in_tokens_is_the_ridge_point_times_bytes_over_two():
+    """A GEMM over t tokens with weights of b bytes does 2 t / b FLOP per weight byte: it reaches the ridge
+    point RP (FLOP/byte) at RP b / 2 tokens, RP itself for bf16 and 2 RP for float32."""
+    from moesd.measurements import load, ridge_point_for, ridge_tokens_for
+    from moesd.roofline import HARDWARE
+
+    record = HARDWARE["H200"].as_dict()
+    rp = 989.5e12 / 4.8e12
+    assert ridge_tokens_for({"hardware": record, "settings": {"dtype": "bfloat16"}}) == pytest.approx(rp)
+    assert ridge_tokens_for({"hardware": record, "settings": {"dtype": "float32"}}) == pytest.approx(2 * rp)
+    _, sidecar = load("sparsity", "cpu")
+    tokens = ridge_tokens_for(sidecar)
+    assert tokens == pytest.approx(2 * sidecar["hardware"]["peak_flops"] / sidecar["hardware"]["memory_bandwidth"])
+    # The sweep's own GEMM records (float32, activations counted too): intensity 2 t / 4 while weights dominate.
+    for row in sidecar["roofline_measurement"]["gemm"]:
+        if row["tokens"] <= 8:
+            assert row["arithmetic_intensity"] == pytest.approx(2 * row["tokens"] / 4, rel=0.01)
+    assert 2 * tokens / 4 == pytest.approx(ridge_point_for(sidecar))
+    with pytest.raises(ValueError, match="no dtype"):
+        ridge_tokens_for({"hardware": record})
+    with pytest.raises(ValueError, match="two dtypes"):
+        ridge_tokens_for({"hardware": record, "settings": {"dtype": "float32"},
+                          "roofline_measurement": {"settings": {"dtype": "bfloat16"}}})
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        ridge_tokens_for({"hardware": record, "settings": {"dtype": "int4"}})
+    with pytest.raises(ValueError, match="no measured roofline"):
+        ridge_tokens_for({"settings": {"dtype": "float32"}})
