@@ -871,6 +871,12 @@ def _predict_argv(*changes):
     return ["predict", "--target", "mixtral-8x7b", "--draft", "qwen3-0.6b", "--hardware", "H100", *changes]
 
 
+def _fit_failing_inside(tmp: Path):
+    """``moesd fit`` of a good file whose fit raises ``ValueError``, as scipy might deep inside."""
+    with mock.patch("moesd.fit.fit_speedup_model", side_effect=ValueError("deep inside scipy")):
+        moesd_cli.main(["fit", str(_result_file(tmp))])
+
+
 NO_MODELS = ("moesd.capture", "moesd.bench")
 """What a refused command must not have imported: the modules that build and run models."""
 TRACING = (("moesd.capture", "trace_random_model"),)
@@ -986,6 +992,8 @@ CLI_COMMANDS = [
         "pass --hardware NAME to use a data-sheet ridge point"),
     cli("fit with an unknown --hardware", _fit_argv("--hardware", "TPU", sidecar={"settings": {"target": "mixtral-8x7b"}}),
         "hardware must be one of"),
+    Case("cli", "a ValueError inside moesd fit stays a traceback (was a usage error)", _fit_failing_inside, ValueError,
+         "deep inside scipy"),
     cli("predict at batch 0", _predict_argv("--batch", "0-4"), "--batch must be >= 1, got 0"),
     cli("predict of a descending range", _predict_argv("--gamma", "5-1"), "--gamma must be integers such as 1-5"),
     cli("predict at sigma 1.5", _predict_argv("--sigma", "1.5"), "--sigma must be in (0, 1], got 1.5"),
