@@ -12,12 +12,18 @@ before any work: it raises ``UsageError`` itself, calls the package's validating
 (which raise it), or wraps a check that raises something else (``zoo.get_model``'s KeyError,
 ``pandas.read_csv``'s ParserError on the user's file) in ``with usage_errors():``. The work
 itself runs outside that block, so an internal error stays an internal error.
+
+Output paths and devices are checked before any work too: :func:`writable_folder` (a folder, and
+writable), :func:`new_file` (not there unless overwriting, a regular file, in a writable folder) and
+:func:`torch_device` (a device torch knows and this machine has).
 """
 
 from __future__ import annotations
 
 import contextlib
 import numbers
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -145,3 +151,49 @@ def one_of(name: str, value, allowed) -> None:
     """Refuse ``value`` unless it is one of the strings ``allowed``, naming them."""
     if not isinstance(value, str) or value not in allowed:
         raise UsageError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {_short(value)}")
+
+
+def writable_folder(name: str, path) -> Path:
+    """Refuse a folder that is a file or cannot be written (the nearest existing parent is tried).
+
+    Returns the folder as a ``pathlib.Path``; it need not exist yet (writers create it).
+    """
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{name} {str(folder)!r} is not a folder")
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        raise UsageError(f"{name} {str(folder)!r} cannot be written ({existing}: {error.strerror}); "
+                         "choose a writable folder") from None
+    return folder
+
+
+def new_file(name: str, path, overwrite: bool = False) -> Path:
+    """Refuse an output file that exists (unless ``overwrite``), is not a regular file, or whose folder
+    cannot be written; return it as a ``pathlib.Path``."""
+    file = Path(path)
+    if file.exists() and not file.is_file():
+        raise UsageError(f"{name} {str(file)!r} is not a regular file (a folder or a device): refusing to replace it")
+    if file.exists() and not overwrite:
+        raise UsageError(f"{name} {str(file)!r} exists; pass --overwrite to replace it")
+    writable_folder(f"the folder of {name}", file.absolute().parent)
+    return file
+
+
+def torch_device(name: str, device: str) -> None:
+    """Refuse a torch device name that is not one, or a CUDA device this machine does not have."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise UsageError(f"{name} {device!r} is not a torch device (cpu, cuda, cuda:1...)") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"{name} {device!r} is not available: this torch ({torch.__version__}) sees no CUDA "
+                             "device; use cpu")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise UsageError(f"{name} {device!r} is not available: {torch.cuda.device_count()} CUDA device(s)")

@@ -1,21 +1,6 @@
-"""Timing sweeps of the paper's experiments (Sec. 4), written as result files with their environment.
-
-Studies
--------
-forward
-    T_T(B, s) and T_D(B, s): one forward of ``s`` new tokens per sequence over a KV cache of
-    ``context`` tokens, for every batch size B, s in {1, gamma, gamma + 1} and experts per token K.
-e2e
-    Autoregressive (AR) against speculative decoding (SD) over B and gamma under the steady-state
-    protocol below: T_AR, T_SD, sigma, speedup, Eq. 4 and target efficiency per point and repeat.
-sparsity
-    The e2e study for each experts-per-token K of the target (the paper's sparsity sweep, the
-    fitting data of Algorithm 1).
-dense, dense_forward
-    The e2e and forward studies for the dense pair (OPT-30b / OPT-350m shapes).
-settings
-    The e2e study at the sigma of the paper's other workloads (Fig. 5): Table 1's Qwen2 rows on
-    2xA800, HumanEval and MT-bench at temperatures 0 and 1, emulated by synthetic acceptance.
+"""Timing sweeps of the paper's experiments (Sec. 4): the protocol, the timing, and result files written
+with their environment. What a sweep measures (its study, models, grid and acceptance) is a
+:class:`moesd.sweeps.SweepConfig`; the names of :mod:`moesd.sweeps` stay importable from here.
 
 Steady-state protocol (e2e, sparsity, dense, settings)
 ------------------------------------------------------
@@ -61,21 +46,16 @@ gathers one weight copy per token and would read an expert as many times as it h
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import io
 import json
 import math
 import platform
-import re
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
-import zlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -84,256 +64,18 @@ import torch
 from tqdm.auto import tqdm
 
 from moesd import measurements
+from moesd._checks import UsageError, torch_device, writable_folder
 from moesd._files import atomic_write
 from moesd.hardware import measured_roofline
 from moesd.measurements import NULLABLE_COLUMNS, measurements_dir
-from moesd.predict import PAPER_BATCH_SIZES as BATCH_SIZES  # the paper's 19 batch sizes, 1 to 100
 from moesd.sd import DecodeStats, SpeculativeDecoder, generate_autoregressive
 from moesd.speedup import alpha_from_sigma, speedup
+from moesd.sweeps import (BATCH_SIZES, DTYPES, FORWARD_STUDIES, PAPER_SIGMA, STUDIES, SweepConfig,  # noqa: F401
+                          acceptance_seed, estimate_seconds, paper_workloads, preset, preset_settings)
 from moesd.zoo import default_experts_implementation, get_model
-
-PAPER_SIGMA = {2: 0.95, 3: 0.93, 4: 0.90}
-"""sigma of Qwen2-57B-A14B with Qwen2-0.5B on HumanEval at temperature 0 on 2xH800, 4xA800 and 4xL40
-(paper, Table 2; Table 1's 2xA800 row prints 0.94, 0.93, 0.91)."""
 
 summarize = measurements.summarize
 """Kept importable from its old home; chapters import it from :mod:`moesd.measurements`."""
-
-STUDIES = ("forward", "e2e", "sparsity", "dense", "dense_forward", "settings")
-FORWARD_STUDIES = ("forward", "dense_forward")
-DTYPES = ("float32", "float64", "bfloat16", "float16")
-
-
-def paper_workloads(gammas=(2, 3, 4)) -> tuple:
-    """The settings study's workloads: Table 1's Qwen2-57B-A14B rows on 2xA800 (paper).
-
-    Returns
-    -------
-    tuple of dict
-        ``{"dataset", "temperature", "sigma": {gamma: sigma}}`` for HumanEval and MT-bench at
-        temperatures 0 and 1, read from ``data/paper/tables_1_2.csv``.
-    """
-    from moesd.paper import paper_table
-
-    table = paper_table("tables_1_2")
-    rows = table[(table["table"] == 1) & table["model"].str.startswith("Qwen2") & (table["device"] == "2xA800")]
-    rows = rows.drop_duplicates(["dataset", "temperature", "gamma"])
-    workloads = []
-    for (dataset, temperature), part in rows.groupby(["dataset", "temperature"], sort=True):
-        sigma = dict(zip(part["gamma"].astype(int), part["sigma"].astype(float)))
-        missing = [g for g in gammas if g not in sigma]
-        if missing:
-            raise ValueError(f"Table 1 has no sigma for {dataset} at temperature {temperature} and gamma {missing}")
-        workloads.append({"dataset": dataset, "temperature": float(temperature),
-                          "sigma": {int(g): sigma[g] for g in gammas}})
-    return tuple(workloads)
-
-
-@dataclass
-class SweepConfig:
-    """Everything that defines a sweep; two runs with equal configs write the same kind of rows.
-
-    Settings a study does not use are refused (``ValueError``), never recorded.
-
-    Attributes
-    ----------
-    study : str
-        One of :data:`STUDIES`.
-    target, draft : str
-        :data:`moesd.zoo.MODELS` names (or their hub ids).
-    weights : str
-        ``"random"`` (the zoo's shapes with random weights) or ``"pretrained"`` (from the hub or
-        ``target_path``/``draft_path``; shape settings are then refused).
-    layers, draft_layers : int, optional
-        Decoder layers kept (default: all).
-    width : float
-        Width factor of both models with random weights, in (0, 1] (1 keeps real widths).
-    batch_sizes, gammas : tuple of int
-        Batch sizes B and draft lengths gamma (the forward study times s in {1, gamma, gamma + 1}).
-    top_ks : tuple of int, optional
-        Experts per token K of the target (MoE targets only); default the checkpoint's.
-    sigma : dict, "real" or None
-        Target sigma per gamma for synthetic acceptance (alpha from Eq. 5 inverted), or ``"real"``
-        for real greedy acceptance (pretrained weights). ``None`` takes the study's default: the
-        paper's :data:`PAPER_SIGMA` with random weights, real acceptance with pretrained ones; the
-        forward and settings studies use none.
-    workloads : tuple of dict, optional
-        Settings study only: ``{"dataset", "temperature", "sigma": {gamma: sigma}}`` per workload
-        (default :func:`paper_workloads`).
-    context : int
-        Prompt tokens per sequence (the KV cache the forward study times over).
-    rounds, warmup_rounds : int, optional
-        Timed SD rounds (and AR steps) per point, and untimed rounds before them (e2e-type studies;
-        defaults 32 and 1).
-    repeats, warmup : int
-        Repeats of every point; warm-up runs of the whole study before timing.
-    dtype : str
-        One of :data:`DTYPES`.
-    device : str
-        ``"cpu"`` or ``"cuda"`` / ``"cuda:N"``.
-    seed : int
-        Seed of the weights, the prompts, the order of points and the acceptance seeds.
-    target_path, draft_path : str, optional
-        Local folders of pretrained weights.
-    """
-
-    study: str
-    target: str
-    draft: str
-    weights: str = "random"
-    layers: int | None = None
-    draft_layers: int | None = None
-    width: float = 1.0
-    batch_sizes: tuple = BATCH_SIZES
-    gammas: tuple = (2, 3, 4)
-    top_ks: tuple | None = None
-    sigma: dict | str | None = None
-    workloads: tuple | None = None
-    context: int = 16
-    rounds: int | None = None
-    warmup_rounds: int | None = None
-    repeats: int = 5
-    warmup: int = 1
-    dtype: str = "float32"
-    device: str = "cpu"
-    seed: int = 0
-    target_path: str | None = None
-    draft_path: str | None = None
-
-    def __post_init__(self):
-        if self.study not in STUDIES:
-            raise ValueError(f"study must be one of {', '.join(STUDIES)}, got {self.study!r}")
-        if self.weights not in ("random", "pretrained"):
-            raise ValueError(f"weights must be 'random' or 'pretrained', got {self.weights!r}")
-        target, draft = (_model_spec(name, role) for name, role in ((self.target, "target"), (self.draft, "draft")))
-        self._check_shape(target, draft)
-        self.batch_sizes = _whole_numbers("batch_sizes", self.batch_sizes)
-        self.gammas = _whole_numbers("gammas", self.gammas)
-        for name in ("context", "repeats"):
-            setattr(self, name, _whole(name, getattr(self, name), 1))
-        self.warmup, self.seed = _whole("warmup", self.warmup, 0), _whole("seed", self.seed, 0)
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
-            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
-        if self.top_ks is not None:
-            if not target.is_moe:
-                raise ValueError(f"top_ks applies to MoE targets; {target.name} is dense")
-            self.top_ks = _whole_numbers("top_ks", self.top_ks)
-            if max(self.top_ks) > target.num_experts:
-                raise ValueError(f"top_ks must lie in [1, {target.num_experts}] (E of {target.name}), "
-                                 f"got {max(self.top_ks)}")
-        if self.study in FORWARD_STUDIES:
-            for name in ("sigma", "workloads", "rounds", "warmup_rounds"):
-                if getattr(self, name) is not None:
-                    raise ValueError(f"{name} is not used by the {self.study} study (forward passes only); "
-                                     "leave it unset")
-        else:
-            self.rounds = _whole("rounds", 32 if self.rounds is None else self.rounds, 1)
-            self.warmup_rounds = _whole("warmup_rounds", 1 if self.warmup_rounds is None else self.warmup_rounds, 0)
-            self._check_acceptance()
-
-    def _check_shape(self, target, draft) -> None:
-        if self.weights == "pretrained":
-            shaped = {name: value for name, value in (("layers", self.layers), ("draft_layers", self.draft_layers),
-                                                      ("width", None if self.width == 1 else self.width))
-                      if value is not None}
-            if shaped:
-                raise ValueError(f"{', '.join(f'{k}={v}' for k, v in shaped.items())}: shape settings apply to "
-                                 "random weights only; pretrained weights keep their checkpoint's shape")
-            return
-        if self.target_path or self.draft_path:
-            raise ValueError("target_path and draft_path apply to pretrained weights only")
-        if not (isinstance(self.width, (int, float)) and 0 < self.width <= 1):
-            raise ValueError(f"width must be in (0, 1], got {self.width!r}")
-        for name, spec in (("layers", target), ("draft_layers", draft)):
-            if getattr(self, name) is not None:
-                setattr(self, name, _whole(name, getattr(self, name), 1, spec.num_layers))
-
-    def _check_acceptance(self) -> None:
-        if self.study == "settings":
-            if self.sigma is not None:
-                raise ValueError("sigma is not used by the settings study: its workloads carry their own sigma")
-            workloads = paper_workloads(self.gammas) if self.workloads is None else self.workloads
-            self.workloads = tuple({"dataset": str(w["dataset"]), "temperature": float(w["temperature"]),
-                                    "sigma": self._sigma_per_gamma(w["sigma"], f"{w['dataset']} sigma")}
-                                   for w in workloads)
-            return
-        if self.workloads is not None:
-            raise ValueError(f"workloads are used by the settings study only, not by {self.study}")
-        if self.sigma is None:  # the study's default
-            self.sigma = ("real" if self.weights == "pretrained"
-                          else {g: PAPER_SIGMA[g] for g in self.gammas if g in PAPER_SIGMA})
-        if self.sigma == "real":
-            if self.weights == "random":
-                raise ValueError("random weights accept almost nothing: give sigma for synthetic acceptance")
-            return
-        self.sigma = self._sigma_per_gamma(self.sigma, "sigma")
-
-    def _sigma_per_gamma(self, values, name: str) -> dict:
-        if not isinstance(values, dict):
-            raise ValueError(f"{name} must map each gamma to a sigma, got {values!r}")
-        values = {int(g): float(s) for g, s in values.items()}
-        missing = [g for g in self.gammas if g not in values]
-        if missing:
-            raise ValueError(f"{name} has no value for gamma {missing} (one sigma per gamma {list(self.gammas)})")
-        unused = sorted(set(values) - set(self.gammas))
-        if unused:
-            raise ValueError(f"{name} has values for gamma {unused}, which the sweep does not run")
-        for gamma, value in values.items():
-            if not 1 / (gamma + 1) <= value <= 1:
-                raise ValueError(f"{name} at gamma {gamma} must lie in [1/(gamma+1), 1] = [{1 / (gamma + 1):.3f}, 1], "
-                                 f"got {value}")
-        return values
-
-    @property
-    def top_k_values(self) -> tuple:
-        """The K of every pass: ``top_ks``, or the target checkpoint's (None for a dense target)."""
-        return self.top_ks or (get_model(self.target).top_k,)
-
-    def key_columns(self) -> tuple:
-        """Columns that identify a row: one measurement per distinct key."""
-        if self.study in FORWARD_STUDIES:
-            return ("num_experts_per_tok", "run", "role", "batch_size", "tokens")
-        return ("num_experts_per_tok", "dataset", "temperature", "run", "batch_size", "gamma")
-
-    def settings(self) -> dict:
-        """The config as plain JSON values (what a resumed sweep must match)."""
-        return json.loads(json.dumps(dataclasses.asdict(self)))
-
-
-def _model_spec(name, role):
-    try:
-        return get_model(name)
-    except KeyError as error:
-        raise ValueError(f"{role} {error.args[0]}") from None
-
-
-def _whole(name: str, value, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer)) or value != int(value):
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
-    if value < low or (high is not None and value > high):
-        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-    return int(value)
-
-
-def _whole_numbers(name: str, values) -> tuple:
-    values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
-    if not values:
-        raise ValueError(f"{name} must hold at least one value")
-    values = tuple(_whole(name, v, 1) for v in values)
-    if len(set(values)) != len(values):
-        raise ValueError(f"{name} must not repeat a value, got {list(values)}")
-    return values
-
-
-def acceptance_seed(study: str, batch_size: int, gamma: int, top_k: int | None, run: int,
-                    workload: str = "", base_seed: int = 0) -> int:
-    """An independent seed per point: ``numpy.random.SeedSequence`` of its coordinates (32 bits)."""
-    entropy = [base_seed, zlib.crc32(study.encode()), zlib.crc32(workload.encode()), batch_size, gamma,
-               top_k or 0, run]
-    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
 def environment(config: SweepConfig) -> dict:
@@ -395,14 +137,8 @@ def _cpu_name() -> str:
 
 
 def check_device(device: str) -> None:
-    """Refuse a device this machine does not have (``ValueError`` naming it and what is available)."""
-    parsed = torch.device(device)
-    if parsed.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} is not available: this torch ({torch.__version__}) sees no CUDA "
-                             "device; use device 'cpu'")
-        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise ValueError(f"device {device!r} is not available: {torch.cuda.device_count()} CUDA device(s)")
+    """Refuse a device this machine does not have (:class:`~moesd._checks.UsageError` naming it)."""
+    torch_device("device", device)
 
 
 def device_label(device: str) -> str:
@@ -416,18 +152,25 @@ def device_label(device: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name).strip("-")
 
 
-def check_out_dir(out_dir) -> Path:
-    """Refuse an output folder that is a file or cannot be written; return it as a Path."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"out_dir {str(out_dir)!r} is not a folder")
-    existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as error:
-        raise ValueError(f"out_dir {str(out_dir)!r} cannot be written ({existing}: {error.strerror})") from None
-    return out_dir
+def check_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False) -> Path:
+    """The result file a sweep will write, after every check that needs no model.
+
+    The device must be here, the folder (default ``$MOESD_DATA/measurements/<device>``) writable, and
+    an existing result file resumable (see :class:`ResultFile`) unless ``overwrite``.
+
+    Raises
+    ------
+    UsageError
+        A ``ValueError`` for a missing device, a folder that is a file or read-only, or a result file
+        or sidecar that is not a regular file.
+    FileExistsError
+        If the result file holds a finished sweep or one with other settings and ``overwrite`` is False.
+    """
+    check_device(config.device)
+    folder = out_dir if out_dir is not None else measurements_dir() / device_label(config.device)
+    path = writable_folder("out_dir", folder) / f"{config.study}.csv"
+    _resumable(path, config, overwrite)
+    return path
 
 
 # ---- Result files --------------------------------------------------------------------------------
@@ -469,27 +212,33 @@ def read_complete_rows(path) -> list[dict]:
     return frame[~incomplete].to_dict("records")
 
 
+def _resumable(path: Path, config: SweepConfig, overwrite: bool) -> bool:
+    """Whether ``path`` holds rows to resume from; refuse what must not be replaced (see :func:`check_sweep`)."""
+    sidecar = path.with_suffix(".json")
+    for file in (path, sidecar):
+        if file.exists() and not file.is_file():
+            raise UsageError(f"{file} is not a regular file; choose another out_dir")
+    if overwrite or not path.exists():
+        return False
+    try:
+        previous = json.loads(sidecar.read_text()) if sidecar.exists() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        previous = {}
+    elsewhere = "pass overwrite (--overwrite) to replace it, or write elsewhere (out_dir, --out-dir or MOESD_DATA)"
+    if previous.get("complete"):
+        raise FileExistsError(f"{path} holds a finished sweep; {elsewhere}")
+    if previous.get("settings") != config.settings():
+        raise FileExistsError(f"{path} holds a sweep with other settings; {elsewhere}")
+    return True
+
+
 class ResultFile:
     """``<study>.csv`` plus its ``.json`` sidecar: resumable, written atomically, never silently replaced."""
 
     def __init__(self, path, config: SweepConfig, overwrite: bool = False):
         self.path, self.sidecar = Path(path), Path(path).with_suffix(".json")
         self.config, self.columns = config, config.key_columns()
-        for file in (self.path, self.sidecar):
-            if file.exists() and not file.is_file():
-                raise ValueError(f"{file} is not a regular file; choose another out_dir")
-        rows = []
-        if self.path.exists() and not overwrite:
-            try:
-                previous = json.loads(self.sidecar.read_text()) if self.sidecar.exists() else {}
-            except json.JSONDecodeError:
-                previous = {}
-            if previous.get("complete"):
-                raise FileExistsError(f"{self.path} holds a finished sweep; pass overwrite to replace it")
-            if previous.get("settings") != config.settings():
-                raise FileExistsError(f"{self.path} holds a sweep with other settings; pass overwrite "
-                                      "to replace it")
-            rows = read_complete_rows(self.path)
+        rows = read_complete_rows(self.path) if _resumable(self.path, config, overwrite) else []
         self.rows = {_key(row, self.columns): row for row in rows}
         self.environment = environment(config)
 
@@ -727,12 +476,11 @@ def _measure_point(target, decoders, ids, variants, config, rng) -> list[dict]:
 def run_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False, progress: bool = True) -> Path:
     """Run a study and return its CSV path (``$MOESD_DATA/measurements/<device>/<study>.csv`` by default).
 
-    The device and the output folder are checked, and an existing result file read, before any model
-    is built: a bad one raises ``ValueError`` (or ``FileExistsError`` for a finished result file).
+    Everything :func:`check_sweep` checks is checked before any model is built. Every point is written
+    (atomically, with the sidecar) as soon as it is measured; a sweep stopped part-way resumes from its
+    complete rows when run again with the same settings.
     """
-    check_device(config.device)
-    out_dir = check_out_dir(out_dir if out_dir is not None else measurements_dir() / device_label(config.device))
-    result = ResultFile(out_dir / f"{config.study}.csv", config, overwrite)
+    result = ResultFile(check_sweep(config, out_dir, overwrite), config, overwrite)
     if config.study in FORWARD_STUDIES:
         run_forward_study(config, result, progress)
     else:
@@ -740,135 +488,3 @@ def run_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False, progre
     return result.path
 
 
-# ---- Presets and their cost ------------------------------------------------------------------------
-
-def preset_settings(study: str, name: str = "cpu") -> dict:
-    """The keyword arguments of :func:`preset` (for callers that change some before building a config)."""
-    if name not in ("cpu", "gpu"):
-        raise ValueError(f"preset must be 'cpu' or 'gpu', got {name!r}")
-    if study not in STUDIES:
-        raise ValueError(f"study must be one of {', '.join(STUDIES)}, got {study!r}")
-    dense = study in ("dense", "dense_forward")
-    settings = dict(study=study, target="opt-30b" if dense else "qwen2-57b-a14b",
-                    draft="opt-350m" if dense else "qwen2-0.5b", gammas=(2, 3, 4))
-    if study == "sparsity":
-        settings.update(top_ks=(1, 2, 4, 8, 16, 32), gammas=(2, 4))
-    if study == "settings":
-        settings.update(gammas=(4,), batch_sizes=(1, 8, 24, 48, 100))
-    if name == "gpu":
-        settings.update(dtype="bfloat16", device="cuda", context=64,
-                        repeats={"forward": 10, "dense_forward": 10, "sparsity": 1, "settings": 5}.get(study, 3))
-        if study not in FORWARD_STUDIES:
-            settings.update(rounds=64, warmup_rounds=3)
-        return settings
-    settings.update(layers=4, draft_layers=2 if dense else 3, width=1 / 8, dtype="float32", device="cpu")
-    if study in FORWARD_STUDIES:
-        settings.update(context=64, repeats=10)
-    else:
-        settings.update(context=16, rounds=32, warmup_rounds=1,
-                        repeats={"e2e": 2, "sparsity": 1, "dense": 3, "settings": 5}[study])
-    if study == "sparsity":
-        settings.update(layers=1, draft_layers=1, width=1 / 7)
-    return settings
-
-
-def preset(study: str, name: str = "cpu") -> SweepConfig:
-    """The project's settings of a study.
-
-    ``"cpu"``: scaled random-weight models sized for a 2-core CPU that keep E, K and the parameter
-    shares of Qwen2-57B-A14B (4 of 28 layers, widths / 8; a 3-layer draft of the Qwen2-0.5B shape,
-    3.2 % of the target's active parameters against the real 3.5 %) and of the OPT pair (4 of 48
-    layers; a 2-layer OPT-350m-shaped draft, 1.1 % as in reality), in float32, with synthetic
-    acceptance at the paper's sigma, 32 timed rounds and AR steps per point after one warm-up round,
-    and 16-token prompts (the prefill lies outside the timed window: a longer prompt only costs time).
-    Each study is sized to at most 15 minutes of an otherwise idle 2-core machine, as estimated by
-    :func:`estimate_seconds` from a quiet-machine forward study of the same models (``python
-    benchmarks/study_time.py`` prints the estimates and their parts):
-
-    * ``forward``, ``dense_forward``: 10 repeats of every (B, s) forward over a 64-token cache
-      (about 3 and 2 minutes).
-    * ``e2e``: 19 batch sizes x gamma 2, 3, 4, two repeats (about 12 minutes).
-    * ``sparsity``: all 228 (K, gamma, B) points, one repeat, on a **1-layer** target and 1-layer
-      draft at widths / 7 (about 7 minutes): the 32-round protocol at 4 layers would need an
-      estimated 27 minutes and at 2 layers 14, with no margin. Widths / 7 rather than / 8 keep the
-      weights one K = 8 decode step reads (about 38 MiB) above this CPU's 32 MiB last-level cache
-      (``benchmarks/decode_step.py``).
-    * ``dense``: 19 batch sizes x gamma 2, 3, 4, three repeats (about 12 minutes).
-    * ``settings``: Fig. 5's four workloads (HumanEval and MT-bench at temperatures 0 and 1, sigma
-      from the paper's Table 1 on 2xA800) x five runs at gamma = 4, where the rise and fall is
-      largest, over B = 1, 8, 24, 48, 100 (below, near and above the peak at T_thres), about 11
-      minutes. The workloads differ only in sigma: sampling at temperature 1 is not emulated.
-
-    On this CPU the draft's step is mostly call overhead (``moesd.hardware.decode_step_breakdown``):
-    its cost relative to the target's step falls as the batch grows, which the chapters show as the
-    draft term of Eq. 4.
-
-    ``"gpu"``: the real shapes in bf16 on CUDA with random weights (Qwen2-57B-A14B needs about
-    115 GB: it fits one H200; pass ``layers`` for a smaller GPU), 64 timed rounds after 3 warm-up
-    rounds, 64-token prompts.
-    """
-    return SweepConfig(**preset_settings(study, name))
-
-
-def estimate_seconds(config: SweepConfig, forward: pd.DataFrame, build_seconds: float = 5.0,
-                     target_scale: float = 1.0, draft_scale: float = 1.0) -> dict:
-    """Estimated wall time of a sweep from the forward times of the same models (seconds).
-
-    Every forward the sweep runs is priced at the median of ``forward`` for its role, batch size and
-    tokens per sequence (and K where ``forward`` has several); a prefill of ``context`` tokens is
-    extrapolated linearly in tokens from the longest and shortest forwards measured, which on the
-    shipped CPU data runs close to a measured prefill. Token selection, bookkeeping and rejection
-    (under 1 % of a round on the CPU preset) are left out.
-
-    Parameters
-    ----------
-    config : SweepConfig
-    forward : pandas.DataFrame
-        Rows ``role``, ``batch_size``, ``tokens``, ``seconds`` (and ``num_experts_per_tok``) of a
-        forward study covering the sweep's batch sizes and tokens 1 and gamma + 1.
-    build_seconds : float
-        Seconds to build the models of one K (random initialisation).
-    target_scale, draft_scale : float
-        Factors on the target's and the draft's forward times (e.g. layers of the sweep over layers
-        of the forward study).
-
-    Returns
-    -------
-    dict
-        ``timed``, ``warmup``, ``prefill``, ``build`` and ``total`` seconds.
-    """
-    with_k = "num_experts_per_tok" in forward and forward["num_experts_per_tok"].notna().any()
-    by = ["role", "batch_size", "tokens"] + (["num_experts_per_tok"] if with_k else [])
-    medians = forward.groupby(by)["seconds"].median()
-
-    def time(role, batch, tokens, top_k):
-        index = (role, batch, tokens, top_k) if with_k else (role, batch, tokens)
-        if index not in medians.index:
-            raise ValueError(f"forward has no {role} time at B = {batch}, s = {tokens}"
-                             + (f", K = {top_k}" if with_k else ""))
-        return medians[index] * (target_scale if role == "target" else draft_scale)
-
-    def prefill(role, batch, top_k):
-        tokens = sorted(t for r, b, t, *_ in medians.index if r == role and b == batch)
-        low, high = time(role, batch, tokens[0], top_k), time(role, batch, tokens[-1], top_k)
-        return low + (high - low) * (config.context - tokens[0]) / (tokens[-1] - tokens[0])
-
-    timed = warm = fill = 0.0
-    for top_k in config.top_k_values:
-        for batch in config.batch_sizes:
-            if config.study in FORWARD_STUDIES:
-                sizes = sorted({1, *config.gammas, *(g + 1 for g in config.gammas)})
-                timed += config.repeats * sum(time(role, batch, s, top_k) for role in ("target", "draft")
-                                              for s in sizes)
-                fill += prefill("target", batch, top_k) + prefill("draft", batch, top_k)
-                continue
-            runs = config.repeats * len(config.workloads or (None,))
-            ar = time("target", batch, 1, top_k)
-            rounds = {g: g * time("draft", batch, 1, top_k) + time("target", batch, g + 1, top_k)
-                      for g in config.gammas}
-            timed += config.repeats * config.rounds * ar + runs * config.rounds * sum(rounds.values())
-            warm += config.repeats * config.warmup_rounds * ar + runs * config.warmup_rounds * sum(rounds.values())
-            fill += (config.repeats + runs * len(config.gammas)) * prefill("target", batch, top_k)
-            fill += runs * len(config.gammas) * prefill("draft", batch, top_k)
-    build = build_seconds * len(config.top_k_values)
-    return {"timed": timed, "warmup": warm, "prefill": fill, "build": build, "total": timed + warm + fill + build}

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from moesd._checks import UsageError, as_array
+from moesd._checks import UsageError, as_array, new_file, torch_device, usage_errors
 from moesd.experts import expected_active_experts, full_activation_threshold, sparsity, tokens_per_expert
 from moesd.roofline import HARDWARE
 
@@ -51,11 +51,10 @@ def _hardware(args: argparse.Namespace) -> None:
             raise UsageError(f"--threads must be >= 1, got {args.threads}")
         if args.json is not None and not Path(args.json).resolve().parent.is_dir():
             raise UsageError(f"--json: folder {Path(args.json).resolve().parent} does not exist")
-        if args.device == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise UsageError("--device cuda: torch sees no CUDA device here")
+        if args.json is not None:
+            new_file("--json", args.json, overwrite=True)
+        if args.device is not None:
+            torch_device("--device", args.device)
     table = pd.DataFrame([{
         "name": hw.name,
         "bf16 TFLOP/s": hw.peak_flops / 1e12,
@@ -103,38 +102,29 @@ def _measured_hardware(args: argparse.Namespace) -> None:
 
 
 def _trace(args: argparse.Namespace) -> None:
-    from pathlib import Path
+    from moesd.prompts import load_prompts
 
     for flag, value in (("--num-prompts", args.num_prompts), ("--batch-size", args.batch_size),
                         ("--max-new-tokens", args.max_new_tokens)):
         if value is not None and value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
-    if args.random_weights and (args.dtype != "auto" or args.device is not None):
-        raise ValueError("--dtype and --device apply only without --random-weights (random models run on the CPU)")
-    if args.device is not None:
-        import torch
-
-        try:
-            device = torch.device(args.device)
-        except RuntimeError:
-            raise ValueError(f"--device {args.device!r} is not a torch device (cuda, cuda:1, cpu, mps...)") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"--device {args.device!r}: no CUDA device is available here")
-    if Path(args.out).exists() and not args.overwrite:
-        raise ValueError(f"{args.out} exists; pass --overwrite to replace it")
+            raise UsageError(f"{flag} must be >= 1, got {value}")
     if args.random_weights:
-        from moesd.zoo import get_model
-
-        get_model(args.model)  # an unknown architecture fails before any work
-    elif args.layers is not None or args.width != 1.0:
-        raise ValueError("--layers and --width apply only with --random-weights")
-
-    from moesd.capture import trace_prompts, trace_random_model
-    from moesd.prompts import load_prompts
-
-    prompts = load_prompts(args.prompts, args.prompt_source)
+        if args.dtype != "auto" or args.device is not None:
+            raise UsageError("--dtype and --device apply only without --random-weights (random models run on the CPU)")
+        _random_model_spec(args)
+    else:
+        if args.layers is not None or args.width != 1.0:
+            raise UsageError("--layers and --width apply only with --random-weights")
+        if args.device is not None:
+            torch_device("--device", args.device)
+        _local_model(args.model)
+    out = new_file("--out", args.out, args.overwrite)
+    with usage_errors():
+        prompts = load_prompts(args.prompts, args.prompt_source)
     if args.num_prompts is not None:
         prompts = prompts.head(args.num_prompts)
+    from moesd.capture import trace_prompts, trace_random_model
+
     if args.random_weights:
         trace = trace_random_model(args.model, prompts, args.batch_size, args.max_new_tokens,
                                    num_layers=args.layers, width=args.width, seed=args.seed,
@@ -142,13 +132,42 @@ def _trace(args: argparse.Namespace) -> None:
     else:
         trace = trace_prompts(args.model, prompts, args.batch_size, args.max_new_tokens, dataset=args.prompts,
                               dtype=args.dtype, device=args.device)
-    path = trace.save(args.out)
+    path = trace.save(out)
     print(f"{trace.num_tokens} tokens x {len(trace.layers)} MoE layers (E = {trace.num_experts}, "
           f"K = {trace.top_k}) -> {path}")
 
 
+def _random_model_spec(args: argparse.Namespace) -> None:
+    """Refuse a --model, --layers or --width that ``moesd trace --random-weights`` cannot build."""
+    from moesd.zoo import get_model
+
+    with usage_errors():
+        spec = get_model(args.model)
+    if not spec.is_moe:
+        raise UsageError(f"--model {spec.name} is dense: there is no expert routing to trace")
+    from moesd.capture import SUPPORTED_MODEL_TYPES
+
+    if spec.model_type not in SUPPORTED_MODEL_TYPES:
+        raise UsageError(f"--model {spec.name}: routing capture supports the model types "
+                         f"{', '.join(SUPPORTED_MODEL_TYPES)}, not {spec.model_type!r}")
+    if args.layers is not None and not 1 <= args.layers <= spec.num_layers:
+        raise UsageError(f"--layers must be in [1, {spec.num_layers}] ({spec.name}), got {args.layers}")
+    if not 0 < args.width <= 1:
+        raise UsageError(f"--width must be in (0, 1], got {args.width}")
+
+
+def _local_model(model: str) -> None:
+    """Refuse a --model written as a local path (absolute, or starting with . or ~) that is no folder."""
+    from pathlib import Path
+
+    path = Path(model).expanduser()
+    if model.startswith((".", "~", "/")) and not path.is_dir():
+        raise UsageError(f"--model {model!r} is {'a file' if path.exists() else 'not there'}: give a folder "
+                         "holding a saved model, or a hub id such as deepseek-ai/DeepSeek-V2-Lite-Chat")
+
+
 def _sweep(args: argparse.Namespace) -> None:
-    from moesd.bench import SweepConfig, preset_settings, run_sweep
+    from moesd.sweeps import SweepConfig, preset_settings
 
     settings = preset_settings(args.study, args.preset)
     given = {name: value for name, value in {
@@ -161,84 +180,104 @@ def _sweep(args: argparse.Namespace) -> None:
     if given.get("weights") == "pretrained":  # the preset's scaled shape is for random weights
         settings.update(layers=None, draft_layers=None, width=1.0)
     if args.sigma is not None:
-        gammas = given.get("gammas", settings["gammas"])
-        if args.sigma == ["real"]:
-            given["sigma"] = "real"
-        else:
-            try:
-                values = [float(value) for value in args.sigma]
-            except ValueError:
-                raise ValueError(f"--sigma takes numbers or 'real', got {' '.join(args.sigma)}") from None
-            if len(values) != len(gammas):
-                raise ValueError(f"--sigma has {len(values)} value(s) for {len(gammas)} gamma(s) "
-                                 f"{list(gammas)}: give one sigma per gamma")
-            given["sigma"] = dict(zip(gammas, values))
+        given["sigma"] = _sigma_per_gamma(args.sigma, given.get("gammas", settings["gammas"]))
     try:
         config = SweepConfig(**{**settings, **given})
-    except ValueError as error:
-        raise ValueError(_as_option(str(error))) from None
-    path = run_sweep(config, args.out_dir, overwrite=args.overwrite)
+    except UsageError as error:
+        raise UsageError(_as_option(str(error))) from None
+    from moesd.bench import check_sweep, run_sweep  # torch: after the settings are checked
+
+    with usage_errors():  # device, --out-dir and an existing result file, before any model is built
+        path = check_sweep(config, args.out_dir, args.overwrite)
+    run_sweep(config, path.parent, overwrite=args.overwrite)
     print(f"{config.study} study -> {path}")
 
 
+def _sigma_per_gamma(words: list[str], gammas) -> dict | str:
+    """``--sigma``: ``real``, or one number per gamma as ``{gamma: sigma}``."""
+    if words == ["real"]:
+        return "real"
+    try:
+        values = [float(value) for value in words]
+    except ValueError:
+        raise UsageError(f"--sigma takes numbers or 'real', got {' '.join(words)}") from None
+    if len(values) != len(gammas):
+        raise UsageError(f"--sigma has {len(values)} value(s) for {len(gammas)} gamma(s) "
+                         f"{list(gammas)}: give one sigma per gamma")
+    return dict(zip(gammas, values))
+
+
 def _read_result_file(path) -> tuple[pd.DataFrame, dict | None]:
-    """The rows of an e2e or sparsity result file and its sidecar (None if absent), or a one-line ValueError."""
+    """The rows of an e2e or sparsity result file and its sidecar (None if absent), or a one-line UsageError."""
     import json
     from pathlib import Path
+
+    from moesd.measurements import FITTING_COLUMNS
 
     path = Path(path)
     if path.is_dir():
         found = [str(path / f"{study}.csv") for study in ("sparsity", "e2e") if (path / f"{study}.csv").exists()]
-        raise ValueError(f"{path} is a directory; give an e2e or sparsity result file"
+        raise UsageError(f"{path} is a directory; give an e2e or sparsity result file"
                          + (f", e.g. {found[0]}" if found else ""))
     if not path.exists():
-        raise ValueError(f"{path}: no such file")
+        raise UsageError(f"{path}: no such file")
     if path.suffix == ".npz":
-        raise ValueError(f"{path} is a routing trace (.npz); moesd fit reads an e2e or sparsity result file (.csv)")
+        raise UsageError(f"{path} is a routing trace (.npz); moesd fit reads an e2e or sparsity result file (.csv)")
     if path.suffix == ".json":
-        raise ValueError(f"{path} is a sidecar; give the result file beside it ({path.with_suffix('.csv')})")
+        raise UsageError(f"{path} is a sidecar; give the result file beside it ({path.with_suffix('.csv')})")
     try:
         rows = pd.read_csv(path)
     except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
-        raise ValueError(f"{path} is not a readable CSV file ({str(error).splitlines()[0]})") from None
+        raise UsageError(f"{path} is not a readable CSV file ({str(error).splitlines()[0]})") from None
     if {"role", "tokens", "seconds"} <= set(rows.columns):
         siblings = [str(path.parent / f"{study}.csv") for study in ("sparsity", "e2e")
                     if (path.parent / f"{study}.csv").exists()]
         hint = f"fit {' or '.join(siblings)}" if siblings else "measure one with `moesd sweep sparsity`"
-        raise ValueError(f"{path} is a forward study (stage times per forward, no speedups); moesd fit needs an "
+        raise UsageError(f"{path} is a forward study (stage times per forward, no speedups); moesd fit needs an "
                          f"e2e or sparsity result: {hint}")
-    needed = ["batch_size", "gamma", "num_experts_per_tok", "sigma", "speedup"]
-    missing = [column for column in needed if column not in rows.columns]
+    missing = [column for column in FITTING_COLUMNS if column not in rows.columns]
     if missing:
-        raise ValueError(f"{path} lacks the column(s) {', '.join(missing)}; moesd fit reads the e2e or sparsity "
+        raise UsageError(f"{path} lacks the column(s) {', '.join(missing)}; moesd fit reads the e2e or sparsity "
                          "result files of `moesd sweep`")
     if rows["num_experts_per_tok"].isna().all():
-        raise ValueError(f"{path} has no experts per token (a dense target?); Algorithm 1 fits an MoE target")
+        raise UsageError(f"{path} has no experts per token (a dense target?); Algorithm 1 fits an MoE target")
     sidecar = path.with_suffix(".json")
     try:
         return rows, json.loads(sidecar.read_text()) if sidecar.exists() else None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{sidecar} is not valid JSON ({error})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UsageError(f"{sidecar} is not valid JSON ({error})") from None
 
 
-def _experts_from_sidecar(path, sidecar: dict | None) -> int:
-    """Routed experts per layer E of the target a result file measured, from its sidecar."""
-    from moesd.zoo import get_model
+def _experts(args: argparse.Namespace, sidecar: dict | None) -> tuple[int, str]:
+    """E and where it came from: --E, or the target named in the sidecar."""
+    from moesd.measurements import routed_experts
 
+    if args.E is not None:
+        if args.E < 1:
+            raise UsageError(f"--E must be >= 1, got {args.E}")
+        return args.E, "--E"
     if sidecar is None:
-        raise ValueError(f"{path} has no sidecar (.json beside it) to read E from; pass --E")
-    settings = sidecar.get("settings", {})
-    for record in (sidecar, settings):
-        if record.get("num_experts"):
-            return int(record["num_experts"])
+        raise UsageError(f"{args.measurements} has no sidecar (.json beside it) to read E from; pass --E")
     try:
-        experts = get_model(settings.get("target", "")).num_experts
-    except KeyError:
-        experts = None
-    if not experts:
-        raise ValueError(f"the sidecar of {path} names no MoE target of moesd.zoo "
-                         f"(target {settings.get('target')!r}); pass --E")
-    return int(experts)
+        return routed_experts(sidecar), "sidecar"
+    except (KeyError, ValueError) as error:
+        raise UsageError(f"{args.measurements}: {error.args[0]}; pass --E") from None
+
+
+def _ridge_point(args: argparse.Namespace, sidecar: dict | None) -> tuple[float, str]:
+    """The ridge point (FLOP/byte) and its source: the sidecar's measured roofline, else --hardware's data sheet."""
+    from moesd.measurements import ridge_point_for
+    from moesd.roofline import ridge_point
+
+    try:
+        rp, source = ridge_point_for(sidecar or {}), "measured roofline in the sidecar"
+    except ValueError as error:
+        if args.hardware is None:
+            raise UsageError(f"{args.measurements}: {str(error).split(';')[0]}; pass --hardware NAME to use a "
+                             "data-sheet ridge point (moesd hardware lists them)") from None
+        with usage_errors():
+            return float(ridge_point(args.hardware)), f"{args.hardware} data sheet, --hardware"
+    return rp, source + (f"; --hardware {args.hardware} not used" if args.hardware is not None else "")
 
 
 _SWEEP_OPTIONS = {"target", "draft", "weights", "layers", "draft_layers", "width", "batch_sizes", "gammas", "top_ks",
@@ -252,30 +291,24 @@ def _as_option(message: str) -> str:
 
 
 def _fit(args: argparse.Namespace) -> None:
-    from moesd.fit import fit_speedup_model, from_sweep, held_out_errors
-    from moesd.measurements import ridge_point_for
-    from moesd.roofline import ridge_point
+    from moesd.fit import PARAMETERS, check_measurements, fit_speedup_model, from_sweep, held_out_errors, stride_sample
 
+    if args.stride is not None and args.stride < 1:
+        raise UsageError(f"--stride must be >= 1, got {args.stride}")
     rows, sidecar = _read_result_file(args.measurements)
-    if args.E is not None:
-        experts, experts_source = args.E, "--E"
-    else:
-        experts, experts_source = _experts_from_sidecar(args.measurements, sidecar), "sidecar"
-    try:
-        rp, rp_source = ridge_point_for(sidecar or {}), "measured roofline in the sidecar"
-        if args.hardware is not None:
-            rp_source += f"; --hardware {args.hardware} not used"
-    except ValueError as error:
-        if args.hardware is None:
-            raise ValueError(f"{args.measurements}: {str(error).split(';')[0]}; pass --hardware NAME to use a "
-                             "data-sheet ridge point (moesd hardware lists them)") from None
-        rp, rp_source = float(ridge_point(args.hardware)), f"{args.hardware} data sheet, --hardware"
+    experts, experts_source = _experts(args, sidecar)
+    rp, rp_source = _ridge_point(args, sidecar)
     frame = from_sweep(rows, experts)
     try:
-        result = fit_speedup_model(frame, rp, variant=args.variant, stride=args.stride,
-                                   verify_tokens=args.verify_tokens)
+        check_measurements(frame)
     except ValueError as error:
-        raise ValueError(f"{args.measurements}: {error}") from None
+        raise UsageError(f"{args.measurements}: {error}") from None
+    fitted = len(frame) if args.stride is None else len(stride_sample(frame, args.stride))
+    if fitted < len(PARAMETERS):
+        raise UsageError(f"--stride {args.stride} leaves {fitted} of {len(frame)} measurements to fit, fewer than "
+                         f"the {len(PARAMETERS)} parameters of Algorithm 1; use a stride of at most "
+                         f"{len(frame) // len(PARAMETERS)}")
+    result = fit_speedup_model(frame, rp, variant=args.variant, stride=args.stride, verify_tokens=args.verify_tokens)
     errors = held_out_errors(result, frame)
     verified = "B gamma" if args.verify_tokens == "gamma" else "B (gamma + 1)"
     print(f"{len(result.fitted)} of {len(frame)} measurements, variant {args.variant}, {verified} verified tokens; "
@@ -334,15 +367,20 @@ def _predict(args: argparse.Namespace) -> None:
         if (values[:, None] < 1 / (gammas[None, :] + 1)).any():
             raise UsageError(f"--sigma must be >= 1 / (gamma + 1) for every --gamma, got {args.sigma}")
         acceptance = dict(sigma=values)
-    try:
-        frame = predict_sd(args.target, args.draft, args.hardware, batch, gammas, tp=args.tp, draft_tp=args.draft_tp,
-                           context=args.context, ep=args.ep, dtype=args.dtype, **acceptance)
+    for flag, value, low in (("--tp", args.tp, 1), ("--ep", args.ep, 1), ("--draft-tp", args.draft_tp, 1),
+                             ("--context", args.context, 0)):
+        if value < low:
+            raise UsageError(f"{flag} must be >= {low}, got {value}")
+    options = dict(tp=args.tp, draft_tp=args.draft_tp, context=args.context, ep=args.ep, dtype=args.dtype)
+    try:  # one point checks what the options must satisfy together (ep divides E, an interconnect for tp...)
+        predict_sd(args.target, args.draft, args.hardware, batch[:1], gammas[:1], **options, **{column: values[:1]})
     except ValueError as error:  # name the command-line flag of the argument the package names
         message = str(error)
         first = message.split(" ", 1)[0].rstrip(":")
         flag = {"model": "--target/--draft", "hardware": "--hardware", "tp": "--tp", "ep": "--ep",
                 "dtype": "--dtype", "context": "--context"}.get(first)
         raise UsageError(f"{flag}: {message}" if flag else message) from None
+    frame = predict_sd(args.target, args.draft, args.hardware, batch, gammas, **options, **acceptance)
     if args.csv:
         frame.to_csv(args.csv, index=False)
     print(f"{args.target} on {args.tp} x {args.hardware} (ep {args.ep}), draft {args.draft} on {args.draft_tp} "
@@ -477,12 +515,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_UNCONVERTED_COMMANDS = {"trace", "sweep", "fit"}
-"""Sub-commands that do not raise UsageError yet (edited on other branches): until they do, they keep the
-old behaviour, any ValueError, KeyError, FileNotFoundError or FileExistsError printed as a usage error.
-Remove a name once its sub-command checks its arguments with UsageError."""
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the ``moesd`` command; returns the exit status.
 
@@ -496,10 +528,6 @@ def main(argv: list[str] | None = None) -> int:
         args.run(args)
     except UsageError as error:
         parser.error(str(error))
-    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as error:
-        if args.command not in _UNCONVERTED_COMMANDS:
-            raise
-        parser.error(str(error.args[0]) if error.args else repr(error))
     return 0
 
 

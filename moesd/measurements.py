@@ -136,16 +136,20 @@ def summarize(frame: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
                          "q75": grouped.quantile(0.75), "runs": grouped.size()}).reset_index()
 
 
-def fitting_frame(rows: pd.DataFrame, sidecar: dict) -> pd.DataFrame:
-    """Algorithm 1's measurements (columns B, gamma, K, E, sigma, speedup) of an e2e-type result file.
+FITTING_COLUMNS = ("batch_size", "gamma", "num_experts_per_tok", "sigma", "speedup")
+"""Columns of an e2e-type result file that Algorithm 1 is fitted to."""
 
-    ``E`` (routed experts per layer of the target) comes from the sidecar's target via
-    :mod:`moesd.zoo`; ``K`` from each row.
+
+def routed_experts(sidecar: dict) -> int:
+    """E, the routed experts per layer of the target a result file measured (its sidecar's target in
+    :mod:`moesd.zoo`).
 
     Raises
     ------
     ValueError
-        If the target is dense, the rows lack a column, or the sidecar names no target.
+        If the sidecar names no target or a dense one.
+    KeyError
+        If :mod:`moesd.zoo` does not know the target.
     """
     from moesd.zoo import get_model
 
@@ -155,11 +159,26 @@ def fitting_frame(rows: pd.DataFrame, sidecar: dict) -> pd.DataFrame:
     spec = get_model(target)
     if not spec.is_moe:
         raise ValueError(f"{target} is dense: Algorithm 1 needs routed experts")
-    missing = [c for c in ("batch_size", "gamma", "num_experts_per_tok", "sigma", "speedup") if c not in rows]
+    return spec.num_experts
+
+
+def fitting_frame(rows: pd.DataFrame, sidecar: dict) -> pd.DataFrame:
+    """Algorithm 1's measurements (columns B, gamma, K, E, sigma, speedup) of an e2e-type result file.
+
+    ``E`` (routed experts per layer of the target) comes from the sidecar (:func:`routed_experts`);
+    ``K`` from each row.
+
+    Raises
+    ------
+    ValueError
+        If the target is dense, the rows lack a column, or the sidecar names no target.
+    """
+    experts = routed_experts(sidecar)
+    missing = [c for c in FITTING_COLUMNS if c not in rows]
     if missing:
         raise ValueError(f"the rows lack {', '.join(missing)}: fitting needs an e2e, sparsity or settings study")
     return pd.DataFrame({"B": rows["batch_size"], "gamma": rows["gamma"], "K": rows["num_experts_per_tok"],
-                         "E": spec.num_experts, "sigma": rows["sigma"], "speedup": rows["speedup"]})
+                         "E": experts, "sigma": rows["sigma"], "speedup": rows["speedup"]})
 
 
 def provenance(sidecar: dict) -> str:

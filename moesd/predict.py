@@ -41,7 +41,7 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}
 """Bytes per weight of each supported weight dtype."""
 
 PAPER_BATCH_SIZES = (1, 2, 4, *range(8, 61, 4), 80, 100)
-"""The paper's batch sizes (Sec. 7): 19 values from 1 to 100; ``moesd.bench.BATCH_SIZES`` is this tuple."""
+"""The paper's batch sizes (Sec. 7): 19 values from 1 to 100; ``moesd.sweeps.BATCH_SIZES`` is this tuple."""
 
 TRACE_ROUTING_MODELS = ("windows", "popularity")
 """How :func:`step_time` reads a :class:`~moesd.traces.RoutingTrace` (see :mod:`moesd.routing`)."""

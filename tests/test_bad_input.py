@@ -18,6 +18,9 @@ import contextlib
 import dataclasses
 import inspect
 import io
+import json
+import sys
+import warnings
 from pathlib import Path
 from typing import Callable, NamedTuple
 from unittest import mock
@@ -28,7 +31,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moesd import cli as moesd_cli
-from moesd import experts, paper, roofline, speedup
+from moesd import experts, fit, importers, measurements, paper, predict, roofline, speedup, sweeps, traces
 from moesd._checks import UsageError
 from moesd.prompts import load_prompts
 
@@ -45,6 +48,7 @@ class Case(NamedTuple):
     call: Callable
     error: type
     fragment: str
+    slow: bool = False  # imports torch (marked slow, still run by `make test`)
 
 
 class CommandRefused(Exception):
@@ -63,9 +67,21 @@ def _run_command(argv: list[str]):
     raise AssertionError(f"moesd {' '.join(argv)} ran instead of refusing")
 
 
-def cli(what: str, argv: list[str], fragment: str) -> Case:
-    """A row for a ``moesd`` command line that must stop with a one-line usage error (status 2)."""
-    return Case("cli", what, lambda: _run_command(argv), CommandRefused, fragment)
+def cli(what: str, argv, fragment: str, slow: bool = False, before: tuple = (), stops: tuple = ()) -> Case:
+    """A row for a ``moesd`` command line that must stop with a one-line usage error (status 2).
+
+    ``argv`` is a list, or a function of the temporary folder returning one. ``before`` names moesd
+    modules the command must refuse without importing (they hold the work: models, torch);
+    ``stops``, as (module, function) pairs, functions doing the work that it must not reach.
+    """
+    def call(tmp):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(mock.patch.dict(sys.modules, {name: None for name in before}))
+            for module, function in stops:
+                stack.enter_context(mock.patch(f"{module}.{function}", side_effect=AssertionError(f"{function} ran")))
+            _run_command(argv(tmp) if callable(argv) else argv)
+
+    return Case("cli", what, call, CommandRefused, fragment, slow)
 
 
 def _theory_failing_inside(error: Exception):
@@ -393,15 +409,622 @@ def _run_command_with_theory_raising(error: Exception):
         _run_command(["theory", "--E", "64", "--K", "8"])
 
 
-CASES = EXPERTS + SPEEDUP + ROOFLINE + PROMPTS + PAPER + CLI
+# Traces and importers ----------------------------------------------------------------------------
+
+def _trace(**changes) -> traces.RoutingTrace:
+    """Two tokens, one layer, K = 2 of E = 4, with ``changes`` to the constructor's arguments."""
+    return traces.RoutingTrace(**{"experts": np.array([[[0, 1]], [[1, 2]]]), "num_experts": 4, **changes})
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c.module}: {c.what}" for c in CASES])
+def _lines(folder: Path, name: str, *records) -> Path:
+    """A JSONL file of ``records`` (dicts are written as JSON, strings as they are)."""
+    path = folder / name
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+def _token(sequence=0, position=0, layer=0, experts=(0, 1), **fields) -> dict:
+    return {"problem_id": sequence, "token_idx": position, "layer": layer, "experts": list(experts), **fields}
+
+
+def _vllm_layer(folder: Path, layer: int, rows, name: str | None = None) -> Path:
+    """A per-layer vLLM log: a meta line, then one route line per (call row, request) in ``rows``."""
+    meta = {"type": "meta", "model_id": "m", "layers_logged": [0, 1], "top_k": 2}
+    routes = [{"type": "route", "req_id": request, "token_idx": row, "layer": layer, "topk_ids": [0, 1]}
+              for row, request in rows]
+    return _lines(folder, name or f"layer{layer}.jsonl", meta, *routes)
+
+
+def _vllm_pair(folder: Path, first, second, **options):
+    """Read two layer files whose route lines are ``first`` and ``second``."""
+    return importers.from_vllm_moe_log([_vllm_layer(folder, 0, first), _vllm_layer(folder, 1, second)], 4,
+                                       **options)
+
+
+def _saved_over(target):
+    """Save a trace over ``target`` (a device, a folder); the error must come before anything is replaced."""
+    _trace().save(target)
+
+
+TRACES = [
+    Case("traces", "fractional E (was truncated to 4)", lambda: _trace(num_experts=4.7), ValueError,
+         "num_experts must be a whole number, got 4.7"),
+    Case("traces", "E given as text", lambda: _trace(num_experts="4"), ValueError,
+         "num_experts must be a whole number, got '4'"),
+    Case("traces", "no experts", lambda: _trace(num_experts=0), ValueError, "num_experts must be >= 1, got 0"),
+    Case("traces", "K above E", lambda: _trace(num_experts=1), ValueError,
+         "K = 2 experts per token exceeds num_experts = 1"),
+    Case("traces", "expert ids as floats", lambda: _trace(experts=np.array([[[0.0, 1.0]]])), ValueError,
+         "experts must be an integer array of shape (tokens, layers, K), got float64"),
+    Case("traces", "expert ids of two axes", lambda: _trace(experts=np.array([[0, 1]])), ValueError,
+         "experts must be an integer array of shape (tokens, layers, K)"),
+    Case("traces", "an expert id beyond E", lambda: _trace(experts=np.array([[[0, 4]]])), ValueError,
+         "expert ids must lie in [0, 4), found 4..4"),
+    Case("traces", "a negative expert id", lambda: _trace(experts=np.array([[[0, -3]]])), ValueError,
+         "expert ids must lie in [0, 4)"),
+    Case("traces", "an expert twice in one token", lambda: _trace(experts=np.array([[[2, 2]]])), ValueError,
+         "token 0 lists an expert twice in layer 0: [2, 2]"),
+    Case("traces", "one of K ids marked missing", lambda: _trace(experts=np.array([[[1, -1]]])), ValueError,
+         "token 0 marks only some of its experts missing in layer 0"),
+    Case("traces", "fractional positions (was truncated)", lambda: _trace(position=np.array([0.0, 1.5])), ValueError,
+         "position must be an integer array of shape (2,), got float64"),
+    Case("traces", "one sequence id for two tokens", lambda: _trace(sequence=np.array([0])), ValueError,
+         "sequence must be an integer array of shape (2,)"),
+    Case("traces", "an unknown phase", lambda: _trace(phase=["decode", "verify"]), ValueError,
+         "phase must hold one of"),
+    Case("traces", "weights of another shape", lambda: _trace(weights=np.ones((2, 1, 3))), ValueError,
+         "weights must have the shape of experts (2, 1, 2), got (2, 1, 3)"),
+    Case("traces", "a layer index twice",
+         lambda: _trace(experts=np.zeros((1, 2, 1), int), num_experts=1, layers=[3, 3]), ValueError,
+         "layers must be distinct, got [3, 3]"),
+    Case("traces", "a text file loaded as a trace (talked about pickles)",
+         lambda tmp: traces.RoutingTrace.load(_write(tmp, "log.npz", b'{"layer": 0}\n')), ValueError,
+         "log.npz: not a RoutingTrace .npz archive (it does not start like a zip file)"),
+    Case("traces", "a zip archive without the arrays",
+         lambda tmp: (np.savez(tmp / "other.npz", x=np.zeros(2)), traces.RoutingTrace.load(tmp / "other.npz")),
+         ValueError, "other.npz: not a valid routing trace: missing arrays ['experts', 'num_experts']"),
+    Case("traces", "saving over a device (replaced /dev/null by a zip file as root)",
+         lambda: _saved_over("/dev/null"), ValueError, "/dev/null is a character device, not a regular file"),
+    Case("traces", "saving over a folder", lambda tmp: _saved_over(tmp), ValueError, "is a folder, not a regular file"),
+    Case("traces", "joining no traces", lambda: traces.concatenate([]), ValueError,
+         "traces must hold at least one trace"),
+    Case("traces", "joining traces of different E",
+         lambda: traces.concatenate([_trace(), _trace(num_experts=8)]), ValueError,
+         "traces must share num_experts, K and layers"),
+    Case("traces", "random union of 0 tokens", lambda: traces.random_union(_trace(), 0), ValueError,
+         "t must be a whole number in [1, 2], got 0"),
+    Case("traces", "random union of more tokens than logged", lambda: traces.random_union(_trace(), 3), ValueError,
+         "t must be a whole number in [1, 2], got 3"),
+    Case("traces", "window of 0 tokens", lambda: traces.window_union(_trace(), 0), ValueError,
+         "window must be a whole number >= 1, got 0"),
+    Case("traces", "verification batch larger than the sequences",
+         lambda: traces.verify_union(_trace(), batch_size=2, window=1), ValueError,
+         "batch_size must be a whole number in [1, 1]"),
+]
+
+IMPORTERS = [
+    Case("importers", "fractional token_idx (was truncated)",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token(position=1.5)), 4), ValueError,
+         "t.jsonl:1: position must be a whole number, got 1.5"),
+    Case("importers", "problem_id 1 and \"1\" (were merged)",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token(1), _token("1", 1)), 4), ValueError,
+         "t.jsonl:2: sequence id '1' is a string but"),
+    Case("importers", "a sequence id that is a list",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token([1])), 4), ValueError,
+         "t.jsonl:1: a sequence id must be a string or a whole number, got [1]"),
+    Case("importers", "a record without experts",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", {"problem_id": 0, "token_idx": 0, "layer": 0}),
+                                                4), ValueError,
+         "t.jsonl:1: no experts field (looked for experts, topk_ids, expert_ids, topk_indices)"),
+    Case("importers", "experts that are not a list",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", {**_token(), "experts": 3}), 4), ValueError,
+         "t.jsonl:1: experts must be a non-empty list of expert ids, got 3"),
+    Case("importers", "weights not one per expert",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token(gating_probs=[1.0])), 4), ValueError,
+         "t.jsonl:1: weights must list one number per expert id, got [1.0]"),
+    Case("importers", "a line that is not JSON",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token(), "{oops"), 4), ValueError,
+         "t.jsonl:2: not JSON"),
+    Case("importers", "a JSON list for a record",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", "[1, 2]"), 4), ValueError,
+         "t.jsonl:1: expected a JSON object"),
+    Case("importers", "a file with no records", lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl"), 4),
+         ValueError, "t.jsonl: no records"),
+    Case("importers", "the same token and layer twice",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token(), _token()), 4), ValueError,
+         "t.jsonl:2: a second record for the same sequence, position and layer"),
+    Case("importers", "records of different K",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token(), _token(0, 1, experts=(0, 1, 2))), 4),
+         ValueError, "t.jsonl:2: experts lists 3 ids, the first record 2"),
+    Case("importers", "a token missing from a layer, refused",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token(), _token(layer=1), _token(0, 1)), 4,
+                                                ragged="error"), ValueError,
+         "t.jsonl: 1 tokens are logged in only some of the 2 layers"),
+    Case("importers", "an unknown ragged rule", lambda tmp: importers.from_token_jsonl(tmp / "t.jsonl", ragged="pad"),
+         ValueError, "ragged must be one of ('drop', 'keep', 'error'), got 'pad'"),
+    Case("importers", "an unknown field key",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token()), fields={"expert": "e"}), ValueError,
+         "fields has an unknown key 'expert'"),
+    Case("importers", "an unknown phase", lambda tmp: importers.from_token_jsonl(tmp / "t.jsonl", phase="verify"),
+         ValueError, "phase must be one of"),
+    Case("importers", "vLLM layer files of different calls (named no file or row)",
+         lambda tmp: _vllm_pair(tmp, [(0, "a"), (1, "a")], [(0, "a"), (1, "b")]), ValueError,
+         "layer1.jsonl:3: call 0 row 1 request 'b' where"),
+    Case("importers", "vLLM layer file cut short, refused",
+         lambda tmp: _vllm_pair(tmp, [(0, "a"), (1, "a")], [(0, "a")], ragged="error"), ValueError,
+         "layer files end early: layer1.jsonl (1 row short)"),
+    Case("importers", "vLLM file without its meta line",
+         lambda tmp: importers.from_vllm_moe_log(_lines(tmp, "l.jsonl", {"type": "route", "req_id": "a",
+                                                                          "token_idx": 0, "layer": 0,
+                                                                          "topk_ids": [0, 1]}), 4), ValueError,
+         "l.jsonl: no meta line"),
+    Case("importers", "vLLM file of another record type",
+         lambda tmp: importers.from_vllm_moe_log(_lines(tmp, "l.jsonl", {"type": "stats"}), 4), ValueError,
+         "l.jsonl:1: expected type 'meta' or 'route', got 'stats'"),
+    Case("importers", "vLLM layer logged twice",
+         lambda tmp: importers.from_vllm_moe_log([_vllm_layer(tmp, 0, [(0, "a")]),
+                                                  _vllm_layer(tmp, 0, [(0, "a")], "again.jsonl")], 4), ValueError,
+         "again.jsonl: layer 0 is logged twice"),
+    Case("importers", "vLLM: no files", lambda: importers.from_vllm_moe_log([]), ValueError,
+         "paths must name at least one log file"),
+    Case("importers", "vLLM: negative skip_calls", lambda tmp: importers.from_vllm_moe_log(tmp, skip_calls=-1),
+         ValueError, "skip_calls must be a whole number >= 0, got -1"),
+    Case("importers", "vLLM: skipping every call",
+         lambda tmp: _vllm_pair(tmp, [(0, "a")], [(0, "a")], skip_calls=5), ValueError, "skip_calls = 5 drops every call"),
+    Case("importers", "vLLM: unknown request_ids rule",
+         lambda tmp: importers.from_vllm_moe_log(tmp, request_ids="maybe"), ValueError,
+         "request_ids must be 'auto', 'use' or 'ignore', got 'maybe'"),
+    Case("importers", "layer CSV line of one field",
+         lambda tmp: importers.from_layer_csv(_write(tmp, "r.csv", b"0,1 2\n7\n"), 4), ValueError,
+         "r.csv:2: expected two fields, layer_id,expert_ids"),
+    Case("importers", "layer CSV with a word for an id",
+         lambda tmp: importers.from_layer_csv(_write(tmp, "r.csv", b"0,1 two\n"), 4), ValueError,
+         "r.csv:1: expert_ids must be whole numbers, got '1 two'"),
+    Case("importers", "layer CSV of different K",
+         lambda tmp: importers.from_layer_csv(_write(tmp, "r.csv", b"0,1 2\n0,1 2 3\n"), 4), ValueError,
+         "r.csv: lines list different numbers of experts: [2, 3]"),
+    Case("importers", "arrays: none", lambda: importers.from_arrays([]), ValueError,
+         "arrays must hold at least one request"),
+    Case("importers", "arrays: a float array", lambda: importers.from_arrays([np.zeros((2, 1, 2))]), ValueError,
+         "arrays[0] must be an integer array [tokens, layers, K]"),
+    Case("importers", "vLLM routed experts: not JSON",
+         lambda tmp: importers.from_vllm_routed_experts(_write(tmp, "r.json", b"{oops")), ValueError,
+         "r.json: not JSON"),
+]
+
+
+# Fitting and measurements ----------------------------------------------------------------------
+
+def _frame(**changes):
+    """48 measurements of Mixtral's shape (E = 8) as Algorithm 1 reads them, with column ``changes``."""
+    import pandas as pd
+
+    rows = pd.DataFrame([dict(B=b, gamma=g, K=k, E=8, sigma=0.9, speedup=1.5) for k in (1, 2) for g in (2, 4)
+                         for b in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 100)])
+    for column, value in changes.items():
+        rows[column] = rows[column].astype(object) if isinstance(value, str) else rows[column]
+        rows.loc[3, column] = value
+    return rows
+
+
+def _fitted(**options):
+    return fit.fit_speedup_model(_frame(), 40.0, **options)
+
+
+def _e2e_rows(**changes):
+    import pandas as pd
+
+    row = {"run": 0, "batch_size": 2, "gamma": 4, "num_experts_per_tok": 8, "t_ar": 0.02, "t_sd": 0.012,
+           "t_target_1": 0.019, "t_target_gamma": 0.025, "t_draft": 0.002, "t_reject": 0.0005, "sigma": 0.95,
+           "speedup": 1.6}
+    return pd.DataFrame([row, {**row, "run": 1, **changes}])
+
+
+def _loaded(tmp: Path, rows, sidecar='{"complete": true}'):
+    """``measurements.load`` of ``rows`` with a MeasurementWarning raised as an error."""
+    (tmp / "cpu").mkdir()
+    rows.to_csv(tmp / "cpu" / "e2e.csv", index=False)
+    (tmp / "cpu" / "e2e.json").write_text(sidecar)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", measurements.MeasurementWarning)
+        return measurements.load("e2e", "cpu", directory=tmp)
+
+
+FIT = [
+    Case("fit", "stride 0 (fitted every row)", lambda: _fitted(stride=0), ValueError,
+         "stride must be a whole number >= 1, got 0"),
+    Case("fit", "fractional stride", lambda: _fitted(stride=2.5), ValueError,
+         "stride must be a whole number >= 1, got 2.5"),
+    Case("fit", "a stride leaving fewer rows than parameters", lambda: _fitted(stride=10), ValueError,
+         "5 measurements cannot determine 10 parameters"),
+    Case("fit", "begin without a stride", lambda: _fitted(begin=2), ValueError, "begin applies only with a stride"),
+    Case("fit", "ridge point 0", lambda: fit.fit_speedup_model(_frame(), 0), ValueError,
+         "rp must be a number > 0, got 0"),
+    Case("fit", "unknown variant", lambda: _fitted(variant="eq5"), ValueError, "variant must be one of"),
+    Case("fit", "unknown verified tokens", lambda: _fitted(verify_tokens="gamma+2"), ValueError,
+         "verify_tokens must be one of"),
+    Case("fit", "a text cell", lambda: fit.check_measurements(_frame(speedup="fast")), ValueError,
+         "measurements column speedup holds 'fast' (row 3), not a number"),
+    Case("fit", "an empty speedup", lambda: fit.check_measurements(_frame(speedup=np.nan)), ValueError,
+         "measurements have NaN in speedup"),
+    Case("fit", "K above E", lambda: fit.check_measurements(_frame(K=16)), ValueError, "K must be in [1, E]"),
+    Case("fit", "sigma below 1/(gamma+1)", lambda: fit.check_measurements(_frame(sigma=0.1)), ValueError,
+         "sigma must be in [1/(gamma+1), 1] (Eq. 5)"),
+    Case("fit", "a speedup of 0", lambda: fit.check_measurements(_frame(speedup=0.0)), ValueError,
+         "speedup must be > 0"),
+    Case("fit", "batch size 0", lambda: fit.check_measurements(_frame(B=0)), ValueError, "B and gamma must be >= 1"),
+    Case("fit", "measurements lacking sigma", lambda: fit.check_measurements(_frame().drop(columns="sigma")),
+         ValueError, "measurements lack the column(s) sigma"),
+    Case("fit", "measurements as a list", lambda: fit.check_measurements([[1, 2, 8, 64, 0.9, 1.5]]), ValueError,
+         "measurements must be a pandas DataFrame, got list"),
+    Case("fit", "a repeated index", lambda: fit.fit_speedup_model(_frame().set_index(np.zeros(48, int)), 40.0),
+         ValueError, "the measurements' index must be unique"),
+    Case("fit", "a sweep file without speedups", lambda: fit.from_sweep(_e2e_rows().drop(columns="speedup"), 8),
+         ValueError, "rows lack the column(s) speedup of an e2e or sparsity result file"),
+    Case("fit", "a sweep file read with E 0", lambda: fit.from_sweep(_e2e_rows(), 0), ValueError,
+         "num_experts must be a whole number >= 1, got 0"),
+    Case("fit", "errors of something not fitted", lambda: fit.held_out_errors("result", _frame()), ValueError,
+         "result must be a FitResult, got str"),
+]
+
+MEASUREMENTS = [
+    Case("measurements", "a study not measured",
+         lambda tmp: measurements.load("e2e", "tpu", directory=tmp), FileNotFoundError,
+         "no e2e study measured on tpu (available: none); run `moesd sweep e2e` to measure it"),
+    Case("measurements", "a sidecar that is not JSON", lambda tmp: _loaded(tmp, _e2e_rows(), "{not json"), ValueError,
+         "cannot be read as a result file"),
+    Case("measurements", "speedup above sigma (gamma + 1) (dense.csv's 5.17 > 5.0 was plotted silently)",
+         lambda tmp: _loaded(tmp, _e2e_rows(sigma=1.0, speedup=5.17)), measurements.MeasurementWarning,
+         "cpu/e2e.csv: line 3 (run=1, batch_size=2, gamma=4, num_experts_per_tok=8): speedup = 5.17 exceeds "
+         "sigma (gamma + 1) = 5 by more than 2%"),
+    Case("measurements", "a time of 0 s", lambda tmp: _loaded(tmp, _e2e_rows(t_draft=0.0)),
+         measurements.MeasurementWarning, "line 3 (run=1, batch_size=2, gamma=4, num_experts_per_tok=8): t_draft = 0 s"),
+    Case("measurements", "a negative time", lambda tmp: _loaded(tmp, _e2e_rows(t_sd=-0.01)),
+         measurements.MeasurementWarning, "t_sd = -0.01 s is not > 0"),
+    Case("measurements", "sigma above 1", lambda tmp: _loaded(tmp, _e2e_rows(sigma=1.2)),
+         measurements.MeasurementWarning, "sigma = 1.2 lies outside [1/(gamma+1), 1]"),
+    Case("measurements", "an empty cell", lambda tmp: _loaded(tmp, _e2e_rows(t_ar=np.nan)),
+         measurements.MeasurementWarning, "line 3 (run=1, batch_size=2, gamma=4, num_experts_per_tok=8): t_ar is empty"),
+    Case("measurements", "fitting a dense target",
+         lambda: measurements.fitting_frame(_e2e_rows(), {"settings": {"target": "opt-30b"}}), ValueError,
+         "opt-30b is dense: Algorithm 1 needs routed experts"),
+    Case("measurements", "a sidecar naming no target", lambda: measurements.fitting_frame(_e2e_rows(), {}),
+         ValueError, "the sidecar names no target (settings.target)"),
+    Case("measurements", "a sidecar naming an unknown target",
+         lambda: measurements.routed_experts({"settings": {"target": "gpt-5"}}), KeyError, "unknown model 'gpt-5'"),
+    Case("measurements", "fitting a forward study",
+         lambda: measurements.fitting_frame(_e2e_rows().drop(columns=["sigma", "speedup"]),
+                                            {"settings": {"target": "qwen2-57b-a14b"}}), ValueError,
+         "the rows lack sigma, speedup: fitting needs an e2e, sparsity or settings study"),
+    Case("measurements", "a sidecar without a measured roofline",
+         lambda: measurements.ridge_point_for({"device": "AMD EPYC"}), ValueError, "holds no measured roofline"),
+    Case("measurements", "target efficiency at a gamma not measured",
+         lambda: measurements.forward_target_efficiency(
+             _e2e_rows().assign(role="target", tokens=1, seconds=0.01), gammas=(5,)), ValueError,
+         "the forward study has no target pass of 1 and 6 tokens per sequence"),
+]
+
+_PREDICT = dict(target="mixtral-8x7b", draft="qwen3-0.6b", hardware="H100", batch_size=[1, 8], gamma=[2, 4],
+                sigma=0.8)
+
+PREDICT = [
+    Case("predict", "an unknown target", lambda: predict.predict_sd(**{**_PREDICT, "target": "gpt-5"}), ValueError,
+         "model must be a moesd.zoo name, got 'gpt-5'"),
+    Case("predict", "an unknown GPU", lambda: predict.predict_sd(**{**_PREDICT, "hardware": "TPUv5"}), ValueError,
+         "hardware must be one of"),
+    Case("predict", "sigma and alpha both", lambda: predict.predict_sd(**_PREDICT, alpha=0.8), ValueError,
+         "give either sigma or alpha (not both)"),
+    Case("predict", "batch of 0", lambda: predict.predict_sd(**{**_PREDICT, "batch_size": [0, 8]}), ValueError,
+         "batch_size must be a whole number >= 1, got 0"),
+    Case("predict", "fractional gamma", lambda: predict.predict_sd(**{**_PREDICT, "gamma": 2.5}), ValueError,
+         "gamma must be a whole number >= 1, got 2.5"),
+    Case("predict", "sigma above 1", lambda: predict.predict_sd(**{**_PREDICT, "sigma": 1.5}), ValueError,
+         "sigma must be a number in (0, 1], got 1.5"),
+    Case("predict", "negative alpha", lambda: predict.predict_sd(**{**_PREDICT, "sigma": None}, alpha=-0.1),
+         ValueError, "alpha must be a number in [0, 1], got -0.1"),
+    Case("predict", "negative context", lambda: predict.predict_sd(**_PREDICT, context=-1), ValueError,
+         "context must be a whole number >= 0, got -1"),
+    Case("predict", "an unknown dtype", lambda: predict.predict_sd(**_PREDICT, dtype="int3"), ValueError,
+         "dtype must be one of"),
+    Case("predict", "ep not dividing tp", lambda: predict.predict_sd(**_PREDICT, tp=4, ep=3), ValueError,
+         "ep must divide tp, got ep=3, tp=4"),
+    Case("predict", "unknown verified tokens", lambda: predict.predict_sd(**_PREDICT, verify_tokens="all"),
+         ValueError, "verify_tokens must be 'gamma+1' or 'gamma', got 'all'"),
+    Case("predict", "best gamma of another table", lambda: predict.best_gamma(_frame()), ValueError,
+         "frame lacks column(s) batch_size; pass a predict_sd frame"),
+]
+
+
+# Sweeps (settings are checked without torch; the checks of a device, a folder and a result file need it) ---
+
+_SWEEP = dict(study="e2e", target="qwen2-57b-a14b", draft="qwen2-0.5b", layers=1, draft_layers=1, width=1 / 32,
+              batch_sizes=(1, 3), gammas=(2, 3), context=8, repeats=2, warmup=1, rounds=2, warmup_rounds=1)
+
+
+def _sweep(**changes):
+    return sweeps.SweepConfig(**{**_SWEEP, **changes})
+
+
+def _checked_sweep(out_dir, **changes):
+    from moesd.bench import check_sweep
+
+    return check_sweep(_sweep(**changes), out_dir)
+
+
+def _finished_sweep(tmp: Path) -> Path:
+    """A folder holding a finished e2e result file."""
+    _write(tmp, "e2e.csv", b"run\n0\n")
+    _write(tmp, "e2e.json", json.dumps({"complete": True}).encode())
+    return tmp
+
+
+def _read_only(tmp: Path) -> Path:
+    """A folder no one can write: one with mode 0555, or /proc for root (who writes through modes)."""
+    import os
+
+    if os.geteuid() == 0:
+        return Path("/proc") / "moesd-out"
+    tmp.chmod(0o555)
+    return tmp / "out"
+
+
+BENCH = [
+    Case("bench", "unknown study", lambda: _sweep(study="prefill"), ValueError, "study must be one of"),
+    Case("bench", "unknown weights", lambda: _sweep(weights="trained"), ValueError, "weights must be"),
+    Case("bench", "unknown target", lambda: _sweep(target="gpt-5"), ValueError, "target unknown model 'gpt-5'"),
+    Case("bench", "real acceptance with random weights", lambda: _sweep(sigma="real"), ValueError, "random weights"),
+    Case("bench", "sigma missing a gamma", lambda: _sweep(sigma={2: 0.9}), ValueError, "no value for gamma [3]"),
+    Case("bench", "sigma for a gamma not run", lambda: _sweep(sigma={2: 0.9, 3: 0.9, 4: 0.9}), ValueError,
+         "gamma [4], which the sweep does not run"),
+    Case("bench", "sigma below 1/(gamma+1)", lambda: _sweep(sigma={2: 0.2, 3: 0.9}), ValueError,
+         "must lie in [1/(gamma+1), 1]"),
+    Case("bench", "sigma as a list", lambda: _sweep(sigma=[0.9, 0.9]), ValueError, "must map each gamma"),
+    Case("bench", "sigma keyed by a fractional gamma", lambda: _sweep(sigma={2.5: 0.9, 3: 0.9}), ValueError,
+         "sigma must map each gamma (a whole number) to a sigma (a number)"),
+    Case("bench", "sigma as text", lambda: _sweep(sigma={2: "high", 3: 0.9}), ValueError, "must map each gamma"),
+    Case("bench", "no repeats", lambda: _sweep(repeats=0), ValueError, "repeats must be >= 1"),
+    Case("bench", "no rounds", lambda: _sweep(rounds=0), ValueError, "rounds must be >= 1"),
+    Case("bench", "fractional rounds", lambda: _sweep(rounds=2.5), ValueError, "rounds must be a whole number"),
+    Case("bench", "infinite rounds", lambda: _sweep(rounds=float("inf")), ValueError, "rounds must be a whole number"),
+    Case("bench", "negative warm-up rounds", lambda: _sweep(warmup_rounds=-1), ValueError, "warmup_rounds must be >= 0"),
+    Case("bench", "empty prompts", lambda: _sweep(context=0), ValueError, "context must be >= 1"),
+    Case("bench", "batch size 0", lambda: _sweep(batch_sizes=(0, 1)), ValueError, "batch_sizes must be >= 1"),
+    Case("bench", "a batch size twice", lambda: _sweep(batch_sizes=(2, 2)), ValueError, "must not repeat"),
+    Case("bench", "no batch sizes", lambda: _sweep(batch_sizes=()), ValueError, "at least one value"),
+    Case("bench", "fractional gamma", lambda: _sweep(gammas=(2, 2.5)), ValueError, "gammas must be a whole number"),
+    Case("bench", "unknown dtype", lambda: _sweep(dtype="bogus"), ValueError, "dtype must be one of float32"),
+    Case("bench", "unknown device", lambda: _sweep(device="nonsense"), ValueError,
+         "device must be 'cpu', 'cuda' or 'cuda:N'"),
+    Case("bench", "K above E", lambda: _sweep(top_ks=(65,)), ValueError, "top_ks must lie in [1, 64]"),
+    Case("bench", "K of a dense target", lambda: _sweep(target="opt-30b", draft="opt-350m", top_ks=(2,)), ValueError,
+         "top_ks applies to MoE targets; opt-30b is dense"),
+    Case("bench", "more layers than the model", lambda: _sweep(layers=29), ValueError, "layers must be in [1, 28]"),
+    Case("bench", "width 0", lambda: _sweep(width=0.0), ValueError, "width must be in (0, 1]"),
+    Case("bench", "shape settings with pretrained weights", lambda: _sweep(weights="pretrained"), ValueError,
+         "shape settings apply to random weights only"),
+    Case("bench", "weights folder with random weights", lambda: _sweep(target_path="/weights"), ValueError,
+         "apply to pretrained weights only"),
+    Case("bench", "workloads outside the settings study",
+         lambda: _sweep(workloads=({"dataset": "x", "temperature": 0, "sigma": {2: 0.9, 3: 0.9}},)), ValueError,
+         "settings study only"),
+    Case("bench", "rounds in a forward study", lambda: _sweep(study="forward", rounds=8, warmup_rounds=None),
+         ValueError, "rounds is not used by the forward study"),
+    Case("bench", "sigma in the settings study", lambda: _sweep(study="settings", sigma={2: 0.9, 3: 0.9}),
+         ValueError, "sigma is not used by the settings study"),
+    Case("bench", "unknown preset", lambda: sweeps.preset("e2e", "tpu"), ValueError,
+         "preset must be 'cpu' or 'gpu', got 'tpu'"),
+    Case("bench", "an estimate without the forwards it needs",
+         lambda: sweeps.estimate_seconds(_sweep(gammas=(3,)), _e2e_rows().assign(role="target", tokens=1,
+                                                                                 seconds=0.01)), ValueError,
+         "forward has no target time at B = 1, s = 1"),
+    Case("bench", "out_dir a file", lambda tmp: _checked_sweep(_write(tmp, "file", b"")), ValueError,
+         "file' is not a folder", True),
+    Case("bench", "out_dir read-only", lambda tmp: _checked_sweep(_read_only(tmp)), ValueError, "cannot be written",
+         True),
+    Case("bench", "a device this machine lacks", lambda tmp: _checked_sweep(tmp, device="cuda:99"), ValueError,
+         "device 'cuda:99' is not available", True),
+    Case("bench", "a finished result file", lambda tmp: _checked_sweep(_finished_sweep(tmp)), FileExistsError,
+         "holds a finished sweep; pass overwrite (--overwrite) to replace it, or write elsewhere", True),
+    Case("bench", "a folder where the result file goes", lambda tmp: (tmp / "e2e.csv").mkdir() or _checked_sweep(tmp),
+         ValueError, "e2e.csv is not a regular file", True),
+]
+
+
+# Command lines of trace, sweep, fit and predict -----------------------------------------------------
+
+GSM8K_FOLDER = EXCERPTS / "gsm8k"
+
+
+def _trace_argv(*changes, model=None, out=lambda tmp: tmp / "x.npz", source=lambda tmp: GSM8K_FOLDER):
+    """``moesd trace`` (by default of a model folder that does not exist: errors must come first)."""
+    return lambda tmp: ["trace", "--model", str(model or tmp / "no-model"), "--prompts", "gsm8k", "--prompt-source",
+                        str(source(tmp)), "--out", str(out(tmp)), *changes]
+
+
+def _random_trace_argv(*changes):
+    return lambda tmp: ["trace", "--random-weights", "--prompts", "gsm8k", "--prompt-source", str(GSM8K_FOLDER),
+                        "--out", str(tmp / "x.npz"), *changes]
+
+
+def _sweep_argv(*changes):
+    return lambda tmp: ["sweep", *changes, "--out-dir", str(tmp)]
+
+
+def _result_file(tmp: Path, name: str = "sparsity.csv", sidecar: dict | None = None, **changes) -> Path:
+    """A sparsity result file (48 rows, E = 8 by its target) with a sidecar holding a measured roofline."""
+    rows = _frame(**changes).rename(columns={"B": "batch_size", "K": "num_experts_per_tok"}).drop(columns="E")
+    rows.insert(0, "run", 0)
+    rows.to_csv(tmp / name, index=False)
+    if sidecar is None:
+        sidecar = {"settings": {"target": "mixtral-8x7b"}, "complete": True,
+                   "hardware": dict(name="host", peak_flops=1e12, memory_bandwidth=2.7e10, memory_bytes=1e9,
+                                    source="made up")}
+    (tmp / name).with_suffix(".json").write_text(json.dumps(sidecar))
+    return tmp / name
+
+
+def _fit_argv(*changes, **file_changes):
+    return lambda tmp: ["fit", str(_result_file(tmp, **file_changes)), *changes]
+
+
+def _predict_argv(*changes):
+    return ["predict", "--target", "mixtral-8x7b", "--draft", "qwen3-0.6b", "--hardware", "H100", *changes]
+
+
+def _fit_failing_inside(tmp: Path):
+    """``moesd fit`` of a good file whose fit raises ``ValueError``, as scipy might deep inside."""
+    with mock.patch("moesd.fit.fit_speedup_model", side_effect=ValueError("deep inside scipy")):
+        moesd_cli.main(["fit", str(_result_file(tmp))])
+
+
+NO_MODELS = ("moesd.capture", "moesd.bench")
+"""What a refused command must not have imported: the modules that build and run models."""
+TRACING = (("moesd.capture", "trace_random_model"),)
+SWEEPING = (("moesd.bench", "run_sweep"),)
+"""The work a refused command must not reach, where checking needs the module that does it."""
+
+CLI_COMMANDS = [
+    cli("trace of 0 prompts (used every prompt)", _trace_argv("--num-prompts", "0"), "--num-prompts must be >= 1, got 0",
+        before=NO_MODELS),
+    cli("trace of -1 prompts (dropped the last)", _trace_argv("--num-prompts", "-1"),
+        "--num-prompts must be >= 1, got -1", before=NO_MODELS),
+    cli("trace in batches of 0", _trace_argv("--batch-size", "0"), "--batch-size must be >= 1, got 0", before=NO_MODELS),
+    cli("trace of 0 new tokens", _trace_argv("--max-new-tokens", "0"), "--max-new-tokens must be >= 1, got 0",
+        before=NO_MODELS),
+    cli("trace with a bogus dtype (was ignored)", _trace_argv("--dtype", "bogus"),
+        "argument --dtype: invalid choice: 'bogus'", before=NO_MODELS),
+    cli("trace on a bogus device (was ignored)", _trace_argv("--device", "nonsense"),
+        "--device 'nonsense' is not a torch device", slow=True, before=NO_MODELS),
+    cli("trace on a CUDA device not here", _trace_argv("--device", "cuda:99"), "--device 'cuda:99' is not available",
+        slow=True, before=NO_MODELS),
+    cli("trace of a model folder that is not there", _trace_argv(), "no-model' is not there: give a folder",
+        before=NO_MODELS),
+    cli("trace into an existing file", _trace_argv(model=GSM8K_FOLDER, out=lambda tmp: _write(tmp, "x.npz", b"")),
+        "x.npz' exists; pass --overwrite to replace it", before=NO_MODELS),
+    cli("trace into a folder", _trace_argv(model=GSM8K_FOLDER, out=lambda tmp: tmp),
+        "is not a regular file (a folder or a device)", before=NO_MODELS),
+    cli("trace into a read-only folder", _trace_argv(model=GSM8K_FOLDER, out=lambda tmp: _read_only(tmp) / "x.npz"),
+        "cannot be written", before=NO_MODELS),
+    cli("trace of prompts that are not there", _trace_argv(model=GSM8K_FOLDER, source=lambda tmp: tmp),
+        "no gsm8k prompts at", before=NO_MODELS),
+    cli("trace of another set's prompts", _trace_argv(model=GSM8K_FOLDER, source=lambda tmp: HUMANEVAL),
+        "not gsm8k prompts", before=NO_MODELS),
+    cli("random-weight trace with --device", _random_trace_argv("--model", "olmoe-1b-7b", "--device", "cpu"),
+        "--dtype and --device apply only without --random-weights", before=NO_MODELS),
+    cli("--width without random weights", _trace_argv("--width", "0.5"),
+        "--layers and --width apply only with --random-weights", before=NO_MODELS),
+    cli("random-weight trace of an unknown model", _random_trace_argv("--model", "not-a-model"),
+        "unknown model 'not-a-model'", before=NO_MODELS),
+    cli("random-weight trace of a dense model", _random_trace_argv("--model", "opt-30b"),
+        "--model opt-30b is dense", before=NO_MODELS),
+    cli("random-weight trace of more layers than the model", _random_trace_argv("--model", "olmoe-1b-7b", "--layers",
+                                                                               "17"),
+        "--layers must be in [1, 16] (olmoe-1b-7b), got 17", slow=True, stops=TRACING),
+    cli("random-weight trace at width 2", _random_trace_argv("--model", "olmoe-1b-7b", "--width", "2"),
+        "--width must be in (0, 1], got 2.0", slow=True, stops=TRACING),
+    cli("sweep with two sigma for one gamma (dropped 0.5)", _sweep_argv("e2e", "--gammas", "2", "--sigma", "0.9", "0.5"),
+        "--sigma has 2 value(s) for 1 gamma(s) [2]: give one sigma per gamma", before=NO_MODELS),
+    cli("sweep with one sigma for three gammas", _sweep_argv("e2e", "--sigma", "0.9"),
+        "--sigma has 1 value(s) for 3 gamma(s) [2, 3, 4]", before=NO_MODELS),
+    cli("sweep with sigma as a word", _sweep_argv("e2e", "--sigma", "high"), "--sigma takes numbers or 'real'",
+        before=NO_MODELS),
+    cli("sweep with sigma out of range", _sweep_argv("e2e", "--gammas", "2", "--sigma", "1.5"),
+        "--sigma at gamma 2 must lie in [1/(gamma+1), 1]", before=NO_MODELS),
+    cli("forward sweep with rounds", _sweep_argv("forward", "--top-ks", "2", "--rounds", "4"),
+        "--rounds is not used by the forward study", before=NO_MODELS),
+    cli("dense sweep with --top-ks (rows had K = 8)", _sweep_argv("dense", "--top-ks", "2"),
+        "--top-ks applies to MoE targets; opt-30b is dense", before=NO_MODELS),
+    cli("sweep with K above E", _sweep_argv("sparsity", "--top-ks", "65"), "--top-ks must lie in [1, 64]",
+        before=NO_MODELS),
+    cli("pretrained sweep with --layers", _sweep_argv("e2e", "--weights", "pretrained", "--layers", "2"),
+        "layers=2: shape settings apply to random weights only", before=NO_MODELS),
+    cli("sweep with a bogus dtype", _sweep_argv("e2e", "--dtype", "bogus"), "--dtype must be one of float32",
+        before=NO_MODELS),
+    cli("sweep on a bogus device", _sweep_argv("e2e", "--device", "nonsense"),
+        "--device must be 'cpu', 'cuda' or 'cuda:N', got 'nonsense'", before=NO_MODELS),
+    cli("sweep of 0 rounds", _sweep_argv("e2e", "--rounds", "0"), "--rounds must be >= 1, got 0", before=NO_MODELS),
+    cli("sweep of 0 repeats", _sweep_argv("e2e", "--repeats", "0"), "--repeats must be >= 1, got 0", before=NO_MODELS),
+    cli("sweep at width 2", _sweep_argv("e2e", "--width", "2"), "--width must be in (0, 1], got 2.0", before=NO_MODELS),
+    cli("sweep of batch size 0", _sweep_argv("e2e", "--batch-sizes", "0"), "--batch-sizes must be >= 1, got 0",
+        before=NO_MODELS),
+    cli("sweep into a file (ran, then said error: 17)",
+        lambda tmp: ["sweep", "e2e", "--out-dir", str(_write(tmp, "file", b""))], "is not a folder", slow=True,
+        stops=SWEEPING),
+    cli("sweep into a read-only folder (crashed after the work)",
+        lambda tmp: ["sweep", "e2e", "--out-dir", str(_read_only(tmp))], "cannot be written", slow=True,
+        stops=SWEEPING),
+    cli("sweep on CUDA without CUDA (a 24-line traceback)",
+        lambda tmp: ["sweep", "e2e", "--preset", "gpu", "--device", "cuda:99", "--out-dir", str(tmp)],
+        "device 'cuda:99' is not available", slow=True, stops=SWEEPING),
+    cli("sweep over a finished result file", lambda tmp: ["sweep", "e2e", "--out-dir", str(_finished_sweep(tmp))],
+        "holds a finished sweep; pass overwrite (--overwrite) to replace it, or write elsewhere", slow=True,
+        stops=SWEEPING),
+    cli("fit of a missing file (said error: 2)", lambda tmp: ["fit", str(tmp / "missing.csv")], "missing.csv: no such file"),
+    cli("fit of a folder (a traceback)", lambda tmp: ["fit", str(tmp)], "is a directory; give an e2e or sparsity"),
+    cli("fit of a trace (said error: utf-8)", lambda tmp: ["fit", str(_write(tmp, "t.npz", b"PK\x03\x04"))],
+        "t.npz is a routing trace (.npz)"),
+    cli("fit of a sidecar", lambda tmp: ["fit", str(_write(tmp, "e2e.json", b"{}"))], "is a sidecar; give the result"),
+    cli("fit of a forward study (said error: gamma)",
+        lambda tmp: ["fit", str(_write(tmp, "forward.csv", b"run,role,batch_size,tokens,seconds\n0,target,1,1,0.1\n"))],
+        "is a forward study (stage times per forward, no speedups)"),
+    cli("fit of a dense study",
+        lambda tmp: ["fit", str(_write(tmp, "dense.csv", b"batch_size,gamma,num_experts_per_tok,sigma,speedup\n"
+                                                         b"1,2,,0.9,1.5\n"))], "has no experts per token"),
+    cli("fit of a CSV of other columns", lambda tmp: ["fit", str(_write(tmp, "other.csv", b"a,b\n1,2\n"))],
+        "lacks the column(s) batch_size, gamma, num_experts_per_tok, sigma, speedup"),
+    cli("fit of a binary file", lambda tmp: ["fit", str(_write(tmp, "binary.csv", bytes(range(256)) * 4))],
+        "is not a readable CSV file"),
+    cli("fit of a text cell (a traceback)", _fit_argv(speedup="fast"),
+        "sparsity.csv: measurements column speedup holds 'fast' (row 3), not a number"),
+    cli("fit of an impossible sigma", _fit_argv(sigma=0.1), "sparsity.csv: sigma must be in [1/(gamma+1), 1]"),
+    cli("fit with stride 0 (fitted every row)", _fit_argv("--stride", "0"), "--stride must be >= 1, got 0"),
+    cli("fit with a stride leaving too few rows", _fit_argv("--stride", "6"),
+        "--stride 6 leaves 8 of 48 measurements to fit, fewer than the 10 parameters"),
+    cli("fit with E 0", _fit_argv("--E", "0"), "--E must be >= 1, got 0"),
+    cli("fit without a sidecar", lambda tmp: ["fit", str(_write(tmp, "e2e.csv", _result_file(tmp).read_bytes()))],
+        "e2e.csv has no sidecar (.json beside it) to read E from; pass --E"),
+    cli("fit of an unknown target", _fit_argv(sidecar={"settings": {"target": "gpt-5"}}),
+        "unknown model 'gpt-5'"),
+    cli("fit of a sidecar that is not JSON",
+        lambda tmp: _result_file(tmp).with_suffix(".json").write_text("{oops") and ["fit", str(tmp / "sparsity.csv")],
+        "sparsity.json is not valid JSON"),
+    cli("fit without a roofline or --hardware", _fit_argv(sidecar={"settings": {"target": "mixtral-8x7b"}}),
+        "pass --hardware NAME to use a data-sheet ridge point"),
+    cli("fit with an unknown --hardware", _fit_argv("--hardware", "TPU", sidecar={"settings": {"target": "mixtral-8x7b"}}),
+        "hardware must be one of"),
+    Case("cli", "a ValueError inside moesd fit stays a traceback (was a usage error)", _fit_failing_inside, ValueError,
+         "deep inside scipy"),
+    cli("predict at batch 0", _predict_argv("--batch", "0-4"), "--batch must be >= 1, got 0"),
+    cli("predict of a descending range", _predict_argv("--gamma", "5-1"), "--gamma must be integers such as 1-5"),
+    cli("predict at sigma 1.5", _predict_argv("--sigma", "1.5"), "--sigma must be in (0, 1], got 1.5"),
+    cli("predict at a sigma no round can give", _predict_argv("--sigma", "0.1"),
+        "--sigma must be >= 1 / (gamma + 1) for every --gamma"),
+    cli("predict with sigma and alpha", _predict_argv("--sigma", "0.8", "--alpha", "0.8"),
+        "--sigma and --alpha exclude each other"),
+    cli("predict on 0 GPUs", _predict_argv("--tp", "0"), "--tp must be >= 1, got 0"),
+    cli("predict with ep not dividing tp", _predict_argv("--tp", "4", "--ep", "3"), "--ep: ep must divide tp"),
+    cli("predict on an unknown GPU", _predict_argv()[:-1] + ["TPU"], "--hardware: hardware must be one of"),
+    cli("predict of an unknown model", ["predict", "--target", "gpt-5", "--draft", "qwen3-0.6b", "--hardware", "H100"],
+        "--target/--draft: model must be a moesd.zoo name, got 'gpt-5'"),
+    cli("predict in an unknown dtype", _predict_argv("--dtype", "int3"), "--dtype: dtype must be one of"),
+    cli("predict with a negative context", _predict_argv("--context", "-1"), "--context must be >= 0, got -1"),
+]
+
+
+CASES = (EXPERTS + SPEEDUP + ROOFLINE + PROMPTS + PAPER + CLI + TRACES + IMPORTERS + FIT + MEASUREMENTS + PREDICT
+         + BENCH + CLI_COMMANDS)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c.slow else c for c in CASES],
+                         ids=[f"{c.module}: {c.what}" for c in CASES])
 def test_bad_input_is_refused_clearly(case, tmp_path):
     arguments = [tmp_path] if inspect.signature(case.call).parameters else []
     with pytest.raises(case.error) as raised:
         case.call(*arguments)
     message = str(raised.value.args[0]) if raised.value.args else ""
+    if case.error is CommandRefused:  # one line: "moesd ...: error: <message>" after the usage
+        message = "\n".join(line for line in message.splitlines() if ": error: " in line)
+        assert len(message.splitlines()) == 1, message
     assert case.fragment in message, f"{case.fragment!r} not in {message!r}"
 
 
@@ -438,6 +1061,29 @@ def test_fixed_cases_give_the_right_answer():
     alpha = speedup.alpha_from_sigma(0.5, 100_000)  # hung in a Python loop over gamma
     assert speedup.sigma(alpha, 100_000) == pytest.approx(0.5, rel=1e-9)
     assert roofline.G(1, 2000, 2.0) == 2.0  # s**lam_rp overflows but G(1) = s does not
+
+
+def test_a_save_refused_leaves_the_special_file_as_it_was(tmp_path):
+    """RoutingTrace.save over a device or a FIFO is refused before anything is written (as root it used to
+    rename a zip file over /dev/full)."""
+    import os
+    import stat
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target, is_kind in ((fifo, stat.S_ISFIFO), (Path("/dev/null"), stat.S_ISCHR)):
+        with pytest.raises(ValueError, match="not a regular file: refusing to replace it"):
+            _trace().save(target)
+        assert is_kind(os.stat(target).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]  # no temporary file left behind
+
+
+def test_a_record_without_weights_keeps_every_other_weight(tmp_path):
+    """One record without gating_probs used to drop every weight; now only its own are NaN, with a warning."""
+    path = _lines(tmp_path, "t.jsonl", _token(gating_probs=[0.6, 0.4]), _token(0, 1))
+    with pytest.warns(UserWarning, match="1 of 2 records .first on line 2. have no weights; their weights are NaN"):
+        trace = importers.from_token_jsonl(path, 4)
+    assert trace.weights[0, 0].tolist() == pytest.approx([0.6, 0.4]) and np.isnan(trace.weights[1]).all()
 
 
 # Property: finite in-domain input gives finite output ---------------------------------------

@@ -201,6 +201,17 @@ def test_random_model_trace_labels_its_weights():
         assert sorted(positions.tolist()) == list(range(length + 2))
 
 
+def test_one_new_token_traces_only_the_prefill():
+    """max_new_tokens = 1: generate runs the prefill alone (its logits give the one new token)."""
+    import pandas as pd
+
+    from moesd.capture import trace_random_model
+
+    prompts = pd.DataFrame({"id": ["a", "b"], "prompt": ["Hi", "def f"]})
+    trace = trace_random_model("olmoe-1b-7b", prompts, batch_size=2, max_new_tokens=1, num_layers=1, width=1 / 32)
+    assert (trace.phase == "prefill").sum() == 2 + 5 and (trace.phase == "decode").sum() == 0
+
+
 def test_cli_random_weights_needs_a_known_architecture(tmp_path, capsys):
     from moesd.cli import main
 

@@ -13,6 +13,18 @@ def test_import_does_not_load_torch():
     assert out.stdout.strip() == "False"
 
 
+def test_sweep_settings_and_refused_commands_do_not_load_torch():
+    """Sweep settings are checked, and a bad `moesd sweep` or `moesd fit` refused, without importing torch."""
+    code = ("import sys; from moesd.sweeps import preset; from moesd.cli import main\n"
+            "for study in ('forward', 'e2e', 'sparsity', 'dense', 'dense_forward', 'settings'): preset(study)\n"
+            "for argv in (['sweep', 'e2e', '--rounds', '0'], ['fit', 'missing.csv']):\n"
+            "    try: main(argv)\n"
+            "    except SystemExit as exit_: assert exit_.code == 2\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_submodules_are_not_shadowed_by_exports():
     for name in ("experts", "speedup", "roofline"):
         assert importlib.import_module(f"moesd.{name}").__name__ == f"moesd.{name}"
