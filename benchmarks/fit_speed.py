@@ -1,7 +1,7 @@
 """Time the Algorithm 1 fit (issue 11): 21 and 228 measurements, and the robustness study over 21 strides.
 
-Data: the shipped CPU sparsity study (data/measurements/cpu/sparsity.csv, 228 points) with the CPU
-record's ridge point. Medians over repeats, after one untimed warm-up; the machine may be shared with
+Data: the shipped CPU sparsity study (data/measurements/cpu/sparsity.csv, 228 points) with the ridge
+point in tokens of the roofline measured with it (its sidecar). Medians over repeats, after one untimed warm-up; the machine may be shared with
 other work, so compare before and after in one session and report medians. Uses only names that
 ``moesd.fit`` has always had, so the same script times an older ``moesd.fit`` put in its place.
 
@@ -13,14 +13,13 @@ import sys
 from timing import median_seconds
 
 from moesd.fit import fit_speedup_model, from_sweep, held_out_errors, robustness_study
-from moesd.measurements import load
-from moesd.roofline import HARDWARE
+from moesd.measurements import load, ridge_tokens_for
 
 if __name__ == "__main__":
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 21
-    raw, _ = load("sparsity", "cpu")
+    raw, sidecar = load("sparsity", "cpu")
     frame = from_sweep(raw, num_experts=64)
-    rp = HARDWARE["CPU"].ridge_point
+    rp = ridge_tokens_for(sidecar)
     for variant in ("eq4", "printed"):
         small = median_seconds(lambda: fit_speedup_model(frame, rp, variant=variant, stride=11), repeats, warmup=1)
         full = median_seconds(lambda: fit_speedup_model(frame, rp, variant=variant), repeats, warmup=1)

@@ -265,12 +265,16 @@ def _experts(args: argparse.Namespace, sidecar: dict | None) -> tuple[int, str]:
 
 
 def _ridge_point(args: argparse.Namespace, sidecar: dict | None) -> tuple[float, str]:
-    """The ridge point (FLOP/byte) and its source: the sidecar's measured roofline, else --hardware's data sheet."""
-    from moesd.measurements import ridge_point_for
+    """Algorithm 1's ridge point in tokens and its source: the sidecar's measured roofline, else --hardware's data sheet.
+
+    A data-sheet record gives bf16 peaks, whose ridge point in tokens equals its FLOP/byte
+    (:func:`moesd.measurements.ridge_tokens_for`).
+    """
+    from moesd.measurements import ridge_tokens_for
     from moesd.roofline import ridge_point
 
     try:
-        rp, source = ridge_point_for(sidecar or {}), "measured roofline in the sidecar"
+        rp, source = ridge_tokens_for(sidecar or {}), "measured roofline in the sidecar, in its dtype"
     except ValueError as error:
         if args.hardware is None:
             raise UsageError(f"{args.measurements}: {str(error).split(';')[0]}; pass --hardware NAME to use a "
@@ -312,7 +316,7 @@ def _fit(args: argparse.Namespace) -> None:
     errors = held_out_errors(result, frame)
     verified = "B gamma" if args.verify_tokens == "gamma" else "B (gamma + 1)"
     print(f"{len(result.fitted)} of {len(frame)} measurements, variant {args.variant}, {verified} verified tokens; "
-          f"E = {experts} ({experts_source}); ridge point {rp:.4g} FLOP/byte ({rp_source}); "
+          f"E = {experts} ({experts_source}); ridge point {rp:.4g} tokens ({rp_source}); "
           f"fit {result.fit_seconds:.3f} s")
     print(f"solver: status {result.status} ({'converged' if result.status > 0 else 'NOT converged'}), "
           f"{result.nfev} evaluations: {result.message}")

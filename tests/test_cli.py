@@ -30,7 +30,7 @@ def test_bad_arguments_exit_with_usage(capsys):
 TRUE = dict(bias=1e-2, k1=2e-4, k2=2e-4, k3=5e-4, draft_bias=6e-4, draft_k=2e-5, reject_bias=2e-4, reject_k=2e-6,
             lam=0.5, s=1.02)
 HOST = dict(name="test host", peak_flops=1e12, memory_bandwidth=2.7e10, memory_bytes=1e9, source="made up")
-"""A measured roofline as new sweeps store it: ridge point 37.04 FLOP/byte."""
+"""A measured roofline as new sweeps store it: ridge point 37.04 FLOP/byte, 37.04 tokens in bf16 (2 bytes a weight)."""
 
 
 def write_sweep(folder, hardware=HOST, target="mixtral-8x7b", name="sparsity.csv"):
@@ -47,7 +47,7 @@ def write_sweep(folder, hardware=HOST, target="mixtral-8x7b", name="sparsity.csv
     rows["speedup"] = compute_speedup(TRUE, rows.batch_size, rows.gamma, rows.num_experts_per_tok, 8, rows.sigma, rp)
     path = folder / name
     rows.to_csv(path, index=False)
-    sidecar = {"device": "test", "settings": {"target": target}, "complete": True}
+    sidecar = {"device": "test", "settings": {"target": target, "dtype": "bfloat16"}, "complete": True}
     if hardware:
         sidecar["hardware"] = hardware
     path.with_suffix(".json").write_text(json.dumps(sidecar))
@@ -63,7 +63,7 @@ def test_fit_takes_E_and_the_ridge_point_from_the_sidecar(tmp_path, capsys):
     assert main(["fit", str(path), "--stride", "4"]) == 0
     out = capsys.readouterr().out
     assert "12 of 48 measurements" in out and "E = 8 (sidecar)" in out
-    assert "ridge point 37.04 FLOP/byte (measured roofline in the sidecar)" in out
+    assert "ridge point 37.04 tokens (measured roofline in the sidecar, in its dtype)" in out
     assert re.search(r"solver: status [1-4] \(converged\), \d+ evaluations", out)
     # Noise-free data from known parameters: every speedup is recovered, held back ones too.
     assert number_after(out, "over all") < 1e-12 and number_after(out, "max error") < 1e-6
@@ -87,5 +87,5 @@ def test_fit_without_a_measured_roofline_needs_hardware(tmp_path, capsys):
     assert f"{path}: the sidecar of this result file" in capsys.readouterr().err
     assert main(["fit", str(path), "--hardware", "CPU", "--stride", "4"]) == 0
     out = capsys.readouterr().out
-    assert "ridge point 10 FLOP/byte (CPU data sheet, --hardware)" in out
+    assert "ridge point 10 tokens (CPU data sheet, --hardware)" in out
     assert number_after(out, "max error") > 1e-4  # the data were made with a ridge point of 37
