@@ -856,7 +856,7 @@ def _result_file(tmp: Path, name: str = "sparsity.csv", sidecar: dict | None = N
     rows.insert(0, "run", 0)
     rows.to_csv(tmp / name, index=False)
     if sidecar is None:
-        sidecar = {"settings": {"target": "mixtral-8x7b"}, "complete": True,
+        sidecar = {"settings": {"target": "mixtral-8x7b", "dtype": "bfloat16"}, "complete": True,
                    "hardware": dict(name="host", peak_flops=1e12, memory_bandwidth=2.7e10, memory_bytes=1e9,
                                     source="made up")}
     (tmp / name).with_suffix(".json").write_text(json.dumps(sidecar))
