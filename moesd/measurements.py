@@ -236,6 +236,54 @@ def forward_target_efficiency(forward: pd.DataFrame, gammas=(2, 3, 4), role: str
     return pd.concat(parts).reset_index()
 
 
+def forward_speedup(forward: pd.DataFrame, sigma, gammas=(2, 3, 4)) -> pd.DataFrame:
+    """Eq. 4 evaluated from a forward study's stage times, per batch size and gamma.
+
+    Within each repeat (``run``): ``T_T(B, 1)`` and ``T_T(B, gamma + 1)`` of the target (the verification
+    scores ``gamma + 1`` positions per sequence, as in :func:`forward_target_efficiency`) and ``T_D(B, 1)``
+    of the draft go into :func:`moesd.speedup.speedup` with the given sigma and no rejection cost; the
+    result is summarised over repeats like :func:`forward_target_efficiency` (pairing a repeat's passes
+    cancels slow drifts of the machine). Every sequence is active in every round by construction, so
+    this is the speedup of the steady-state protocol without its selection and bookkeeping time.
+
+    Parameters
+    ----------
+    forward : pandas.DataFrame
+        A forward study's rows (``run``, ``role``, ``batch_size``, ``tokens``, ``seconds``), target and draft.
+    sigma : float or dict
+        Emitted fraction of the ``gamma + 1`` tokens per round: one value, or one per gamma
+        (``{gamma: sigma}``; keys may be strings, as in a sidecar's ``acceptance``).
+    gammas : sequence of int
+        Draft lengths; the study must hold target passes of 1 and ``gamma + 1`` tokens per sequence and
+        draft passes of 1.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``batch_size``, ``gamma``, ``sigma``, ``speedup`` (median over repeats), ``low`` and
+        ``high`` (its quartiles), ``draft_term`` (median of ``gamma T_D(B, 1) / T_T(B, 1)``), ``runs``.
+    """
+    from moesd.speedup import speedup
+
+    passes = forward.pivot_table(index=["run", "batch_size"], columns=["role", "tokens"], values="seconds")
+    parts = []
+    for gamma in gammas:
+        needed = [("target", 1), ("target", gamma + 1), ("draft", 1)]
+        missing = [f"{role} pass of {tokens}" for role, tokens in needed if (role, tokens) not in passes.columns]
+        if missing:
+            raise ValueError(f"the forward study has no {' or '.join(missing)} tokens per sequence")
+        value = float(sigma[gamma] if gamma in sigma else sigma[str(gamma)]) if isinstance(sigma, dict) else float(sigma)
+        t1, tv, td = (passes[column] for column in needed)
+        ok = t1.notna() & tv.notna() & td.notna()
+        ratio = pd.Series(speedup(value, gamma, t1[ok].to_numpy(), tv[ok].to_numpy(), td[ok].to_numpy()),
+                          index=t1[ok].index).groupby(level="batch_size")
+        draft = (gamma * td[ok] / t1[ok]).groupby(level="batch_size")
+        parts.append(pd.DataFrame({"gamma": gamma, "sigma": value, "speedup": ratio.median(),
+                                   "low": ratio.quantile(0.25), "high": ratio.quantile(0.75),
+                                   "draft_term": draft.median(), "runs": ratio.size()}))
+    return pd.concat(parts).reset_index()
+
+
 def measuring_hardware(sidecar: dict) -> Hardware:
     """The measured roofline of the device that produced a result file (its sidecar's ``hardware``).
 
