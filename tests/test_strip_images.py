@@ -92,3 +92,13 @@ def test_nbval_passes_on_a_stripped_notebook_whose_run_makes_images(tmp_path):
                          cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "1 passed" in run.stdout
+
+
+def test_committed_chapters_hold_no_png():
+    """The committed chapters went through make outputs: their figures live in the execution cache and
+    the built book, not in git (one full re-execution used to add about 4 MB of PNG to the repository)."""
+    chapters = sorted((Path(__file__).resolve().parents[1] / "book").glob("*.ipynb"))
+    assert chapters
+    with_images = {path.name: strip_images.strip_images(nbformat.read(path, as_version=4)) for path in chapters}
+    assert not {name: count for name, count in with_images.items() if count}, \
+        "run make outputs (or python tools/strip_images.py book/*.ipynb) before committing chapters"
