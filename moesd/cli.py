@@ -177,7 +177,14 @@ def _sweep(args: argparse.Namespace) -> None:
         config = SweepConfig(**{**settings, **given})
     except ValueError as error:
         raise ValueError(_as_option(str(error))) from None
-    path = run_sweep(config, args.out_dir, overwrite=args.overwrite)
+    if args.engine == "vllm":
+        from moesd.vllm_engine import run_sweep as run_vllm_sweep
+
+        path = run_vllm_sweep(config, args.out_dir, overwrite=args.overwrite, tp=args.tp, draft_tp=args.draft_tp)
+    elif (args.tp, args.draft_tp) != (1, 1):
+        raise ValueError("--tp and --draft-tp apply only with --engine vllm")
+    else:
+        path = run_sweep(config, args.out_dir, overwrite=args.overwrite)
     print(f"{config.study} study -> {path}")
 
 
@@ -445,6 +452,11 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out-dir", help="folder of the result file (default: $MOESD_DATA/measurements/<device>, "
                                          "MOESD_DATA defaulting to the repository's data/)")
     sweep.add_argument("--overwrite", action="store_true", help="replace a finished result file")
+    sweep.add_argument("--engine", default="hf", choices=["hf", "vllm"],
+                       help="hf: moesd's own engine (default); vllm: vLLM's offline API (moesd.vllm_engine, "
+                            "needs vllm: make vllm)")
+    sweep.add_argument("--tp", type=int, default=1, help="with --engine vllm: tensor-parallel GPUs of the target")
+    sweep.add_argument("--draft-tp", type=int, default=1, help="with --engine vllm: tensor-parallel GPUs of the draft")
     sweep.set_defaults(run=_sweep)
 
     fit = commands.add_parser("fit", help="fit Algorithm 1 to an e2e or sparsity result file (moesd.fit)")
