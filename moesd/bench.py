@@ -189,11 +189,12 @@ def _key(row: dict, columns) -> tuple:
     return tuple(values)
 
 
-def read_complete_rows(path) -> list[dict]:
+def read_complete_rows(path, nullable=NULLABLE_COLUMNS) -> list[dict]:
     """The complete rows of a result CSV; a line cut mid-way or a row with empty cells is dropped.
 
     A row is complete when its line ends with a newline, it has the header's number of fields, and
-    no cell outside :data:`NULLABLE_COLUMNS` is empty. Each dropped row is named in a warning.
+    no cell outside ``nullable`` (default :data:`NULLABLE_COLUMNS`) is empty. Each dropped row is
+    named in a warning.
     """
     text = Path(path).read_text()
     lines = text.splitlines(keepends=True)
@@ -204,7 +205,7 @@ def read_complete_rows(path) -> list[dict]:
     if len(lines) < 2:
         return []
     frame = pd.read_csv(io.StringIO("".join(lines)), on_bad_lines="warn")
-    required = [column for column in frame.columns if column not in NULLABLE_COLUMNS]
+    required = [column for column in frame.columns if column not in nullable]
     incomplete = frame[required].isna().any(axis=1)
     for index in np.flatnonzero(incomplete):
         warnings.warn(f"{path}: dropped data row {index + 1}, which has empty cells; its point will be "
@@ -235,10 +236,13 @@ def _resumable(path: Path, config: SweepConfig, overwrite: bool) -> bool:
 class ResultFile:
     """``<study>.csv`` plus its ``.json`` sidecar: resumable, written atomically, never silently replaced."""
 
+    nullable = NULLABLE_COLUMNS
+    """Columns a complete row may leave empty (an engine that cannot measure a column adds it)."""
+
     def __init__(self, path, config: SweepConfig, overwrite: bool = False):
         self.path, self.sidecar = Path(path), Path(path).with_suffix(".json")
         self.config, self.columns = config, config.key_columns()
-        rows = read_complete_rows(self.path) if _resumable(self.path, config, overwrite) else []
+        rows = read_complete_rows(self.path, self.nullable) if _resumable(self.path, config, overwrite) else []
         self.rows = {_key(row, self.columns): row for row in rows}
         self.environment = environment(config)
 

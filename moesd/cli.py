@@ -185,11 +185,18 @@ def _sweep(args: argparse.Namespace) -> None:
         config = SweepConfig(**{**settings, **given})
     except UsageError as error:
         raise UsageError(_as_option(str(error))) from None
+    if args.engine != "vllm" and (args.tp, args.draft_tp) != (1, 1):
+        raise UsageError("--tp and --draft-tp apply only with --engine vllm")
     from moesd.bench import check_sweep, run_sweep  # torch: after the settings are checked
 
     with usage_errors():  # device, --out-dir and an existing result file, before any model is built
         path = check_sweep(config, args.out_dir, args.overwrite)
-    run_sweep(config, path.parent, overwrite=args.overwrite)
+    if args.engine == "vllm":
+        from moesd.vllm_engine import run_sweep as run_vllm_sweep
+
+        path = run_vllm_sweep(config, path.parent, overwrite=args.overwrite, tp=args.tp, draft_tp=args.draft_tp)
+    else:
+        run_sweep(config, path.parent, overwrite=args.overwrite)
     print(f"{config.study} study -> {path}")
 
 
@@ -487,6 +494,11 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out-dir", help="folder of the result file (default: $MOESD_DATA/measurements/<device>, "
                                          "MOESD_DATA defaulting to the repository's data/)")
     sweep.add_argument("--overwrite", action="store_true", help="replace a finished result file")
+    sweep.add_argument("--engine", default="hf", choices=["hf", "vllm"],
+                       help="hf: moesd's own engine (default); vllm: vLLM's offline API (moesd.vllm_engine, "
+                            "needs vllm: make vllm)")
+    sweep.add_argument("--tp", type=int, default=1, help="with --engine vllm: tensor-parallel GPUs of the target")
+    sweep.add_argument("--draft-tp", type=int, default=1, help="with --engine vllm: tensor-parallel GPUs of the draft")
     sweep.set_defaults(run=_sweep)
 
     fit = commands.add_parser("fit", help="fit Algorithm 1 to an e2e or sparsity result file (moesd.fit)")

@@ -31,6 +31,10 @@ TIME_COLUMNS = ("seconds", "t_ar", "t_sd", "t_target_1", "t_target_gamma", "t_dr
 NULLABLE_COLUMNS = ("num_experts_per_tok", "sigma_target", "alpha")
 """Columns that may be empty (dense targets have no K; real acceptance has no target sigma)."""
 
+ENGINE_UNMEASURED = {"vllm": ("t_target_1", "t_target_gamma", "t_draft", "t_reject", "speedup_eq4",
+                              "target_efficiency")}
+"""Columns an engine other than moesd's own cannot measure (its sidecar's ``engine``): left empty in its rows."""
+
 
 class MeasurementWarning(UserWarning):
     """A loaded result file holds a row that breaks a physical bound or is incomplete."""
@@ -89,15 +93,16 @@ def load(study: str, device: str = "cpu", directory=None) -> tuple[pd.DataFrame,
         sidecar = json.loads(path.with_suffix(".json").read_text())
     except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError) as error:
         raise ValueError(f"{path} (or its .json sidecar) cannot be read as a result file: {error}") from None
-    for problem in check_rows(frame):
+    nullable = (*NULLABLE_COLUMNS, *ENGINE_UNMEASURED.get(sidecar.get("engine"), ()))
+    for problem in check_rows(frame, nullable):
         warnings.warn(f"{device}/{path.name}: {problem}", MeasurementWarning, stacklevel=2)
     return frame, sidecar
 
 
-def check_rows(frame: pd.DataFrame) -> list[str]:
+def check_rows(frame: pd.DataFrame, nullable=NULLABLE_COLUMNS) -> list[str]:
     """Physical and completeness problems of result rows, one message per row and field.
 
-    Checks: no empty cell outside :data:`NULLABLE_COLUMNS`; times (:data:`TIME_COLUMNS`) > 0;
+    Checks: no empty cell outside ``nullable`` (default :data:`NULLABLE_COLUMNS`); times (:data:`TIME_COLUMNS`) > 0;
     ``sigma`` in [1/(gamma+1), 1]; ``speedup <= sigma (gamma + 1) (1 + SPEEDUP_TOLERANCE)``.
     Lines are those of the CSV file (the header is line 1).
     """
@@ -111,7 +116,7 @@ def check_rows(frame: pd.DataFrame) -> list[str]:
                               if c in frame and not pd.isna(row[c]))
             problems.append(f"line {index + 2} ({where}): {message(row)}")
 
-    required = [c for c in frame.columns if c not in NULLABLE_COLUMNS]
+    required = [c for c in frame.columns if c not in nullable]
     for column in required:
         report(frame[column].isna(), lambda row, c=column: f"{c} is empty")
     for column in (c for c in TIME_COLUMNS if c in frame):
