@@ -38,7 +38,7 @@ book: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	mkdir -p $(IPYTHONDIR) $(MPLCONFIGDIR)
-	$(PYTHON) -m pytest tests book --nbval --nbval-sanitize-with book/sanitize.cfg
+	$(PYTHON) -m pytest tests book --nbval --nbval-sanitize-with book/sanitize.cfg -m "not vllm"
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -2,8 +2,9 @@
 own draft, greedy acceptance equal to the Hugging Face engine's on the same models and prompts, and a tiny sweep
 that writes a valid result file with the Hugging Face engine's columns.
 
-Tests that run vLLM need it installed: `make vllm` builds .venv-vllm, and `make test-vllm` runs this file in it.
-Without vLLM they are skipped (the checks that need no vLLM still run).
+Tests that run vLLM carry the `vllm` mark: `make vllm` builds .venv-vllm and `make test-vllm` runs this whole file
+there; `make test` (the project's venv, no vLLM) runs the checks that need no vLLM and deselects the marked ones.
+Run by hand without vLLM, a marked test is skipped and says why.
 """
 
 import gc
@@ -24,9 +25,12 @@ from moesd.speedup import sigma as eq5  # noqa: E402
 from moesd.vllm_engine import (UNMEASURED_COLUMNS, check_config, save_model, synthetic_acceptance_rates,  # noqa: E402
                                tiny_models)
 
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vllm is not installed here: `make vllm` builds .venv-vllm with it and "
-                                       "`make test-vllm` runs these tests there")
+def needs_vllm(test):
+    """Mark a test that runs vLLM (deselected by make test) and skip it, saying why, where vLLM is missing."""
+    skip = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                              reason="vllm is not installed here: `make vllm` builds .venv-vllm with it and "
+                                     "`make test-vllm` runs these tests there")
+    return pytest.mark.vllm(skip(test))
 
 ROUNDS, WARMUP = 8, 1
 
