@@ -56,56 +56,6 @@ def caption(name: str, text: str) -> str:
     return text
 
 
-def note_provenance(figure: plt.Figure, text: str) -> None:
-    """Write where a figure's data come from in small grey type under it.
-
-    Parameters
-    ----------
-    figure : matplotlib.figure.Figure
-        The figure to label.
-    text : str
-        E.g. ``"paper, Table 2"`` or ``"CPU, random weights, synthetic acceptance 0.95"``.
-    """
-    figure.text(0.01, -0.02, f"Data: {text}", fontsize=7, color="0.4", ha="left", va="top")
-
-
-def plot_speedup_fit(frame, predicted, gammas=None, title: str = "", sharey: bool = True) -> plt.Figure:
-    """Measured speedups (points) against a fitted model (lines): one panel per gamma, one colour per K.
-
-    The layout of the paper's Fig. 4 and Figs. 8-28. A dashed line per K marks ``x / sqrt(2)``, ``x`` the
-    largest measured speedup of that K (the paper's "range above x/sqrt(2)").
-
-    Parameters
-    ----------
-    frame : pandas.DataFrame
-        Columns ``B``, ``gamma``, ``K`` and ``speedup`` (measured, e.g. sigma-adjusted).
-    predicted : array_like
-        The model's speedup for each row of ``frame``.
-    gammas : sequence of int, optional
-        Panels to draw (default: every gamma in ``frame``).
-    title : str
-        Figure title.
-    """
-    import numpy as np
-
-    frame = frame.assign(predicted=np.asarray(predicted, dtype=float))
-    gammas = sorted(frame["gamma"].unique()) if gammas is None else list(gammas)
-    figure, axes = plt.subplots(1, len(gammas), figsize=(5.2 * len(gammas), 3.8), sharey=sharey, squeeze=False)
-    for ax, gamma in zip(axes[0], gammas):
-        part = frame[frame["gamma"] == gamma]
-        for colour, (k, rows) in zip(PALETTE * 2, part.groupby("K")):
-            rows = rows.sort_values("B")
-            ax.plot(rows["B"], rows["speedup"], "o", color=colour, ms=3.5, label=f"K = {k}")
-            ax.plot(rows["B"], rows["predicted"], "-", color=colour, lw=1.3)
-            ax.axhline(rows["speedup"].max() / np.sqrt(2), color=colour, ls="--", lw=0.7, alpha=0.6)
-        ax.set(xlabel="batch size B", title=f"gamma = {gamma}")
-    axes[0][0].set_ylabel("speedup (points: measured, lines: model)")
-    axes[0][-1].legend(fontsize=7, ncol=2)
-    if title:
-        figure.suptitle(title, fontsize=11)
-    return figure
-
-
 def speedup_heatmap(frame, title: str = "", ax=None, vmax: float | None = None) -> plt.Figure:
     """Predicted speedup over batch size (x, log scale) and draft length (y) of a ``moesd.predict`` frame.
 
@@ -135,8 +85,8 @@ def speedup_heatmap(frame, title: str = "", ax=None, vmax: float | None = None) 
     norm = TwoSlopeNorm(vmin=min(0.5, float(np.nanmin(grid.to_numpy()))), vcenter=1.0, vmax=top)
     batch, gammas = grid.columns.to_numpy(), grid.index.to_numpy()
     mesh = ax.pcolormesh(batch, gammas, grid.to_numpy(), cmap="RdYlGn", norm=norm, shading="nearest")
-    ax.plot(batch, gammas[np.nanargmax(grid.to_numpy(), axis=0)], color="white", lw=1.5, label="best gamma")
-    ax.set(xscale="log", xlabel="batch size B", ylabel="draft length gamma", title=title, yticks=gammas)
+    ax.plot(batch, gammas[np.nanargmax(grid.to_numpy(), axis=0)], color="white", lw=1.5, label=r"best $\gamma$")
+    ax.set(xscale="log", xlabel=r"batch size $B$", ylabel=r"draft length $\gamma$", title=title, yticks=gammas)
     ax.grid(False)
     figure.colorbar(mesh, ax=ax, label="predicted speedup")
     return figure
