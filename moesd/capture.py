@@ -144,6 +144,16 @@ def _stop_ids(model) -> list[int]:
     return [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
 
 
+def chat_texts(tokenizer, prompts: list) -> tuple[list, bool]:
+    """The prompts as the model reads them: each wrapped as one user turn in its chat template, if it has one.
+
+    Returns the texts and whether a chat template was applied (its texts then carry their special tokens).
+    """
+    chat = tokenizer.chat_template is not None
+    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            if chat else p for p in prompts], chat
+
+
 def trace_prompts(model_id: str, prompts, batch_size: int, max_new_tokens: int, dataset: str = "",
                   dtype: str = "auto", device: str | None = None) -> RoutingTrace:
     """Load a model and its tokenizer, and capture routing over prompts in batches.
@@ -180,10 +190,7 @@ def trace_prompts(model_id: str, prompts, batch_size: int, max_new_tokens: int, 
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype).to(device).eval()
     moe_layers(model)  # refuse an unsupported model before any work
-    chat = tokenizer.chat_template is not None
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                           add_generation_prompt=True) if chat else p
-             for p in prompts["prompt"]]
+    texts, chat = chat_texts(tokenizer, list(prompts["prompt"]))
 
     def encode(batch_texts):
         batch = tokenizer(batch_texts, return_tensors="pt", padding=True,

@@ -108,10 +108,16 @@ def _trace(args: argparse.Namespace) -> None:
                         ("--max-new-tokens", args.max_new_tokens)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
+    _check_trace_engine(args)
     if args.random_weights:
-        if args.dtype != "auto" or args.device is not None:
+        if args.engine == "hf" and (args.dtype != "auto" or args.device is not None):
             raise UsageError("--dtype and --device apply only without --random-weights (random models run on the CPU)")
         _random_model_spec(args)
+        if args.engine == "vllm":
+            from moesd.vllm_capture import check_random_shape
+
+            with usage_errors():
+                check_random_shape(args.model, args.width)
     else:
         if args.layers is not None or args.width != 1.0:
             raise UsageError("--layers and --width apply only with --random-weights")
@@ -123,18 +129,46 @@ def _trace(args: argparse.Namespace) -> None:
         prompts = load_prompts(args.prompts, args.prompt_source)
     if args.num_prompts is not None:
         prompts = prompts.head(args.num_prompts)
-    from moesd.capture import trace_prompts, trace_random_model
+    if args.engine == "vllm":
+        from moesd.vllm_capture import trace_with_vllm
 
-    if args.random_weights:
+        trace = trace_with_vllm(args.model, prompts, args.batch_size, args.max_new_tokens, dataset=args.prompts,
+                                dtype=args.dtype, draft=args.draft, gamma=args.gamma,
+                                temperature=args.temperature, random_weights=args.random_weights,
+                                num_layers=args.layers, width=args.width, seed=args.seed)
+    elif args.random_weights:
+        from moesd.capture import trace_random_model
+
         trace = trace_random_model(args.model, prompts, args.batch_size, args.max_new_tokens,
                                    num_layers=args.layers, width=args.width, seed=args.seed,
                                    dataset=args.prompts)
     else:
+        from moesd.capture import trace_prompts
+
         trace = trace_prompts(args.model, prompts, args.batch_size, args.max_new_tokens, dataset=args.prompts,
                               dtype=args.dtype, device=args.device)
     path = trace.save(out)
     print(f"{trace.num_tokens} tokens x {len(trace.layers)} MoE layers (E = {trace.num_experts}, "
           f"K = {trace.top_k}) -> {path}")
+
+
+def _check_trace_engine(args: argparse.Namespace) -> None:
+    """Refuse the options of ``moesd trace`` that the chosen --engine does not take."""
+    if args.engine == "hf":
+        if args.draft is not None or args.gamma is not None or args.temperature != 0:
+            raise UsageError("--draft, --gamma and --temperature apply only with --engine vllm")
+        return
+    if args.device is not None:
+        raise UsageError("--device applies only with --engine hf (vLLM uses the GPU it finds, or the CPU)")
+    if (args.draft is None) != (args.gamma is None):
+        raise UsageError("--draft and --gamma go together (speculative decoding)")
+    if args.gamma is not None and args.gamma < 1:
+        raise UsageError(f"--gamma must be >= 1, got {args.gamma}")
+    if args.draft is not None and args.random_weights:
+        raise UsageError("--draft needs pretrained weights: a random-weight target and draft agree on no token")
+
+    if args.temperature < 0:
+        raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
 
 
 def _random_model_spec(args: argparse.Namespace) -> None:
@@ -447,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     hardware.add_argument("--json", help="with --measure: write the record and curves to this JSON file")
     hardware.set_defaults(run=_hardware)
 
-    trace = commands.add_parser("trace", help="capture expert routing of a Hugging Face MoE model")
+    trace = commands.add_parser("trace", help="capture expert routing of a MoE model (Hugging Face or vLLM)")
     trace.add_argument("--model", required=True,
                        help="hub id or local folder; with --random-weights a moesd.zoo name or hub id")
     trace.add_argument("--prompts", required=True, choices=["humaneval", "mt_bench", "gsm8k"])
@@ -465,6 +499,14 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--layers", type=int, help="with --random-weights: keep the first N layers")
     trace.add_argument("--width", type=float, default=1.0, help="with --random-weights: scale every width")
     trace.add_argument("--seed", type=int, default=0, help="with --random-weights: seed of the weights")
+    trace.add_argument("--engine", default="hf", choices=["hf", "vllm"],
+                       help="hf: hooks on Hugging Face routers (default); vllm: vLLM's router callbacks "
+                            "(moesd.vllm_capture, needs vllm: make vllm)")
+    trace.add_argument("--draft", help="with --engine vllm: draft model (hub id or folder) for speculative decoding; "
+                                       "rows of rejected draft tokens get phase 'rejected'")
+    trace.add_argument("--gamma", type=int, help="with --draft: draft tokens per round")
+    trace.add_argument("--temperature", type=float, default=0.0,
+                       help="with --engine vllm: sampling temperature (default 0, greedy)")
     trace.set_defaults(run=_trace)
 
     sweep = commands.add_parser("sweep", help="time AR and SD over batch sizes (moesd.bench)",

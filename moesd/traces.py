@@ -34,8 +34,10 @@ import pandas as pd
 from moesd._files import atomic_write
 from moesd.experts import expected_active_experts, expected_active_experts_from_popularity
 
-PHASES = ("prefill", "decode", "unknown")
-"""Allowed ``phase`` values; ``"unknown"`` marks tokens whose forward pass the source did not name."""
+PHASES = ("prefill", "decode", "unknown", "rejected")
+"""Allowed ``phase`` values; ``"unknown"`` marks tokens whose forward pass the source did not name, and
+``"rejected"`` draft tokens that a speculative-decoding verification pass routed and then rejected (they
+are not part of their sequence: :func:`without_rejected` drops them before sequence statistics)."""
 
 MISSING = -1
 """Expert id that marks a (token, layer) the source did not log (all ``K`` ids of the row)."""
@@ -71,7 +73,7 @@ class RoutingTrace:
         Request id, index of the token in its request, and index of the forward pass. Missing ones
         default to one sequence, positions ``0..tokens-1`` and one call per token.
     phase : array_like of str, shape (tokens,), optional
-        ``"prefill"``, ``"decode"`` or ``"unknown"``; defaults to ``"decode"``.
+        ``"prefill"``, ``"decode"``, ``"unknown"`` or ``"rejected"``; defaults to ``"decode"``.
     weights : array_like of float, shape (tokens, layers, K), optional
         Router weights of the chosen experts (NaN where the source gave none).
     layers : array_like of int, shape (layers,), optional
@@ -142,7 +144,7 @@ class RoutingTrace:
         phase = np.full(tokens, "decode") if self.phase is None else np.asarray(self.phase, dtype=str)
         if phase.shape != (tokens,) or not np.isin(phase, PHASES).all():
             raise ValueError(f"phase must hold one of {PHASES} for each of the {tokens} tokens")
-        self.phase = _frozen(phase.astype("<U7"))
+        self.phase = _frozen(phase.astype("<U8"))
         if self.weights is not None:
             weights = np.asarray(self.weights, dtype=np.float32)
             if weights.shape != experts.shape:
@@ -246,6 +248,12 @@ class RoutingTrace:
                 raise ValueError(f"{path}: not a valid routing trace: {error}") from error
 
 
+def without_rejected(trace: RoutingTrace) -> RoutingTrace:
+    """The trace without the rows of rejected draft tokens (phase ``"rejected"``): its sequences' own tokens."""
+    rejected = trace.phase == "rejected"
+    return trace.select(~rejected) if rejected.any() else trace
+
+
 def _frozen(array: np.ndarray) -> np.ndarray:
     array.flags.writeable = False
     return array
@@ -329,6 +337,10 @@ def _sequence_order(trace: RoutingTrace):
     """Tokens sorted by (sequence, position): the order (None when already sorted), the masks in that
     order, and ``breaks``, with ``breaks[j] - breaks[i] == 0`` exactly when sorted tokens ``i..j``
     are consecutive (one sequence, positions one apart)."""
+    if (trace.phase == "rejected").any():
+        raise ValueError("the trace holds rejected draft tokens, which share positions with the tokens that "
+                         "replaced them: take without_rejected(trace) for statistics over sequences")
+
     def build():
         order = np.lexsort((trace.position, trace.sequence))
         if (order[1:] > order[:-1]).all():

