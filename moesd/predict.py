@@ -14,10 +14,10 @@ principles, for any :class:`moesd.zoo.ModelSpec` on any :class:`moesd.roofline.H
 * :func:`predict_sd`: ``T_T(B, 1)``, ``T_T(B, gamma + 1)``, ``T_D(B, 1)`` and the rejection step, and
   from them target efficiency and the speedup of Eq. 4 with its decomposition, over a grid of batch
   sizes, draft lengths, acceptance and contexts. The draft runs on GPUs of its own, as in the paper.
-* :func:`calibrate`: fits the few efficiency and overhead parameters (:class:`Efficiency`) to a measured
-  forward study and reports the error on held-out batch sizes.
+The model checked against the paper's Tables 1-2 lives in :mod:`moesd.predict_paper`, and fitted to a
+measured forward study in :mod:`moesd.calibrate`.
 
-Pure numpy (scipy inside :func:`calibrate` only); no torch.
+Pure numpy; no torch.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import pandas as pd
 
 from moesd._checks import as_array
 from moesd.experts import expected_active_experts, expected_active_experts_from_popularity
-from moesd.measurements import measuring_hardware
 from moesd.roofline import HARDWARE, Hardware
 from moesd.speedup import sigma as emitted_fraction
 from moesd.speedup import speedup_terms
@@ -344,6 +343,55 @@ def _routing_top_k(arch: Architecture, routing, top_k):
     return np.asarray(float(arch.top_k))
 
 
+def _parallelism(arch: Architecture, hardware: Hardware, tp, ep) -> tuple[int, int]:
+    """Checked tensor- and expert-parallel sizes."""
+    tp = int(as_array("tp", tp, low=1, whole=True))
+    ep = int(as_array("ep", ep, low=1, whole=True))
+    if tp % ep:
+        raise ValueError(f"ep must divide tp, got ep={ep}, tp={tp}")
+    if ep > 1 and (not arch.num_experts or arch.num_experts % ep):
+        raise ValueError(f"ep must divide the routed experts of {arch.name} ({arch.num_experts}), got {ep}")
+    if tp > 1 and not hardware.interconnect_bandwidth:
+        raise ValueError(f"tp: hardware {hardware.name} has no interconnect on record, so tp must be 1")
+    return tp, ep
+
+
+def _routed_experts(arch: Architecture, hardware: Hardware, active, tokens, K, tp: int, ep: int, dtype: str,
+                    efficiency: Efficiency, grouped_kernel_seconds, cuda_graphs: bool):
+    """Seconds, bytes and FLOPs per GPU of the routed experts of every MoE layer.
+
+    ``active`` holds the activated experts ``N`` per traced layer (or one row for all); each gets
+    ``tokens K / N`` tokens. Grouped GEMMs (``grouped_kernel_seconds``, the cost of one kernel) add a fixed
+    number of kernels per layer; an eager loop (None) a fixed cost per activated expert.
+    """
+    d, w_bytes, a_bytes = arch.hidden_size, DTYPE_BYTES[dtype], _activation_bytes(dtype)
+    layer_weight = arch.moe_layers / active.shape[0]
+    width = arch.expert_intermediate / (tp // ep)
+    local = active / ep
+    per_expert = tokens * K / np.maximum(active, 1e-12)
+    gemm_seconds = sum(_grouped_gemm_time(hardware, local, per_expert, i, o, dtype, efficiency)
+                       for i, o in ((d, 2 * width), (width, d)))
+    fixed = ((2 + _KERNELS["routed"]) * grouped_kernel_seconds if grouped_kernel_seconds is not None
+             else np.ceil(local) * _per_expert(efficiency, cuda_graphs))
+    seconds = layer_weight * (gemm_seconds + fixed).sum(axis=0)
+    traffic = layer_weight * (local * 3 * d * width * w_bytes + tokens * K / ep * 2 * (d + width) * a_bytes).sum(axis=0)
+    return seconds, traffic, arch.moe_layers * 2.0 * tokens * K / ep * 3 * d * width
+
+
+def _collectives(arch: Architecture, hardware: Hardware, tokens, tp: int, a_bytes: int):
+    """Seconds and bytes of tensor parallelism's collectives: two all-reduces of the hidden states per layer
+    (ring) and a gather of the logits; none on one GPU."""
+    if tp == 1:
+        zero = np.zeros_like(tokens)
+        return zero, zero
+    one_way = hardware.interconnect_bandwidth / 2
+    ring = 2 * (tp - 1) / tp
+    all_reduce = hardware.interconnect_latency + ring * tokens * arch.hidden_size * a_bytes / one_way
+    gather = hardware.interconnect_latency + (tp - 1) / tp * tokens * arch.vocab_size * a_bytes / one_way
+    return (2 * arch.num_layers * all_reduce + gather,
+            2 * arch.num_layers * ring * tokens * arch.hidden_size * a_bytes)
+
+
 def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1, ep=1, dtype="bf16",
               routing=None, cuda_graphs=True, top_k=None, efficiency: Efficiency | None = None,
               grouped_experts=True, routing_model="windows") -> StepTime:
@@ -414,14 +462,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     s = as_array("tokens_per_sequence", tokens_per_sequence, low=1, whole=True)
     B = as_array("batch_size", batch_size, low=1, whole=True)
     context = as_array("context", context, low=0, whole=True)
-    tp = int(as_array("tp", tp, low=1, whole=True))
-    ep = int(as_array("ep", ep, low=1, whole=True))
-    if tp % ep:
-        raise ValueError(f"ep must divide tp, got ep={ep}, tp={tp}")
-    if ep > 1 and (not arch.num_experts or arch.num_experts % ep):
-        raise ValueError(f"ep must divide the routed experts of {arch.name} ({arch.num_experts}), got {ep}")
-    if tp > 1 and not hardware.interconnect_bandwidth:
-        raise ValueError(f"tp: hardware {hardware.name} has no interconnect on record, so tp must be 1")
+    tp, ep = _parallelism(arch, hardware, tp, ep)
     if routing is not None and not arch.num_experts:
         raise ValueError(f"routing: {arch.name} is dense")
     if top_k is not None and not arch.num_experts:
@@ -477,18 +518,9 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
             seconds["shared_experts"], traffic["shared_experts"], flops["shared_experts"] = gemm(
                 arch.shared_params / tp, kernels + _KERNELS["moe_norm"], arch.moe_layers, 2 * d)
         active = _active_experts(arch, B, s, K, routing, routing_model)  # (layers or 1, ...)
-        layer_weight = arch.moe_layers / active.shape[0]
-        width = arch.expert_intermediate / (tp // ep)
-        local = active / ep
-        per_expert = tokens * K / np.maximum(active, 1e-12)
-        gemm_seconds = sum(_grouped_gemm_time(hardware, local, per_expert, i, o, dtype, efficiency)
-                           for i, o in ((d, 2 * width), (width, d)))
-        fixed = ((2 + _KERNELS["routed"]) * per_kernel if grouped_experts
-                 else np.ceil(local) * _per_expert(efficiency, cuda_graphs))
-        seconds["routed_experts"] = layer_weight * (gemm_seconds + fixed).sum(axis=0)
-        traffic["routed_experts"] = layer_weight * (local * 3 * d * width * w_bytes
-                                                    + tokens * K / ep * 2 * (d + width) * a_bytes).sum(axis=0)
-        flops["routed_experts"] = arch.moe_layers * 2.0 * tokens * K / ep * 3 * d * width
+        seconds["routed_experts"], traffic["routed_experts"], flops["routed_experts"] = _routed_experts(
+            arch, hardware, active, tokens, K, tp, ep, dtype, efficiency, per_kernel if grouped_experts
+            else None, cuda_graphs)
 
     seconds["dense_ffn"], traffic["dense_ffn"], flops["dense_ffn"] = (zero, zero, zero)
     if arch.dense_layers:
@@ -499,16 +531,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     seconds["lm_head"], traffic["lm_head"], flops["lm_head"] = gemm(
         arch.head_params / tp, _KERNELS["head"], 1, d + arch.vocab_size / tp)
 
-    # Collectives: two all-reduces of the hidden states per layer and a gather of the logits.
-    if tp > 1:
-        one_way = hardware.interconnect_bandwidth / 2
-        ring = 2 * (tp - 1) / tp
-        all_reduce = hardware.interconnect_latency + ring * tokens * d * a_bytes / one_way
-        gather = hardware.interconnect_latency + (tp - 1) / tp * tokens * arch.vocab_size * a_bytes / one_way
-        seconds["communication"] = 2 * arch.num_layers * all_reduce + gather
-        traffic["communication"] = 2 * arch.num_layers * ring * tokens * d * a_bytes
-    else:
-        seconds["communication"] = traffic["communication"] = zero
+    seconds["communication"], traffic["communication"] = _collectives(arch, hardware, tokens, tp, a_bytes)
     flops["communication"] = zero
 
     # Per pass: the engine's own step, the embedding lookup and the norms' weights.
@@ -664,355 +687,3 @@ def batch_range(frame: pd.DataFrame, fraction=2 ** -0.5) -> tuple[int, int, floa
     peak_row = best.loc[best["speedup"].idxmax()]
     above = best.loc[best["speedup"] >= fraction * peak_row["speedup"], "batch_size"]
     return int(above.min()), int(above.max()), float(peak_row["speedup"]), int(peak_row["batch_size"])
-
-
-def efficiency_to_match(speedup, target, draft, hardware, batch_size, gamma, sigma, field="step_seconds",
-                        bounds=(0.0, 0.1), efficiency: Efficiency | None = None, apply_to="both",
-                        **options) -> float:
-    """The value of one :class:`Efficiency` field at which the predicted peak speedup equals ``speedup``.
-
-    The peak is the maximum over ``batch_size`` of :func:`predict_sd` at one ``gamma`` and ``sigma``;
-    the field (e.g. ``"step_seconds"``, a fixed cost per forward pass) is set for the target, the draft
-    or both (``apply_to``) and found by bisection within ``bounds``. It answers "what would this
-    overhead have to be to explain a measured speedup", not what it is.
-
-    Raises
-    ------
-    ValueError
-        If the speedup is not reached within ``bounds`` (the message gives the peaks at both ends).
-    """
-    from scipy.optimize import brentq
-
-    if field not in ("bandwidth_fraction", "flops_fraction", "kernel_seconds", "launch_seconds", "step_seconds",
-                     "expert_seconds"):
-        raise ValueError(f"field must be a field of Efficiency, got {field!r}")
-    if apply_to not in ("both", "target", "draft"):
-        raise ValueError(f"apply_to must be 'both', 'target' or 'draft', got {apply_to!r}")
-    speedup = float(as_array("speedup", speedup, low=0, low_open=True))
-    efficiency = efficiency or Efficiency()
-
-    def gap(value):
-        changed = dataclasses.replace(efficiency, **{field: value})
-        frame = predict_sd(target, draft, hardware, batch_size, gamma, sigma,
-                           efficiency=efficiency if apply_to == "draft" else changed,
-                           draft_efficiency=efficiency if apply_to == "target" else changed, **options)
-        return frame["speedup"].max() - speedup
-
-    low, high = gap(bounds[0]), gap(bounds[1])
-    if low * high > 0:
-        raise ValueError(f"speedup {speedup:g} is not reached for {field} in {bounds}: peaks "
-                         f"{low + speedup:.3g} and {high + speedup:.3g}")
-    return float(brentq(gap, *bounds, xtol=1e-9 * max(1.0, abs(bounds[1])), rtol=1e-6))
-
-
-def _paper_device(device: str) -> tuple[str, int]:
-    """``"2xH800"`` as ``("H800", 2)``."""
-    count, _, name = device.partition("x")
-    return name, int(count)
-
-
-def paper_comparison(context=256, efficiency: Efficiency | None = None, batch_sizes=PAPER_BATCH_SIZES,
-                     match=True, where: dict | None = None) -> pd.DataFrame:
-    """Tables 1-2's Qwen2-57B-A14B + Qwen2-0.5B rows beside this model's prediction of the same setup.
-
-    For every printed row (device, dataset, temperature, gamma, sigma, peak speedup ``x``) the peak of
-    :func:`predict_sd` over the paper's batch sizes at that row's gamma and sigma, on the row's GPUs
-    (target on all of them, draft on one), in bf16. Nothing here is fitted to the tables.
-
-    Parameters
-    ----------
-    context : int, default 256
-        Tokens in each KV cache (the paper does not state it; its prompts are 5-391 tokens long).
-    efficiency : Efficiency, optional
-        The model's efficiency and overheads (default :class:`Efficiency`: data-sheet peaks at
-        microbenchmarks' achieved fractions, no engine overhead).
-    batch_sizes : sequence of int
-        Where the peak is searched (default the paper's grid).
-    match : bool, default True
-        Also find the fixed cost per forward pass (``step_seconds``, target and draft alike) and per
-        draft step alone that would bring the predicted peak down to the printed ``x``.
-    where : dict, optional
-        Keep only printed rows with these column values, e.g. ``{"dataset": "humaneval", "gamma": 4}``.
-
-    Returns
-    -------
-    pandas.DataFrame
-        The printed columns (``device``, ``dataset``, ``temperature``, ``gamma``, ``sigma``,
-        ``printed`` = x and ``printed_denominator`` = sigma (gamma + 1) / x) and ``predicted``, ``peak_B``,
-        ``target_efficiency``, ``verify_term``, ``draft_term``, ``reject_term`` at the predicted peak;
-        with ``match``, ``step_ms_to_match`` and ``draft_step_ms_to_match`` (milliseconds, NaN where
-        no overhead within 0-100 ms reaches x).
-    """
-    from moesd.paper import paper_table
-
-    rows = paper_table("tables_1_2")
-    rows = rows[rows["model"].str.startswith("Qwen2")]
-    for column, value in (where or {}).items():
-        if column not in rows.columns:
-            raise ValueError(f"where: Tables 1-2 have no column {column!r}")
-        rows = rows[rows[column] == value]
-    rows = rows.reset_index(drop=True)
-    out = []
-    for _, row in rows.iterrows():
-        name, gpus = _paper_device(row["device"])
-        frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", name, list(batch_sizes), int(row["gamma"]),
-                           float(row["sigma"]), tp=gpus, context=context, efficiency=efficiency)
-        peak = frame.loc[frame["speedup"].idxmax()]
-        result = {"table": row["table"], "device": row["device"], "dataset": row["dataset"],
-                  "temperature": row["temperature"], "gamma": int(row["gamma"]), "sigma": row["sigma"],
-                  "printed": row["speedup"],
-                  "printed_denominator": row["sigma"] * (row["gamma"] + 1) / row["speedup"],
-                  "predicted": peak["speedup"], "peak_B": int(peak["batch_size"]),
-                  "target_efficiency": peak["target_efficiency"], "verify_term": peak["verify_term"],
-                  "draft_term": peak["draft_term"], "reject_term": peak["reject_term"]}
-        if match:
-            for column, apply_to in (("step_ms_to_match", "both"), ("draft_step_ms_to_match", "draft")):
-                try:
-                    value = 1e3 * efficiency_to_match(row["speedup"], "qwen2-57b-a14b", "qwen2-0.5b", name,
-                                                      list(batch_sizes), int(row["gamma"]), float(row["sigma"]),
-                                                      efficiency=efficiency, apply_to=apply_to, tp=gpus,
-                                                      context=context)
-                except ValueError:
-                    value = np.nan
-                result[column] = value
-        out.append(result)
-    return pd.DataFrame(out)
-
-
-#: The paper's orderings of Tables 1-2 (Sec. 8): (better setup, worse setup, the paper's reading).
-PAPER_ORDERINGS = (("2xH800", "2xA800", "higher ridge point, larger speedup"),
-                   ("2xA800", "4xA800", "the draft stays on one GPU while the target spreads"),
-                   ("4xL40", "4xA800", "higher ridge point, larger speedup"))
-
-
-def paper_orderings(comparison: pd.DataFrame) -> pd.DataFrame:
-    """How often each ordering of :data:`PAPER_ORDERINGS` holds, printed and predicted.
-
-    Pairs are rows of a :func:`paper_comparison` frame with the same dataset, temperature and gamma.
-    The two rows of a pair were printed with slightly different sigma (0.90 against 0.91, say), which
-    moves ``x`` by as much as the devices do; the ``*_at_equal_sigma`` counts compare the cost of a
-    round instead, ``sigma (gamma + 1) / x`` (the denominator of Eq. 4, lower is better), from
-    which sigma has gone.
-
-    Returns
-    -------
-    pandas.DataFrame
-        ``better``, ``worse``, ``reading``, ``pairs``, ``printed_holds``, ``predicted_holds``,
-        ``printed_holds_at_equal_sigma`` and ``predicted_holds_at_equal_sigma`` (counts of pairs).
-    """
-    key = ["dataset", "temperature", "gamma"]
-    comparison = comparison.assign(
-        predicted_denominator=comparison["sigma"] * (comparison["gamma"] + 1) / comparison["predicted"])
-    out = []
-    for better, worse, reading in PAPER_ORDERINGS:
-        a = comparison[comparison["device"] == better].set_index(key)
-        b = comparison[comparison["device"] == worse].set_index(key)
-        both = a.join(b, suffixes=("_a", "_b"), how="inner")
-        out.append({"better": better, "worse": worse, "reading": reading, "pairs": len(both),
-                    "printed_holds": int((both["printed_a"] > both["printed_b"]).sum()),
-                    "predicted_holds": int((both["predicted_a"] > both["predicted_b"]).sum()),
-                    "printed_holds_at_equal_sigma": int(
-                        (both["printed_denominator_a"] < both["printed_denominator_b"]).sum()),
-                    "predicted_holds_at_equal_sigma": int(
-                        (both["predicted_denominator_a"] < both["predicted_denominator_b"]).sum())})
-    return pd.DataFrame(out)
-
-
-def model_stages(device: str, gamma: int, sigma: float, context=256, speedup=None,
-                 batch_sizes=PAPER_BATCH_SIZES) -> pd.DataFrame:
-    """The predicted peak of one Tables 1-2 setup as the model gains its parts, term by term.
-
-    Stages: the data-sheet roofline (no fixed costs, no link latency); the achieved fractions of
-    bandwidth and FLOP/s; the fixed cost per kernel and the link latency (the default model); and,
-    when ``speedup`` (the printed x) is given, the fixed cost per forward pass that reaches it.
-
-    Returns
-    -------
-    pandas.DataFrame
-        One row per stage: ``stage``, ``peak``, ``peak_B``, ``verify_term``, ``draft_term``,
-        ``reject_term``, ``denominator`` (their sum; ``sigma (gamma + 1) / peak``), ``t_target_1_ms``,
-        ``t_draft_ms`` at the peak.
-    """
-    name, gpus = _paper_device(device)
-    hardware = resolve_hardware(name)
-    ideal = dataclasses.replace(hardware, bandwidth_fraction=1.0, flops_fraction=1.0, interconnect_latency=0.0)
-    stages = [("data-sheet roofline", ideal, Efficiency(kernel_seconds=0.0)),
-              ("+ achieved bandwidth and FLOP/s", dataclasses.replace(hardware, interconnect_latency=0.0),
-               Efficiency(kernel_seconds=0.0)),
-              ("+ fixed cost per kernel and link latency (default)", hardware, Efficiency())]
-    if speedup is not None:
-        step = efficiency_to_match(speedup, "qwen2-57b-a14b", "qwen2-0.5b", hardware, list(batch_sizes), gamma,
-                                   sigma, tp=gpus, context=context)
-        stages.append((f"+ {1e3 * step:.1f} ms per forward pass (matches x = {speedup:g})", hardware,
-                       Efficiency(step_seconds=step)))
-    out = []
-    for stage, hw, eff in stages:
-        frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", hw, list(batch_sizes), gamma, sigma, tp=gpus,
-                           context=context, efficiency=eff)
-        peak = frame.loc[frame["speedup"].idxmax()]
-        out.append({"stage": stage, "peak": peak["speedup"], "peak_B": int(peak["batch_size"]),
-                    "verify_term": peak["verify_term"], "draft_term": peak["draft_term"],
-                    "reject_term": peak["reject_term"],
-                    "denominator": peak["verify_term"] + peak["draft_term"] + peak["reject_term"],
-                    "t_target_1_ms": 1e3 * peak["t_target_1"], "t_draft_ms": 1e3 * peak["t_draft"]})
-    return pd.DataFrame(out)
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Result of :func:`calibrate`.
-
-    Attributes
-    ----------
-    efficiency : Efficiency
-        The fitted parameters (the others at their defaults).
-    fitted : dict
-        Name to value of each fitted parameter.
-    train_batch_sizes, held_out_batch_sizes : tuple of int
-        Batch sizes fitted and held out.
-    train_mape, held_out_mape : float
-        Mean absolute percentage error of ``T(B, s)`` on each set (percent).
-    table : pandas.DataFrame
-        ``batch_size``, ``tokens``, ``measured``, ``predicted`` (seconds, medians over repeats) and
-        ``held_out``.
-    """
-
-    efficiency: Efficiency
-    fitted: dict
-    train_batch_sizes: tuple
-    held_out_batch_sizes: tuple
-    train_mape: float
-    held_out_mape: float
-    table: pd.DataFrame
-
-
-def measured_shapes(sidecar: dict) -> tuple[Architecture, Architecture]:
-    """The target's and draft's shapes of a ``moesd sweep`` (scaled by its layers and width settings).
-
-    The draft shares the target's vocabulary, as :func:`moesd.bench.build_models` builds it.
-    """
-    settings = sidecar.get("settings", {})
-    missing = [k for k in ("target", "draft", "layers", "draft_layers", "width") if k not in settings]
-    if missing:
-        raise ValueError(f"sidecar: settings lack {', '.join(missing)}")
-    target_spec, draft_spec = get_model(settings["target"]), get_model(settings["draft"])
-    target = target_spec.architecture(settings["layers"], width=settings["width"])
-    draft_config = {**draft_spec.config_dict(settings["draft_layers"], width=settings["width"]),
-                    "vocab_size": target.vocab_size}
-    return target, Architecture.from_config(draft_spec.name, draft_spec.model_type, draft_config)
-
-
-def measured_device(sidecar: dict) -> Hardware:
-    """The measured roofline of the device that ran a ``moesd sweep``, usable in the sweep's weight dtype.
-
-    :func:`moesd.measurements.measuring_hardware` reads the record from the sidecar; its GEMM peak
-    was measured in the sweep's dtype, so for a float32 sweep it is also the record's fp32 peak
-    (the record's ``peak_flops`` slot otherwise means bf16).
-
-    Raises
-    ------
-    ValueError
-        If the sidecar holds no measured roofline.
-    """
-    hardware = measuring_hardware(sidecar)
-    measured_dtype = sidecar.get("roofline_measurement", {}).get("settings", {}).get("dtype")
-    if measured_dtype == "float32" and hardware.fp32_flops is None:
-        hardware = dataclasses.replace(hardware, fp32_flops=hardware.peak_flops)
-    return hardware
-
-
-CALIBRATED = ("bandwidth_fraction", "flops_fraction", "step_seconds")
-"""The parameters :func:`calibrate` fits by default. ``kernel_seconds`` is left out: one model's kernels
-do not change in number with the batch, so their cost and ``step_seconds`` are one constant to a fit."""
-
-
-def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dtype="fp32",
-              held_out_batch_sizes=None, parameters=None, tp=1, cuda_graphs=True,
-              grouped_experts=False) -> Calibration:
-    """Fit :class:`Efficiency` to a measured forward study and report the error on held-out batch sizes.
-
-    Least squares on the log of the median time of every ``(batch_size, tokens)`` of the fitted batch
-    sizes (relative errors weigh small and large steps alike), with scipy's bounded trust-region
-    solver. This is the physical, identifiable counterpart of Algorithm 1: three or four parameters with
-    units, fitted to ``T_T(B, s)`` itself rather than to a ratio of times.
-
-    Parameters
-    ----------
-    forward_frame : pandas.DataFrame
-        Rows of a forward study (``moesd sweep forward``): ``role``, ``batch_size``, ``tokens``,
-        ``context``, ``seconds``.
-    model : str, ModelSpec or Architecture
-        The measured model's shape (for a scaled sweep, ``spec.architecture(layers, width=...)``).
-    hardware : str or Hardware
-        The measuring device, e.g. :func:`measured_device` of the sweep's sidecar.
-    role : {"target", "draft"}
-        Which model's rows to fit.
-    dtype : str, default "fp32"
-        The sweep's weight dtype.
-    held_out_batch_sizes : sequence of int, optional
-        Batch sizes kept out of the fit (default: every third measured batch size, from the second).
-    parameters : sequence of str, optional
-        Fields of :class:`Efficiency` to fit (default :data:`CALIBRATED`, and ``expert_seconds``
-        when experts run one by one; never for a dense model).
-    tp, cuda_graphs, grouped_experts
-        As in :func:`step_time` (the project's CPU sweeps run Hugging Face's eager expert loop).
-
-    Returns
-    -------
-    Calibration
-    """
-    from scipy.optimize import least_squares
-
-    if parameters is None:
-        parameters = CALIBRATED + (() if grouped_experts else ("expert_seconds",))
-    for name in parameters:
-        if name not in ("bandwidth_fraction", "flops_fraction", "kernel_seconds", "launch_seconds",
-                        "step_seconds", "expert_seconds"):
-            raise ValueError(f"parameters: {name!r} is not a field of Efficiency")
-    needed = {"role", "batch_size", "tokens", "context", "seconds"}
-    if not needed <= set(forward_frame.columns):
-        raise ValueError(f"forward_frame lacks column(s) {', '.join(sorted(needed - set(forward_frame.columns)))}")
-    rows = forward_frame[forward_frame["role"] == role]
-    if rows.empty:
-        raise ValueError(f"role: no rows of role {role!r} in forward_frame")
-    table = rows.groupby(["batch_size", "tokens", "context"], as_index=False)["seconds"].median()
-    table = table.rename(columns={"seconds": "measured"})
-    batch_sizes = np.sort(table["batch_size"].unique())
-    if held_out_batch_sizes is None:
-        held_out_batch_sizes = batch_sizes[1::3]
-    held_out = set(int(b) for b in held_out_batch_sizes)
-    if not held_out <= set(int(b) for b in batch_sizes) or len(held_out) >= len(batch_sizes):
-        raise ValueError("held_out_batch_sizes must be measured batch sizes, leaving some to fit")
-    table["held_out"] = table["batch_size"].isin(held_out)
-    arch, hardware = resolve_model(model), resolve_hardware(hardware)
-    parameters = tuple(p for p in parameters if p != "expert_seconds" or arch.num_experts)  # dense: no experts
-    start = Efficiency(bandwidth_fraction=hardware.bandwidth_fraction, flops_fraction=hardware.flops_fraction,
-                       expert_seconds=1e-4 if "expert_seconds" in parameters else None)
-    bounds = {"bandwidth_fraction": (1e-3, 10.0), "flops_fraction": (1e-3, 10.0), "kernel_seconds": (0.0, 1e-2),
-              "launch_seconds": (0.0, 1e-2), "step_seconds": (0.0, 10.0), "expert_seconds": (0.0, 1e-1)}
-    scale = {"bandwidth_fraction": 1.0, "flops_fraction": 1.0, "kernel_seconds": 1e-5, "launch_seconds": 1e-5,
-             "step_seconds": 1e-3, "expert_seconds": 1e-4}
-
-    def efficiency_of(x) -> Efficiency:
-        return dataclasses.replace(start, **{n: float(v) * scale[n] for n, v in zip(parameters, x)})
-
-    def predict(eff, subset):
-        return step_time(arch, hardware, subset["tokens"].to_numpy(), subset["batch_size"].to_numpy(),
-                         subset["context"].to_numpy(), tp=tp, dtype=dtype, cuda_graphs=cuda_graphs,
-                         efficiency=eff, grouped_experts=grouped_experts).total
-
-    train = table[~table["held_out"]]
-    x0 = [max(getattr(start, n), bounds[n][0]) / scale[n] + (1e-3 if getattr(start, n) == 0 else 0)
-          for n in parameters]
-    result = least_squares(lambda x: np.log(predict(efficiency_of(x), train)) - np.log(train["measured"]),
-                           x0, bounds=([bounds[n][0] / scale[n] for n in parameters],
-                                       [bounds[n][1] / scale[n] for n in parameters]), method="trf")
-    efficiency = efficiency_of(result.x)
-    table["predicted"] = predict(efficiency, table)
-    error = 100 * np.abs(table["predicted"] / table["measured"] - 1)
-    return Calibration(
-        efficiency=efficiency, fitted={n: getattr(efficiency, n) for n in parameters},
-        train_batch_sizes=tuple(int(b) for b in batch_sizes if b not in held_out),
-        held_out_batch_sizes=tuple(sorted(held_out)),
-        train_mape=float(error[~table["held_out"]].mean()), held_out_mape=float(error[table["held_out"]].mean()),
-        table=table[["batch_size", "tokens", "context", "measured", "predicted", "held_out"]])

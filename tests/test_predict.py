@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from moesd.calibrate import calibrate, measured_device
 from moesd.experts import expected_active_experts
 from moesd.predict import (
     COMPONENTS,
@@ -15,11 +16,7 @@ from moesd.predict import (
     Efficiency,
     batch_range,
     best_gamma,
-    calibrate,
-    efficiency_to_match,
     expert_gemm_time,
-    measured_device,
-    paper_orderings,
     predict_sd,
     rejection_time,
     one_layer_draft,
@@ -27,6 +24,7 @@ from moesd.predict import (
     weights_per_gpu,
     zipf_popularity,
 )
+from moesd.predict_paper import efficiency_to_match, paper_orderings
 from moesd.roofline import HARDWARE
 from moesd.speedup import speedup
 from moesd.traces import RoutingTrace, popularity

@@ -19,7 +19,7 @@ def printed_vs_predicted(comparison) -> plt.Figure:
     Parameters
     ----------
     comparison : pandas.DataFrame
-        :func:`moesd.predict.paper_comparison` rows (``device``, ``printed``, ``predicted``).
+        :func:`moesd.predict_paper.paper_comparison` rows (``device``, ``printed``, ``predicted``).
     """
     figure, ax = plt.subplots(figsize=(4.8, 4.2))
     for colour, (device, rows) in zip(PALETTE, comparison.groupby("device")):
@@ -78,7 +78,7 @@ def calibration(fits: dict) -> plt.Figure:
     Parameters
     ----------
     fits : dict
-        Role (``"target"``, ``"draft"``) to a :class:`moesd.predict.Calibration`.
+        Role (``"target"``, ``"draft"``) to a :class:`moesd.calibrate.Calibration`.
     """
     figure, axes = plt.subplots(1, len(fits), figsize=(5.2 * len(fits), 3.8), squeeze=False)
     for ax, (role, fit) in zip(axes[0], fits.items()):

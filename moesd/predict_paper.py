@@ -1,0 +1,211 @@
+"""The predictor (:mod:`moesd.predict`) beside the paper's Tables 1-2: peaks, orderings and what closes the gap.
+
+* :func:`paper_comparison`: every Qwen2-57B-A14B + Qwen2-0.5B row of Tables 1-2 beside the predicted peak of
+  the same setup (nothing fitted to the tables);
+* :func:`paper_orderings`: the orderings the paper reports (faster GPU, fewer GPUs, PCIe), printed and predicted;
+* :func:`model_stages`: the predicted peak as the model's pieces are added one by one;
+* :func:`efficiency_to_match`: what one overhead or efficiency would have to be for the predicted peak to
+  equal a measured speedup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from moesd._checks import as_array
+from moesd.predict import PAPER_BATCH_SIZES, Efficiency, predict_sd, resolve_hardware
+
+
+def efficiency_to_match(speedup, target, draft, hardware, batch_size, gamma, sigma, field="step_seconds",
+                        bounds=(0.0, 0.1), efficiency: Efficiency | None = None, apply_to="both",
+                        **options) -> float:
+    """The value of one :class:`Efficiency` field at which the predicted peak speedup equals ``speedup``.
+
+    The peak is the maximum over ``batch_size`` of :func:`predict_sd` at one ``gamma`` and ``sigma``;
+    the field (e.g. ``"step_seconds"``, a fixed cost per forward pass) is set for the target, the draft
+    or both (``apply_to``) and found by bisection within ``bounds``. It answers "what would this
+    overhead have to be to explain a measured speedup", not what it is.
+
+    Raises
+    ------
+    ValueError
+        If the speedup is not reached within ``bounds`` (the message gives the peaks at both ends).
+    """
+    from scipy.optimize import brentq
+
+    if field not in ("bandwidth_fraction", "flops_fraction", "kernel_seconds", "launch_seconds", "step_seconds",
+                     "expert_seconds"):
+        raise ValueError(f"field must be a field of Efficiency, got {field!r}")
+    if apply_to not in ("both", "target", "draft"):
+        raise ValueError(f"apply_to must be 'both', 'target' or 'draft', got {apply_to!r}")
+    speedup = float(as_array("speedup", speedup, low=0, low_open=True))
+    efficiency = efficiency or Efficiency()
+
+    def gap(value):
+        changed = dataclasses.replace(efficiency, **{field: value})
+        frame = predict_sd(target, draft, hardware, batch_size, gamma, sigma,
+                           efficiency=efficiency if apply_to == "draft" else changed,
+                           draft_efficiency=efficiency if apply_to == "target" else changed, **options)
+        return frame["speedup"].max() - speedup
+
+    low, high = gap(bounds[0]), gap(bounds[1])
+    if low * high > 0:
+        raise ValueError(f"speedup {speedup:g} is not reached for {field} in {bounds}: peaks "
+                         f"{low + speedup:.3g} and {high + speedup:.3g}")
+    return float(brentq(gap, *bounds, xtol=1e-9 * max(1.0, abs(bounds[1])), rtol=1e-6))
+
+
+def _paper_device(device: str) -> tuple[str, int]:
+    """``"2xH800"`` as ``("H800", 2)``."""
+    count, _, name = device.partition("x")
+    return name, int(count)
+
+
+def paper_comparison(context=256, efficiency: Efficiency | None = None, batch_sizes=PAPER_BATCH_SIZES,
+                     match=True, where: dict | None = None) -> pd.DataFrame:
+    """Tables 1-2's Qwen2-57B-A14B + Qwen2-0.5B rows beside this model's prediction of the same setup.
+
+    For every printed row (device, dataset, temperature, gamma, sigma, peak speedup ``x``) the peak of
+    :func:`predict_sd` over the paper's batch sizes at that row's gamma and sigma, on the row's GPUs
+    (target on all of them, draft on one), in bf16. Nothing here is fitted to the tables.
+
+    Parameters
+    ----------
+    context : int, default 256
+        Tokens in each KV cache (the paper does not state it; its prompts are 5-391 tokens long).
+    efficiency : Efficiency, optional
+        The model's efficiency and overheads (default :class:`Efficiency`: data-sheet peaks at
+        microbenchmarks' achieved fractions, no engine overhead).
+    batch_sizes : sequence of int
+        Where the peak is searched (default the paper's grid).
+    match : bool, default True
+        Also find the fixed cost per forward pass (``step_seconds``, target and draft alike) and per
+        draft step alone that would bring the predicted peak down to the printed ``x``.
+    where : dict, optional
+        Keep only printed rows with these column values, e.g. ``{"dataset": "humaneval", "gamma": 4}``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The printed columns (``device``, ``dataset``, ``temperature``, ``gamma``, ``sigma``,
+        ``printed`` = x and ``printed_denominator`` = sigma (gamma + 1) / x) and ``predicted``, ``peak_B``,
+        ``target_efficiency``, ``verify_term``, ``draft_term``, ``reject_term`` at the predicted peak;
+        with ``match``, ``step_ms_to_match`` and ``draft_step_ms_to_match`` (milliseconds, NaN where
+        no overhead within 0-100 ms reaches x).
+    """
+    from moesd.paper import paper_table
+
+    rows = paper_table("tables_1_2")
+    rows = rows[rows["model"].str.startswith("Qwen2")]
+    for column, value in (where or {}).items():
+        if column not in rows.columns:
+            raise ValueError(f"where: Tables 1-2 have no column {column!r}")
+        rows = rows[rows[column] == value]
+    rows = rows.reset_index(drop=True)
+    out = []
+    for _, row in rows.iterrows():
+        name, gpus = _paper_device(row["device"])
+        frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", name, list(batch_sizes), int(row["gamma"]),
+                           float(row["sigma"]), tp=gpus, context=context, efficiency=efficiency)
+        peak = frame.loc[frame["speedup"].idxmax()]
+        result = {"table": row["table"], "device": row["device"], "dataset": row["dataset"],
+                  "temperature": row["temperature"], "gamma": int(row["gamma"]), "sigma": row["sigma"],
+                  "printed": row["speedup"],
+                  "printed_denominator": row["sigma"] * (row["gamma"] + 1) / row["speedup"],
+                  "predicted": peak["speedup"], "peak_B": int(peak["batch_size"]),
+                  "target_efficiency": peak["target_efficiency"], "verify_term": peak["verify_term"],
+                  "draft_term": peak["draft_term"], "reject_term": peak["reject_term"]}
+        if match:
+            for column, apply_to in (("step_ms_to_match", "both"), ("draft_step_ms_to_match", "draft")):
+                try:
+                    value = 1e3 * efficiency_to_match(row["speedup"], "qwen2-57b-a14b", "qwen2-0.5b", name,
+                                                      list(batch_sizes), int(row["gamma"]), float(row["sigma"]),
+                                                      efficiency=efficiency, apply_to=apply_to, tp=gpus,
+                                                      context=context)
+                except ValueError:
+                    value = np.nan
+                result[column] = value
+        out.append(result)
+    return pd.DataFrame(out)
+
+
+#: The paper's orderings of Tables 1-2 (Sec. 8): (better setup, worse setup, the paper's reading).
+PAPER_ORDERINGS = (("2xH800", "2xA800", "higher ridge point, larger speedup"),
+                   ("2xA800", "4xA800", "the draft stays on one GPU while the target spreads"),
+                   ("4xL40", "4xA800", "higher ridge point, larger speedup"))
+
+
+def paper_orderings(comparison: pd.DataFrame) -> pd.DataFrame:
+    """How often each ordering of :data:`PAPER_ORDERINGS` holds, printed and predicted.
+
+    Pairs are rows of a :func:`paper_comparison` frame with the same dataset, temperature and gamma.
+    The two rows of a pair were printed with slightly different sigma (0.90 against 0.91, say), which
+    moves ``x`` by as much as the devices do; the ``*_at_equal_sigma`` counts compare the cost of a
+    round instead, ``sigma (gamma + 1) / x`` (the denominator of Eq. 4, lower is better), from
+    which sigma has gone.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``better``, ``worse``, ``reading``, ``pairs``, ``printed_holds``, ``predicted_holds``,
+        ``printed_holds_at_equal_sigma`` and ``predicted_holds_at_equal_sigma`` (counts of pairs).
+    """
+    key = ["dataset", "temperature", "gamma"]
+    comparison = comparison.assign(
+        predicted_denominator=comparison["sigma"] * (comparison["gamma"] + 1) / comparison["predicted"])
+    out = []
+    for better, worse, reading in PAPER_ORDERINGS:
+        a = comparison[comparison["device"] == better].set_index(key)
+        b = comparison[comparison["device"] == worse].set_index(key)
+        both = a.join(b, suffixes=("_a", "_b"), how="inner")
+        out.append({"better": better, "worse": worse, "reading": reading, "pairs": len(both),
+                    "printed_holds": int((both["printed_a"] > both["printed_b"]).sum()),
+                    "predicted_holds": int((both["predicted_a"] > both["predicted_b"]).sum()),
+                    "printed_holds_at_equal_sigma": int(
+                        (both["printed_denominator_a"] < both["printed_denominator_b"]).sum()),
+                    "predicted_holds_at_equal_sigma": int(
+                        (both["predicted_denominator_a"] < both["predicted_denominator_b"]).sum())})
+    return pd.DataFrame(out)
+
+
+def model_stages(device: str, gamma: int, sigma: float, context=256, speedup=None,
+                 batch_sizes=PAPER_BATCH_SIZES) -> pd.DataFrame:
+    """The predicted peak of one Tables 1-2 setup as the model gains its parts, term by term.
+
+    Stages: the data-sheet roofline (no fixed costs, no link latency); the achieved fractions of
+    bandwidth and FLOP/s; the fixed cost per kernel and the link latency (the default model); and,
+    when ``speedup`` (the printed x) is given, the fixed cost per forward pass that reaches it.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per stage: ``stage``, ``peak``, ``peak_B``, ``verify_term``, ``draft_term``,
+        ``reject_term``, ``denominator`` (their sum; ``sigma (gamma + 1) / peak``), ``t_target_1_ms``,
+        ``t_draft_ms`` at the peak.
+    """
+    name, gpus = _paper_device(device)
+    hardware = resolve_hardware(name)
+    ideal = dataclasses.replace(hardware, bandwidth_fraction=1.0, flops_fraction=1.0, interconnect_latency=0.0)
+    stages = [("data-sheet roofline", ideal, Efficiency(kernel_seconds=0.0)),
+              ("+ achieved bandwidth and FLOP/s", dataclasses.replace(hardware, interconnect_latency=0.0),
+               Efficiency(kernel_seconds=0.0)),
+              ("+ fixed cost per kernel and link latency (default)", hardware, Efficiency())]
+    if speedup is not None:
+        step = efficiency_to_match(speedup, "qwen2-57b-a14b", "qwen2-0.5b", hardware, list(batch_sizes), gamma,
+                                   sigma, tp=gpus, context=context)
+        stages.append((f"+ {1e3 * step:.1f} ms per forward pass (matches x = {speedup:g})", hardware,
+                       Efficiency(step_seconds=step)))
+    out = []
+    for stage, hw, eff in stages:
+        frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", hw, list(batch_sizes), gamma, sigma, tp=gpus,
+                           context=context, efficiency=eff)
+        peak = frame.loc[frame["speedup"].idxmax()]
+        out.append({"stage": stage, "peak": peak["speedup"], "peak_B": int(peak["batch_size"]),
+                    "verify_term": peak["verify_term"], "draft_term": peak["draft_term"],
+                    "reject_term": peak["reject_term"],
+                    "denominator": peak["verify_term"] + peak["draft_term"] + peak["reject_term"],
+                    "t_target_1_ms": 1e3 * peak["t_target_1"], "t_draft_ms": 1e3 * peak["t_draft"]})
+    return pd.DataFrame(out)
