@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import numpy as np
@@ -166,9 +167,13 @@ def _check_trace_engine(args: argparse.Namespace) -> None:
         raise UsageError(f"--gamma must be >= 1, got {args.gamma}")
     if args.draft is not None and args.random_weights:
         raise UsageError("--draft needs pretrained weights: a random-weight target and draft agree on no token")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise UsageError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    import importlib.util
 
-    if args.temperature < 0:
-        raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
+    if importlib.util.find_spec("vllm") is None:
+        raise UsageError("--engine vllm needs vllm, which is not installed here: `make vllm` builds .venv-vllm "
+                         "with it (run .venv-vllm/bin/moesd)")
 
 
 def _random_model_spec(args: argparse.Namespace) -> None:
@@ -498,12 +503,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="build the architecture with random weights (no download; byte tokens)")
     trace.add_argument("--layers", type=int, help="with --random-weights: keep the first N layers")
     trace.add_argument("--width", type=float, default=1.0, help="with --random-weights: scale every width")
-    trace.add_argument("--seed", type=int, default=0, help="with --random-weights: seed of the weights")
+    trace.add_argument("--seed", type=int, default=0, help="seed of the random weights (--random-weights) and, with --engine vllm, of "
+                            "vLLM and its sampling")
     trace.add_argument("--engine", default="hf", choices=["hf", "vllm"],
                        help="hf: hooks on Hugging Face routers (default); vllm: vLLM's router callbacks "
                             "(moesd.vllm_capture, needs vllm: make vllm)")
     trace.add_argument("--draft", help="with --engine vllm: draft model (hub id or folder) for speculative decoding; "
-                                       "rows of rejected draft tokens get phase 'rejected'")
+                                       "verified draft tokens not in the sequence get phase 'rejected'")
     trace.add_argument("--gamma", type=int, help="with --draft: draft tokens per round")
     trace.add_argument("--temperature", type=float, default=0.0,
                        help="with --engine vllm: sampling temperature (default 0, greedy)")

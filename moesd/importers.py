@@ -192,8 +192,8 @@ def from_token_jsonl(path, num_experts=None, fields: Mapping | None = None, ragg
     """
     path = Path(path)
     _check_ragged(ragged)
-    if phase not in PHASES:
-        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+    if phase not in PHASES or phase == "rejected":
+        raise ValueError(f"phase must be one of {tuple(p for p in PHASES if p != 'rejected')}, got {phase!r}")
     names = _field_names(TOKEN_FIELDS, fields)
     records, kinds = [], {}
     for number, record in _read_jsonl(path):

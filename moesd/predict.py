@@ -14,6 +14,7 @@ principles, for any :class:`moesd.zoo.ModelSpec` on any :class:`moesd.roofline.H
 * :func:`predict_sd`: ``T_T(B, 1)``, ``T_T(B, gamma + 1)``, ``T_D(B, 1)`` and the rejection step, and
   from them target efficiency and the speedup of Eq. 4 with its decomposition, over a grid of batch
   sizes, draft lengths, acceptance and contexts. The draft runs on GPUs of its own, as in the paper.
+
 The model checked against the paper's Tables 1-2 lives in :mod:`moesd.predict_paper`, and fitted to a
 measured forward study in :mod:`moesd.calibrate`.
 

@@ -3,7 +3,8 @@
 A :class:`RoutingTrace` holds, for every routed token and every MoE layer, the ``K`` expert ids the
 token was sent to, with per-token bookkeeping: which request (``sequence``), where in it
 (``position``), which forward pass (``call``) and whether that pass was a prefill or a decode step
-(``phase``, ``"unknown"`` where the source cannot say). The statistics ask how many distinct experts
+(``phase``, ``"unknown"`` where the source cannot say, ``"rejected"`` for a speculative-decoding draft
+token that was verified but is not part of its sequence). The statistics ask how many distinct experts
 a set of tokens activates, the quantity ``N(t)`` of Eq. 8, for the sets that matter to speculative
 decoding:
 
@@ -36,8 +37,10 @@ from moesd.experts import expected_active_experts, expected_active_experts_from_
 
 PHASES = ("prefill", "decode", "unknown", "rejected")
 """Allowed ``phase`` values; ``"unknown"`` marks tokens whose forward pass the source did not name, and
-``"rejected"`` draft tokens that a speculative-decoding verification pass routed and then rejected (they
-are not part of their sequence: :func:`without_rejected` drops them before sequence statistics)."""
+``"rejected"`` draft tokens that a speculative-decoding verification pass routed but that are not part of
+their sequence (rejected, or cut at the sequence's end). Statistics over sequences (windows of consecutive
+tokens) refuse a trace holding them: :func:`without_rejected` drops them. Statistics over tokens
+(:func:`popularity`, :func:`random_union`, :func:`batch_union`) count them as the routed work they were."""
 
 MISSING = -1
 """Expert id that marks a (token, layer) the source did not log (all ``K`` ids of the row)."""

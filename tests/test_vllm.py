@@ -70,6 +70,46 @@ def test_tiny_draft_agrees_with_target_on_some_tokens():
     assert 0 < window.accepted < window.drafted
 
 
+def _recorded(passes, layers=(0,), num_experts=4):
+    """A VllmRoutingRecorder holding hand-made passes: (requests, rows, start, input ids, experts of layer 0)."""
+    from moesd.vllm_capture import VllmRoutingRecorder, _Pass
+
+    recorder = VllmRoutingRecorder(llm=None)
+    recorder.layers, recorder.num_experts = list(layers), num_experts
+    for requests, rows, start, ids, experts in passes:
+        recorder.passes.append(_Pass(requests, np.array(rows), np.array(start), np.array(ids),
+                                     {layer: np.array(experts) for layer in layers}))
+    return recorder
+
+
+def test_rows_are_labelled_by_the_final_sequences():
+    """Prompt [5, 6], output [7, 8, 9]: a prefill pass; a verification feeding 7 (the last emitted token), 8 (an
+    accepted draft), 4 (a rejected draft) and 1 (a draft after it); then a pass feeding 9, the token that replaced
+    the rejected draft at position 4. Request ids carry the suffix vLLM appends inside the engine."""
+    experts = [[0, 1]] * 2
+    recorder = _recorded([(["r-a1"], [2], [0], [5, 6], experts),
+                          (["r-a1"], [4], [2], [7, 8, 4, 1], [[0, 1], [1, 2], [2, 3], [3, 0]]),
+                          (["r-a1"], [1], [4], [9], [[0, 2]])])
+    trace = recorder.trace({"r": [5, 6, 7, 8, 9]}, {"r": 2})
+    assert trace.phase.tolist() == ["prefill", "prefill", "decode", "decode", "rejected", "rejected", "decode"]
+    assert trace.position.tolist() == [0, 1, 2, 3, 4, 5, 4] and trace.call.tolist() == [0, 0, 1, 1, 1, 1, 2]
+
+
+def test_a_recomputed_request_stops_the_capture():
+    """vLLM recomputes a preempted request from position 0: its rows would be counted twice."""
+    experts = [[0, 1]] * 2
+    recorder = _recorded([(["r"], [2], [0], [5, 6], experts), (["r"], [1], [2], [7], experts[:1]),
+                          (["r"], [2], [0], [5, 6], experts)])
+    with pytest.raises(RuntimeError, match="preempted"):
+        recorder.trace({"r": [5, 6, 7, 8]}, {"r": 2})
+
+
+def test_a_layer_that_routed_fewer_rows_than_fed_is_an_error():
+    recorder = _recorded([(["r"], [3], [0], [5, 6, 7], [[0, 1]] * 2)])
+    with pytest.raises(RuntimeError, match="routed fewer"):
+        recorder.trace({"r": [5, 6, 7, 8]}, {"r": 3})
+
+
 # ---- vLLM itself -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
