@@ -248,9 +248,14 @@ def trace_random_model(name: str, prompts, batch_size: int, max_new_tokens: int,
     config = model.config
     trace.meta = _meta(trace, model, spec.hub_id, prompts, dataset, batch_size, max_new_tokens,
                        chat_template=False, device="cpu", tokenizer="UTF-8 bytes",
-                       weights=f"random (seed {seed}) with the shape of {spec.hub_id}: "
-                               f"{config.num_hidden_layers} of {spec.num_layers} layers, widths x {width:g}")
+                       weights=random_weights_note(spec, config, seed, width))
     return trace
+
+
+def random_weights_note(spec, config, seed: int, width: float) -> str:
+    """How a trace's random-weight model was built, for its metadata (``config``: the built model's)."""
+    return (f"random (seed {seed}) with the shape of {spec.hub_id}: {config.num_hidden_layers} of "
+            f"{spec.num_layers} layers, widths x {width:g}")
 
 
 def _meta(trace, model, model_id, prompts, dataset, batch_size, max_new_tokens, **details) -> dict:

@@ -358,6 +358,7 @@ def trace_with_vllm(model: str, prompts, batch_size: int, max_new_tokens: int, *
                "draft": draft, "gamma": gamma, "dtype": dtype}
     with tempfile.TemporaryDirectory() as scratch:
         if random_weights:
+            from moesd.capture import random_weights_note
             from moesd.vllm_engine import save_model
             from moesd.zoo import get_model
 
@@ -367,8 +368,7 @@ def trace_with_vllm(model: str, prompts, batch_size: int, max_new_tokens: int, *
             path = str(save_model(built, Path(folder or scratch) / spec.name))
             ids = [list(text.encode("utf-8")) for text in texts]
             details.update(model_id=spec.hub_id, tokenizer="UTF-8 bytes",
-                           weights=f"random (seed {seed}) with the shape of {spec.hub_id}: "
-                                   f"{built.config.num_hidden_layers} of {spec.num_layers} layers, widths x {width:g}")
+                           weights=random_weights_note(spec, built.config, seed, width))
         else:
             from transformers import AutoTokenizer
 
