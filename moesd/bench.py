@@ -71,7 +71,7 @@ from moesd.measurements import NULLABLE_COLUMNS, measurements_dir
 from moesd.sd import DecodeStats, SpeculativeDecoder, generate_autoregressive
 from moesd.speedup import alpha_from_sigma, speedup
 from moesd.sweeps import (BATCH_SIZES, DTYPES, FORWARD_STUDIES, PAPER_SIGMA, STUDIES, SweepConfig,  # noqa: F401
-                          acceptance_seed, estimate_seconds, paper_workloads, preset, preset_settings)
+                          acceptance_seed, estimate_seconds, gpu_label, paper_workloads, preset, preset_settings)
 from moesd.zoo import default_experts_implementation, get_model
 
 summarize = measurements.summarize
@@ -145,11 +145,7 @@ def device_label(device: str) -> str:
     """A folder name for a device: the GPU's name (``h100``, ``h200``...) or ``cpu``."""
     if torch.device(device).type != "cuda":
         return "cpu"
-    name = torch.cuda.get_device_name(torch.device(device)).lower()
-    for known in ("h200", "h100", "h800", "a800", "a100", "l40", "b200", "mi300x"):
-        if known in name:
-            return known
-    return "".join(c if c.isalnum() else "-" for c in name).strip("-")
+    return gpu_label(torch.cuda.get_device_name(torch.device(device)))
 
 
 def check_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False) -> Path:

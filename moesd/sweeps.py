@@ -273,6 +273,15 @@ def _whole_numbers(name: str, values) -> tuple:
     return values
 
 
+def gpu_label(name: str) -> str:
+    """The folder name of a GPU from its name as the driver reports it (``NVIDIA H100 80GB HBM3``: ``h100``)."""
+    name = name.lower()
+    for known in ("h200", "h100", "h800", "a800", "a100", "l40", "b200", "mi300x"):
+        if known in name:
+            return known
+    return "".join(c if c.isalnum() else "-" for c in name).strip("-")
+
+
 def acceptance_seed(study: str, batch_size: int, gamma: int, top_k: int | None, run: int,
                     workload: str = "", base_seed: int = 0) -> int:
     """An independent seed per point: ``numpy.random.SeedSequence`` of its coordinates (32 bits)."""
@@ -411,3 +420,51 @@ def estimate_seconds(config: SweepConfig, forward: pd.DataFrame, build_seconds: 
             fill += runs * len(config.gammas) * prefill("draft", batch, top_k)
     build = build_seconds * len(config.top_k_values)
     return {"timed": timed, "warmup": warm, "prefill": fill, "build": build, "total": timed + warm + fill + build}
+
+
+def layers_that_fit(target: str, draft: str, memory_bytes: float, bytes_per_parameter: float = 2.0,
+                    share: float = 0.8) -> int:
+    """The most target layers whose weights, with the whole draft's, fit a share of a device's memory.
+
+    For a GPU sweep of real shapes with random weights on a GPU too small for the whole target (an
+    80 GB H100 holds about half of Qwen2-57B-A14B's layers in bf16): pass the result as ``layers``.
+    The rest of the memory is left to the KV cache, activations and logits (tens to hundreds of MB
+    at the presets' batch sizes and contexts) and to the allocator's slack.
+
+    Parameters
+    ----------
+    target, draft : str
+        :mod:`moesd.zoo` names.
+    memory_bytes : float
+        Device memory available (bytes), e.g. the free memory ``torch.cuda.mem_get_info`` reports.
+    bytes_per_parameter : float
+        2 for bf16 and fp16, 4 for float32.
+    share : float
+        Share of ``memory_bytes`` the weights may take, in (0, 1].
+
+    Returns
+    -------
+    int
+        Layers, from 1 to the target's full depth.
+
+    Raises
+    ------
+    UsageError
+        If not even one target layer fits, or an argument is out of range.
+    """
+    target_spec, draft_spec = _model_spec(target, "target"), _model_spec(draft, "draft")
+    for name, value in (("memory_bytes", memory_bytes), ("bytes_per_parameter", bytes_per_parameter),
+                        ("share", share)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                or not np.isfinite(value) or value <= 0:
+            raise UsageError(f"{name} must be a finite number > 0, got {value!r}")
+    if share > 1:
+        raise UsageError(f"share must be in (0, 1], got {share!r}")
+    budget = share * memory_bytes / bytes_per_parameter - draft_spec.weight_counts()["total"]
+    for layers in range(target_spec.architecture().num_layers, 0, -1):
+        if target_spec.weight_counts(num_layers=layers)["total"] <= budget:
+            return layers
+    needed = (target_spec.weight_counts(num_layers=1)["total"] + draft_spec.weight_counts()["total"]) \
+        * bytes_per_parameter
+    raise UsageError(f"one layer of {target} and the whole {draft} need {needed / 1e9:.1f} GB, more than "
+                     f"{share:g} of {memory_bytes / 1e9:.1f} GB")
