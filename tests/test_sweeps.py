@@ -74,6 +74,7 @@ def test_the_gpu_run_plan_without_a_gpu(tmp_path):
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.count("sweep ") == 3 and "hardware --measure --device cuda --dtype bfloat16" in run.stdout
+    assert "cuda_graph_probe.py" in run.stdout
     run = subprocess.run([sys.executable, "tools/gpu_run.py", "e2e"], cwd=ROOT, env={**env, "OUT": ""},
                          capture_output=True, text=True)
     assert run.returncode != 0 and "OUT is not set" in run.stderr
@@ -81,3 +82,15 @@ def test_the_gpu_run_plan_without_a_gpu(tmp_path):
         run = subprocess.run([sys.executable, "tools/gpu_run.py", "e2e"], cwd=ROOT, env=env, capture_output=True,
                              text=True)
         assert run.returncode != 0 and "no nvidia-smi here" in run.stderr
+
+
+def test_the_cuda_graph_probe_times_a_repeatable_static_cache_step_on_the_cpu(capsys):
+    """The probe's eager part: a forward over a rewound static cache gives the dynamic cache's logits (exit 0)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cuda_graph_probe", ROOT / "tools" / "cuda_graph_probe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--device", "cpu", "--layers", "1", "--width", "0.05", "--repeats", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("B ")]
+    assert len(rows) == 4 and all("static = dynamic cache True" in row for row in rows)

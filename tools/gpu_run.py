@@ -3,7 +3,8 @@
 Run from the repository root on the device machine, whose python3 has torch and transformers
 (moesd is imported from the repository, not installed):
 
-    python3 tools/gpu_run.py env            # first call: environment, bf16 roofline, a smoke run of each study
+    python3 tools/gpu_run.py env            # first call: environment, bf16 roofline, a smoke run of each
+                                            # kind of study, tools/cuda_graph_probe.py
     python3 tools/gpu_run.py forward        # T_T(B, s), T_D(B, s): Qwen2-57B-A14B / Qwen2-0.5B shapes
     python3 tools/gpu_run.py dense_forward  # the same for OPT-30b / OPT-350m
     python3 tools/gpu_run.py e2e            # then sparsity, dense, settings
@@ -75,7 +76,8 @@ def environment(path: Path) -> None:
 
 def run(command: list, log, deadline: float, dry_run: bool) -> int:
     """Run ``command``, its output appended to ``log``; kill it at ``deadline`` (time.monotonic)."""
-    print("$ " + " ".join(str(c) for c in command[3:] if c), flush=True)
+    shown = command[3:] if command[:3] == MOESD else [Path(command[-1]).name]
+    print("$ " + " ".join(map(str, shown)), flush=True)
     if dry_run:
         return 0
     log.write(f"$ {' '.join(map(str, command))}\n")
@@ -130,6 +132,10 @@ def main() -> int:
                 status = run(MOESD + ["sweep", study, "--preset", "gpu", "--layers", "2", "--out-dir", smoke]
                              + options, log, deadline, args.dry_run)
                 print(f"  {study}: exit {status}; " + ("" if args.dry_run else summary(smoke / f"{study}.csv")))
+            probe = [sys.executable, str(ROOT / "tools" / "cuda_graph_probe.py")]
+            with open(folder / "cuda_graphs.txt", "w") as graphs:
+                status = run(probe, graphs, deadline, args.dry_run)
+            print(f"  CUDA graph probe: exit {status}" + ("" if args.dry_run else "\n" + (folder / "cuda_graphs.txt").read_text()))
             return 0
         settings = preset_settings(args.stage, "gpu")
         layers = args.layers or layers_that_fit(settings["target"], settings["draft"], free)
