@@ -363,6 +363,60 @@ def steady_state_row(ar: DecodeStats, sd: DecodeStats) -> dict:
             "target_efficiency": t_target_1 / t_target_gamma}
 
 
+# ---- Forward passes over a filled cache ---------------------------------------------------------------
+
+def filled_cache(model, batch: int, context: int, device: str, static_tokens: int | None = None):
+    """The KV cache of ``batch`` random prompts of ``context`` tokens: dynamic, or static with room for
+    ``static_tokens`` more tokens per sequence."""
+    ids = _random_ids(batch, context, model.config.vocab_size, batch, device)
+    if static_tokens is None:
+        return model(input_ids=ids, use_cache=True).past_key_values
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=context + static_tokens)
+    model(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(context, device=device))
+    return cache
+
+
+def rewind(cache, length: int) -> None:
+    """Set a static cache back to ``length`` tokens per sequence (the slots after it are written again).
+
+    Transformers 5 counts a static layer's tokens in a device tensor (``cumulative_length``) that each
+    update advances; setting it is a device operation, so a captured CUDA graph can include it.
+    """
+    for layer in cache.layers:
+        counter = getattr(layer, "cumulative_length", None)
+        if not isinstance(counter, torch.Tensor):
+            raise RuntimeError(f"cannot rewind a {type(layer).__name__}: this transformers version keeps no device "
+                               "counter of its tokens (timed forwards over a static cache need one)")
+        counter.fill_(length)
+
+
+def static_step(model, cache, new: torch.Tensor, context: int) -> torch.Tensor:
+    """One forward of ``new`` (B x s tokens) after ``context`` cached ones, repeatable: the cache is
+    rewound first, so every call writes the same slots and sees the same keys. Returns the logits."""
+    batch, tokens = new.shape
+    positions = torch.arange(context, context + tokens, device=new.device)
+    rewind(cache, context)
+    return model(input_ids=new, past_key_values=cache, use_cache=True, cache_position=positions,
+                 position_ids=positions.expand(batch, -1)).logits
+
+
+def captured_graph(step):
+    """A CUDA graph of ``step``, after three eager runs on a side stream (the warm-up PyTorch's
+    documentation of ``torch.cuda.graph`` asks for)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 # ---- Studies --------------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -382,15 +436,16 @@ def run_forward_study(config: SweepConfig, result: ResultFile, progress: bool = 
                 continue
             target, draft = build_models(config, top_k)
             models = {"target": target, "draft": draft}
-            caches = {(role, batch): models[role](input_ids=_random_ids(batch, config.context,
-                                                                        model.config.vocab_size, batch,
-                                                                        config.device), use_cache=True).past_key_values
+            caches = {(role, batch): filled_cache(model, batch, config.context, config.device,
+                                                   max(sizes) if config.cuda_graphs else None)
                       for role, model in models.items() for batch in config.batch_sizes}
 
             def one(role, batch, tokens):
                 model, cache = models[role], caches[role, batch]
                 new = _random_ids(batch, tokens, model.config.vocab_size, tokens, config.device)
                 positions = torch.arange(config.context, config.context + tokens, device=config.device)
+                if config.cuda_graphs:
+                    return timer(captured_graph(lambda: static_step(model, cache, new, config.context)).replay)
                 seconds = timer(lambda: model(input_ids=new, position_ids=positions.expand(batch, -1),
                                               past_key_values=cache, use_cache=True))
                 cache.crop(-tokens)  # drop the timed tokens (crop takes a negative count)

@@ -214,7 +214,8 @@ def _sweep(args: argparse.Namespace) -> None:
         "draft_layers": args.draft_layers, "width": args.width, "batch_sizes": args.batch_sizes,
         "gammas": args.gammas, "top_ks": args.top_ks, "context": args.context, "rounds": args.rounds,
         "warmup_rounds": args.warmup_rounds, "repeats": args.repeats, "dtype": args.dtype,
-        "device": args.device, "target_path": args.target_path, "draft_path": args.draft_path}.items()
+        "device": args.device, "target_path": args.target_path, "draft_path": args.draft_path,
+        "cuda_graphs": args.cuda_graphs or None}.items()
         if value is not None}
     if given.get("weights") == "pretrained":  # the preset's scaled shape is for random weights
         settings.update(layers=None, draft_layers=None, width=1.0)
@@ -331,7 +332,8 @@ def _ridge_point(args: argparse.Namespace, sidecar: dict | None) -> tuple[float,
 
 
 _SWEEP_OPTIONS = {"target", "draft", "weights", "layers", "draft_layers", "width", "batch_sizes", "gammas", "top_ks",
-                  "sigma", "context", "rounds", "warmup_rounds", "repeats", "dtype", "device"}
+                  "sigma", "context", "rounds", "warmup_rounds", "repeats", "dtype", "device",
+                  "cuda_graphs"}
 
 
 def _as_option(message: str) -> str:
@@ -542,6 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out-dir", help="folder of the result file (default: $MOESD_DATA/measurements/<device>, "
                                          "MOESD_DATA defaulting to the repository's data/)")
     sweep.add_argument("--overwrite", action="store_true", help="replace a finished result file")
+    sweep.add_argument("--cuda-graphs", action="store_true",
+                       help="forward studies on CUDA: time each forward as a CUDA graph replay over a static cache")
     sweep.add_argument("--engine", default="hf", choices=["hf", "vllm"],
                        help="hf: moesd's own engine (default); vllm: vLLM's offline API (moesd.vllm_engine, "
                             "needs vllm: make vllm)")

@@ -200,7 +200,7 @@ def provenance(sidecar: dict) -> str:
         sigma = ", ".join(f"{v:g}" for v in acceptance.get("sigma", {}).values())
         accept = f"synthetic acceptance (sigma {sigma} for gamma {', '.join(acceptance.get('sigma', {}))})"
     elif acceptance.get("mode") == "none":
-        accept = "forward passes"
+        accept = "forward passes" + (" timed as CUDA graph replays" if settings.get("cuda_graphs") else "")
     else:
         accept = "real acceptance"
     shape = f"{settings.get('target')}"

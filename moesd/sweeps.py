@@ -116,6 +116,10 @@ class SweepConfig:
         Seed of the weights, the prompts, the order of points and the acceptance seeds.
     target_path, draft_path : str, optional
         Local folders of pretrained weights.
+    cuda_graphs : bool
+        Forward studies on CUDA only: time each forward as the replay of a CUDA graph captured over a
+        static KV cache (as vLLM and other serving engines run decode steps, without the per-kernel
+        launch cost an eager step pays); default False, eager forwards over a dynamic cache.
     """
 
     study: str
@@ -140,6 +144,7 @@ class SweepConfig:
     seed: int = 0
     target_path: str | None = None
     draft_path: str | None = None
+    cuda_graphs: bool = False
 
     def __post_init__(self):
         if self.study not in STUDIES:
@@ -164,6 +169,11 @@ class SweepConfig:
             if max(self.top_ks) > target.num_experts:
                 raise UsageError(f"top_ks must lie in [1, {target.num_experts}] (E of {target.name}), "
                                  f"got {max(self.top_ks)}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise UsageError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
+        if self.cuda_graphs and (self.study not in FORWARD_STUDIES or not self.device.startswith("cuda")):
+            raise UsageError(f"cuda_graphs applies to the forward studies on a CUDA device, not to the {self.study} "
+                             f"study on {self.device}")
         if self.study in FORWARD_STUDIES:
             for name in ("sigma", "workloads", "rounds", "warmup_rounds"):
                 if getattr(self, name) is not None:

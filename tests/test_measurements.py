@@ -21,6 +21,10 @@ def test_shipped_studies_load_with_provenance():
     assert "random weights" in line and "synthetic acceptance" in line
     with pytest.raises(FileNotFoundError, match="moesd sweep e2e"):
         load("e2e", "tpu")
+    forward = load("forward", "cpu")[1]
+    assert provenance(forward).endswith("forward passes; moesd.bench")
+    graphs = {**forward, "settings": {**forward["settings"], "cuda_graphs": True}}
+    assert provenance(graphs).endswith("forward passes timed as CUDA graph replays; moesd.bench")
 
 
 def test_forward_target_efficiency():

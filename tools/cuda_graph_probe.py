@@ -2,7 +2,8 @@
 
 The forward study times each forward eagerly: on a GPU a small-batch step is then partly kernel-launch
 time, which vLLM (the paper's engine) hides with CUDA graphs. A graph needs static shapes and no host
-synchronisation inside the forward, hence a ``StaticCache``. This probe builds a 2-layer random-weight
+synchronisation inside the forward, hence a ``StaticCache`` (what ``moesd sweep forward --cuda-graphs``
+times with :func:`moesd.bench.static_step`). This probe builds a 2-layer random-weight
 Qwen2-57B-A14B shape, fills a static cache of ``context`` tokens, and for B in (1, 32) and s in (1, 5)
 times the forward of s new tokens eagerly and, on CUDA, as a captured graph (medians of 20 forwards or replays,
 CUDA events), checks that the graph's logits equal the eager ones, and prints a table or the error
@@ -21,8 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from transformers import StaticCache  # noqa: E402
-
+from moesd.bench import captured_graph, filled_cache, static_step  # noqa: E402
 from moesd.zoo import get_model  # noqa: E402
 
 CONTEXT = 64
@@ -49,45 +49,26 @@ def median_ms(step, device: torch.device, repeats: int = 20) -> float:
     return statistics.median(times)
 
 
-def rewind(cache) -> None:
-    """Set a static cache back to CONTEXT tokens (transformers 5 counts them in a device tensor per layer)."""
-    for layer in getattr(cache, "layers", ()):
-        if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
-            layer.cumulative_length.fill_(CONTEXT)
-
-
 @torch.no_grad()
 def probe(model, batch: int, tokens: int, device: torch.device, repeats: int = 20) -> dict:
     """Eager and (on CUDA) graph times of one forward of ``tokens`` tokens per sequence after CONTEXT cached ones."""
-    generator = torch.Generator().manual_seed(batch * 10 + tokens)
     vocab = model.config.vocab_size
-    prompt = torch.randint(1, vocab, (batch, CONTEXT), generator=generator).to(device)
-    new = torch.randint(1, vocab, (batch, tokens), generator=generator).to(device)
-    cache = StaticCache(config=model.config, max_cache_len=CONTEXT + tokens)
-    model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(CONTEXT, device=device))
+    new = torch.randint(1, vocab, (batch, tokens), generator=torch.Generator().manual_seed(tokens)).to(device)
+    cache = filled_cache(model, batch, CONTEXT, str(device), static_tokens=tokens)
+    eager_logits = static_step(model, cache, new, CONTEXT)
+    row = {"B": batch, "s": tokens, "eager ms": median_ms(lambda: static_step(model, cache, new, CONTEXT), device,
+                                                          repeats)}
+    dynamic = filled_cache(model, batch, CONTEXT, str(device))
     positions = torch.arange(CONTEXT, CONTEXT + tokens, device=device)
-
-    def forward():  # rewinds the cache and writes the same slots each time: a repeatable step
-        rewind(cache)
-        return model(input_ids=new, past_key_values=cache, cache_position=positions,
-                     position_ids=positions.expand(batch, -1)).logits
-
-    eager_logits = forward()
-    row = {"B": batch, "s": tokens, "eager ms": median_ms(forward, device, repeats)}
-    dynamic = model(input_ids=torch.cat([prompt, new], dim=1), use_cache=True).logits[:, -tokens:]
-    row["static = dynamic cache"] = bool(torch.allclose(eager_logits.float(), dynamic.float(), atol=1e-2, rtol=1e-2))
+    dynamic_logits = model(input_ids=new, past_key_values=dynamic, use_cache=True,
+                           position_ids=positions.expand(batch, -1)).logits
+    row["static = dynamic cache"] = bool(torch.allclose(eager_logits.float(), dynamic_logits.float(), atol=1e-2,
+                                                        rtol=1e-2))
     if device.type != "cuda":
         return row
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                forward()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            graph_logits = forward()
+        graph_logits = torch.empty_like(eager_logits)
+        graph = captured_graph(lambda: graph_logits.copy_(static_step(model, cache, new, CONTEXT)))
         graph.replay()
         torch.cuda.synchronize()
         row["graph ms"] = median_ms(graph.replay, device, repeats)

@@ -7,6 +7,8 @@ Run from the repository root on the device machine, whose python3 has torch and 
                                             # kind of study, tools/cuda_graph_probe.py
     python3 tools/gpu_run.py forward        # T_T(B, s), T_D(B, s): Qwen2-57B-A14B / Qwen2-0.5B shapes
     python3 tools/gpu_run.py dense_forward  # the same for OPT-30b / OPT-350m
+    python3 tools/gpu_run.py forward_graphs # the forward studies timed as CUDA graph replays (--cuda-graphs),
+                                            # into <gpu>-graphs/; also dense_forward_graphs
     python3 tools/gpu_run.py e2e            # then sparsity, dense, settings
 
 A study stage runs ``moesd sweep <study> --preset gpu`` (real shapes, random bf16 weights built on the
@@ -16,9 +18,9 @@ resumes in the next call once the files that came back are committed there (ever
 is in them; the sweep writes each point atomically). The target keeps the most layers whose
 weights, with the draft's, fit 80 % of the GPU's free memory (:func:`moesd.sweeps.layers_that_fit`;
 all of them on an H200, about half of Qwen2-57B-A14B's on an H100), the same on every machine of a
-kind, and the sidecar records it. The models run eagerly (no CUDA graphs), as the sidecar's
-``experts_implementation`` and settings say. Each stage ends with a short summary; its whole log is
-``$OUT/<stage>.log``.
+kind, and the sidecar records it. The study stages time eager forwards; the ``*_graphs`` stages time
+the same forwards as CUDA graph replays over a static cache (the sidecar's ``settings.cuda_graphs``
+says which). Each stage ends with a short summary; its whole log is ``$OUT/<stage>.log``.
 
 Options: ``--seconds S`` (default 540) is the stage's budget; ``--layers L`` overrides the layers;
 ``--dry-run`` prints the commands without running them (on any machine).
@@ -44,6 +46,8 @@ SMOKE = {"forward": ["--batch-sizes", "1", "32", "--repeats", "1"],
          "e2e": ["--batch-sizes", "1", "32", "--gammas", "2", "--repeats", "1", "--rounds", "8",
                  "--warmup-rounds", "1"]}
 """A smoke run of each kind of study: two batch sizes, two layers, few repeats."""
+GRAPH_STAGES = ("forward_graphs", "dense_forward_graphs")
+"""The forward studies again with ``--cuda-graphs``, into ``<gpu>-graphs/`` (``h100-graphs``...)."""
 
 
 def gpu() -> tuple[str, float]:
@@ -108,7 +112,7 @@ def summary(csv: Path) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("stage", choices=("env",) + STUDIES)
+    parser.add_argument("stage", choices=("env",) + STUDIES + GRAPH_STAGES)
     parser.add_argument("--seconds", type=float, default=540.0)
     parser.add_argument("--layers", type=int)
     parser.add_argument("--dry-run", action="store_true")
@@ -137,16 +141,22 @@ def main() -> int:
                 status = run(probe, graphs, deadline, args.dry_run)
             print(f"  CUDA graph probe: exit {status}" + ("" if args.dry_run else "\n" + (folder / "cuda_graphs.txt").read_text()))
             return 0
-        settings = preset_settings(args.stage, "gpu")
+        study = args.stage.removesuffix("_graphs")
+        graphs = ["--cuda-graphs"] if args.stage in GRAPH_STAGES else []
+        if graphs:
+            label += "-graphs"
+            folder = out / label
+            folder.mkdir(parents=True, exist_ok=True)
+        settings = preset_settings(study, "gpu")
         layers = args.layers or layers_that_fit(settings["target"], settings["draft"], free)
         for suffix in (".csv", ".json"):  # resume from what earlier calls measured and the repository holds
-            shipped = ROOT / "data" / "measurements" / label / f"{args.stage}{suffix}"
+            shipped = ROOT / "data" / "measurements" / label / f"{study}{suffix}"
             if shipped.exists() and not (folder / shipped.name).exists():
                 shutil.copy(shipped, folder / shipped.name)
-        status = run(MOESD + ["sweep", args.stage, "--preset", "gpu", "--layers", str(layers), "--out-dir", folder],
-                     log, deadline, args.dry_run)
+        status = run(MOESD + ["sweep", study, "--preset", "gpu", "--layers", str(layers), "--out-dir", folder]
+                     + graphs, log, deadline, args.dry_run)
         print(f"{args.stage}: exit {status}, {layers} target layers; "
-              + ("" if args.dry_run else summary(folder / f"{args.stage}.csv")))
+              + ("" if args.dry_run else summary(folder / f"{study}.csv")))
         return 0 if status in (0, 124) else status
 
 
