@@ -67,6 +67,26 @@ def _run_command(argv: list[str]):
     raise AssertionError(f"moesd {' '.join(argv)} ran instead of refusing")
 
 
+@contextlib.contextmanager
+def _unimportable(names):
+    """``import name`` fails for each of ``names`` inside the block (a ``None`` entry in ``sys.modules``).
+
+    Only those entries are restored afterwards. ``mock.patch.dict(sys.modules, ...)`` would restore the
+    whole dict, dropping modules first imported inside the block: torch then loads a second time in the
+    next test and fails ("SystemError: ... bad call flags") when the block was the first to import it.
+    """
+    saved = {name: sys.modules[name] for name in names if name in sys.modules}
+    sys.modules.update({name: None for name in names})
+    try:
+        yield
+    finally:
+        for name in names:
+            if name in saved:
+                sys.modules[name] = saved[name]
+            else:
+                sys.modules.pop(name, None)
+
+
 def cli(what: str, argv, fragment: str, slow: bool = False, before: tuple = (), stops: tuple = ()) -> Case:
     """A row for a ``moesd`` command line that must stop with a one-line usage error (status 2).
 
@@ -76,7 +96,7 @@ def cli(what: str, argv, fragment: str, slow: bool = False, before: tuple = (), 
     """
     def call(tmp):
         with contextlib.ExitStack() as stack:
-            stack.enter_context(mock.patch.dict(sys.modules, {name: None for name in before}))
+            stack.enter_context(_unimportable(before))
             for module, function in stops:
                 stack.enter_context(mock.patch(f"{module}.{function}", side_effect=AssertionError(f"{function} ran")))
             _run_command(argv(tmp) if callable(argv) else argv)
