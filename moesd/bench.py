@@ -47,6 +47,7 @@ gathers one weight copy per token and would read an expert as many times as it h
 from __future__ import annotations
 
 import datetime
+import gc
 import io
 import json
 import math
@@ -363,6 +364,13 @@ def steady_state_row(ar: DecodeStats, sd: DecodeStats) -> dict:
             "target_efficiency": t_target_1 / t_target_gamma}
 
 
+def _release_memory(device: str) -> None:
+    """Free what dropped models and caches held, so that the next models fit where the last ones were."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
 # ---- Forward passes over a filled cache ---------------------------------------------------------------
 
 def filled_cache(model, batch: int, context: int, device: str, static_tokens: int | None = None):
@@ -374,7 +382,7 @@ def filled_cache(model, batch: int, context: int, device: str, static_tokens: in
     from transformers import StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=context + static_tokens)
-    model(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(context, device=device))
+    model(input_ids=ids, past_key_values=cache, use_cache=True)
     return cache
 
 
@@ -382,7 +390,7 @@ def rewind(cache, length: int) -> None:
     """Set a static cache back to ``length`` tokens per sequence (the slots after it are written again).
 
     Transformers 5 counts a static layer's tokens in a device tensor (``cumulative_length``) that each
-    update advances; setting it is a device operation, so a captured CUDA graph can include it.
+    update advances.
     """
     for layer in cache.layers:
         counter = getattr(layer, "cumulative_length", None)
@@ -392,29 +400,65 @@ def rewind(cache, length: int) -> None:
         counter.fill_(length)
 
 
-def static_step(model, cache, new: torch.Tensor, context: int) -> torch.Tensor:
-    """One forward of ``new`` (B x s tokens) after ``context`` cached ones, repeatable: the cache is
-    rewound first, so every call writes the same slots and sees the same keys. Returns the logits."""
+def static_forward(model, cache, new: torch.Tensor, context: int) -> torch.Tensor:
+    """One forward of ``new`` (B x s tokens) over a static cache holding ``context`` tokens; the logits.
+
+    The causal mask over the cache's slots is passed ready-made (4D, boolean): transformers then
+    uses it as it is, where building one itself would read the cache's length back to the host
+    (``q_offset == 0`` in ``masking_utils``, and OPT's ``torch.ones`` of a tensor length), which a
+    CUDA graph cannot capture. Attention covers all ``max_cache_len`` slots, those past the new tokens
+    masked. Rewind the cache (:func:`rewind`) before each call.
+    """
     batch, tokens = new.shape
     positions = torch.arange(context, context + tokens, device=new.device)
-    rewind(cache, context)
-    return model(input_ids=new, past_key_values=cache, use_cache=True, cache_position=positions,
+    slots = torch.arange(cache.layers[0].max_cache_len, device=new.device)
+    mask = (slots <= positions[:, None]).expand(batch, 1, tokens, -1)
+    return model(input_ids=new, attention_mask=mask, past_key_values=cache, use_cache=True,
                  position_ids=positions.expand(batch, -1)).logits
 
 
-def captured_graph(step):
-    """A CUDA graph of ``step``, after three eager runs on a side stream (the warm-up PyTorch's
-    documentation of ``torch.cuda.graph`` asks for)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph
+def static_step(model, cache, new: torch.Tensor, context: int) -> torch.Tensor:
+    """:func:`static_forward` after rewinding the cache to ``context`` tokens: repeatable, every call
+    writes the same slots and sees the same keys. Returns the logits."""
+    rewind(cache, context)
+    return static_forward(model, cache, new, context)
+
+
+class GraphStep:
+    """A forward over a static cache captured as a CUDA graph; :meth:`replay` rewinds the cache and replays it.
+
+    Three eager runs on a side stream come first (the warm-up PyTorch's documentation of
+    ``torch.cuda.graph`` asks for), then the capture and one untimed replay (the first launch of a
+    graph also uploads it). The rewind runs eagerly before each replay, outside the graph, so a
+    timed replay holds the forward's kernels only.
+    """
+
+    _side_stream = None
+
+    def __init__(self, model, cache, new: torch.Tensor, context: int):
+        self.cache, self.context = cache, context
+        if GraphStep._side_stream is None:
+            GraphStep._side_stream = torch.cuda.Stream()
+        side = GraphStep._side_stream
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                static_step(model, cache, new, context)
+        torch.cuda.current_stream().wait_stream(side)
+        rewind(cache, context)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = static_forward(model, cache, new, context)
+        self.prepare()
+        self.graph.replay()
+        torch.cuda.synchronize()
+
+    def prepare(self) -> None:
+        """Rewind the cache (a device operation), so that the next replay writes the same slots."""
+        rewind(self.cache, self.context)
+
+    def replay(self) -> None:
+        self.graph.replay()
 
 
 # ---- Studies --------------------------------------------------------------------------------------
@@ -434,6 +478,8 @@ def run_forward_study(config: SweepConfig, result: ResultFile, progress: bool = 
             if result.done([key for key in keys if key["num_experts_per_tok"] == top_k]):
                 bar.update(len(points) * config.repeats)
                 continue
+            models = caches = target = draft = None  # the previous K's models and caches, before building the next
+            _release_memory(config.device)
             target, draft = build_models(config, top_k)
             models = {"target": target, "draft": draft}
             caches = {(role, batch): filled_cache(model, batch, config.context, config.device,
@@ -445,7 +491,9 @@ def run_forward_study(config: SweepConfig, result: ResultFile, progress: bool = 
                 new = _random_ids(batch, tokens, model.config.vocab_size, tokens, config.device)
                 positions = torch.arange(config.context, config.context + tokens, device=config.device)
                 if config.cuda_graphs:
-                    return timer(captured_graph(lambda: static_step(model, cache, new, config.context)).replay)
+                    step = GraphStep(model, cache, new, config.context)
+                    step.prepare()
+                    return timer(step.replay)
                 seconds = timer(lambda: model(input_ids=new, position_ids=positions.expand(batch, -1),
                                               past_key_values=cache, use_cache=True))
                 cache.crop(-tokens)  # drop the timed tokens (crop takes a negative count)
@@ -494,6 +542,8 @@ def run_e2e_study(config: SweepConfig, result: ResultFile, progress: bool = True
             if result.done([v for v in every if v["num_experts_per_tok"] == top_k]):
                 bar.update(len(config.batch_sizes) * config.repeats)
                 continue
+            decoders = target = draft = None  # the previous K's models, before building the next
+            _release_memory(config.device)
             target, draft = build_models(config, top_k)
             decoders = {gamma: SpeculativeDecoder(target, draft, gamma) for gamma in config.gammas}
             for _ in range(config.warmup):

@@ -119,7 +119,8 @@ class SweepConfig:
     cuda_graphs : bool
         Forward studies on CUDA only: time each forward as the replay of a CUDA graph captured over a
         static KV cache (as vLLM and other serving engines run decode steps, without the per-kernel
-        launch cost an eager step pays); default False, eager forwards over a dynamic cache.
+        launch cost an eager step pays; see :class:`moesd.bench.GraphStep`); default False, eager
+        forwards over a dynamic cache.
     """
 
     study: str
@@ -432,14 +433,27 @@ def estimate_seconds(config: SweepConfig, forward: pd.DataFrame, build_seconds: 
     return {"timed": timed, "warmup": warm, "prefill": fill, "build": build, "total": timed + warm + fill + build}
 
 
+def cached_tokens(config: SweepConfig) -> int:
+    """The most token positions a study keeps in each model's KV cache at once, summed over sequences.
+
+    A forward study keeps a filled cache for every batch size at once (``context`` tokens plus room
+    for the longest pass); an e2e-type study one batch at a time, the largest growing by up to
+    ``gamma + 1`` tokens per round over its warm-up and timed rounds.
+    """
+    if config.study in FORWARD_STUDIES:
+        return sum(config.batch_sizes) * (config.context + max(config.gammas) + 1)
+    rounds = config.warmup_rounds + config.rounds + 1
+    return max(config.batch_sizes) * (config.context + rounds * (max(config.gammas) + 1))
+
+
 def layers_that_fit(target: str, draft: str, memory_bytes: float, bytes_per_parameter: float = 2.0,
-                    share: float = 0.8) -> int:
-    """The most target layers whose weights, with the whole draft's, fit a share of a device's memory.
+                    share: float = 0.8, cached_tokens: int = 0) -> int:
+    """The most target layers whose weights and KV cache, with the whole draft's, fit a share of a device's memory.
 
     For a GPU sweep of real shapes with random weights on a GPU too small for the whole target (an
     80 GB H100 holds about half of Qwen2-57B-A14B's layers in bf16): pass the result as ``layers``.
-    The rest of the memory is left to the KV cache, activations and logits (tens to hundreds of MB
-    at the presets' batch sizes and contexts) and to the allocator's slack.
+    The rest of the memory is left to activations and logits (hundreds of MB at the presets' batch
+    sizes) and to the allocator's slack.
 
     Parameters
     ----------
@@ -448,9 +462,12 @@ def layers_that_fit(target: str, draft: str, memory_bytes: float, bytes_per_para
     memory_bytes : float
         Device memory available (bytes), e.g. the free memory ``torch.cuda.mem_get_info`` reports.
     bytes_per_parameter : float
-        2 for bf16 and fp16, 4 for float32.
+        Bytes per weight and per cached value: 2 for bf16 and fp16, 4 for float32.
     share : float
-        Share of ``memory_bytes`` the weights may take, in (0, 1].
+        Share of ``memory_bytes`` that weights and caches may take, in (0, 1].
+    cached_tokens : int
+        Token positions each model's KV cache holds at once, summed over sequences
+        (:func:`cached_tokens` of the sweep); 0 counts the weights only.
 
     Returns
     -------
@@ -470,11 +487,17 @@ def layers_that_fit(target: str, draft: str, memory_bytes: float, bytes_per_para
             raise UsageError(f"{name} must be a finite number > 0, got {value!r}")
     if share > 1:
         raise UsageError(f"share must be in (0, 1], got {share!r}")
-    budget = share * memory_bytes / bytes_per_parameter - draft_spec.weight_counts()["total"]
+    cached_tokens = _whole("cached_tokens", cached_tokens, 0)
+
+    def values(spec, layers=None):  # weights and cached values of a model with this many layers
+        architecture = spec.architecture(num_layers=layers)
+        return (spec.weight_counts(num_layers=layers)["total"]
+                + architecture.kv_values_per_token * architecture.num_layers * cached_tokens)
+
+    budget = share * memory_bytes / bytes_per_parameter - values(draft_spec)
     for layers in range(target_spec.architecture().num_layers, 0, -1):
-        if target_spec.weight_counts(num_layers=layers)["total"] <= budget:
+        if values(target_spec, layers) <= budget:
             return layers
-    needed = (target_spec.weight_counts(num_layers=1)["total"] + draft_spec.weight_counts()["total"]) \
-        * bytes_per_parameter
-    raise UsageError(f"one layer of {target} and the whole {draft} need {needed / 1e9:.1f} GB, more than "
-                     f"{share:g} of {memory_bytes / 1e9:.1f} GB")
+    needed = (values(target_spec, 1) + values(draft_spec)) * bytes_per_parameter
+    raise UsageError(f"one layer of {target} and the whole {draft}, with {cached_tokens} cached tokens, need "
+                     f"{needed / 1e9:.1f} GB, more than {share:g} of {memory_bytes / 1e9:.1f} GB")

@@ -3,6 +3,7 @@
 import json
 import os
 import stat
+import weakref
 
 import numpy as np
 import pandas as pd
@@ -66,11 +67,14 @@ def test_windows_with_an_idle_sequence_are_refused():
 
 
 def test_forward_study_writes_every_point_and_honours_top_ks(tmp_path, monkeypatch):
-    built, real_build = [], bench.build_models
+    built, real_build, earlier = [], bench.build_models, []
 
     def recording_build(config, top_k=None):
+        # the previous K's models must be gone before the next are built (on a GPU both would not fit)
+        assert all(model() is None for model in earlier), "the previous K's models are still held"
         models = real_build(config, top_k)
         built.append(models[0].config.num_experts_per_tok)
+        earlier.extend(weakref.ref(model) for model in models)
         return models
 
     monkeypatch.setattr(bench, "build_models", recording_build)
@@ -97,6 +101,12 @@ def test_a_static_step_is_repeatable_and_equals_the_dynamic_cache_forward(ragged
                        position_ids=torch.arange(8, 12).expand(3, -1)).logits
     torch.testing.assert_close(first, reference, rtol=1e-4, atol=1e-4)
     assert bench.static_step(target, static, new[:, :1], 8).shape == (3, 1, target.config.vocab_size)
+    opt = get_model("opt-30b").random_model(num_layers=1, width=1 / 32, seed=0)
+    static = bench.filled_cache(opt, 3, 8, "cpu", static_tokens=4)
+    dynamic = bench.filled_cache(opt, 3, 8, "cpu")
+    torch.testing.assert_close(bench.static_step(opt, static, new % opt.config.vocab_size, 8),
+                               opt(input_ids=new % opt.config.vocab_size, past_key_values=dynamic, use_cache=True,
+                                   position_ids=torch.arange(8, 12).expand(3, -1)).logits, rtol=1e-4, atol=1e-4)
 
 
 def test_the_cuda_graph_forward_study_replays_a_captured_static_step(tmp_path, monkeypatch):
@@ -104,20 +114,55 @@ def test_the_cuda_graph_forward_study_replays_a_captured_static_step(tmp_path, m
     captured = []
 
     class EagerGraph:
-        def __init__(self, step):
-            self.step = step
-            captured.append(step)
+        def __init__(self, model, cache, new, context):
+            self.run = lambda: bench.static_forward(model, cache, new, context)
+            self.cache, self.context = cache, context
+            captured.append(new.shape)
+
+        def prepare(self):
+            bench.rewind(self.cache, self.context)
 
         def replay(self):
-            self.step()
+            self.run()
 
-    monkeypatch.setattr(bench, "captured_graph", EagerGraph)
+    monkeypatch.setattr(bench, "GraphStep", EagerGraph)
     config = SweepConfig("forward", **{**TINY, "repeats": 1, "warmup": 0})
     config.cuda_graphs = True  # refused on a CPU device (tested below); the plumbing runs the same here
     path = run_sweep(config, tmp_path, progress=False)
     frame = pd.read_csv(path)
     assert len(frame) == 2 * 2 * 4 == len(captured) and (frame["seconds"] > 0).all()
+    assert sorted(set(captured)) == [(b, s) for b in (1, 3) for s in (1, 2, 3, 4)]
     assert json.loads(path.with_suffix(".json").read_text())["settings"]["cuda_graphs"] is True
+
+
+class _HostSyncs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the operators that read a device value back to the host (a CUDA graph cannot capture them)."""
+
+    SYNCS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+             torch.ops.aten.item.default}
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.SYNCS:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name, options", [("qwen2-57b-a14b", {"experts_implementation": "grouped_mm"}),
+                                           ("qwen2-0.5b", {}), ("opt-30b", {})])
+def test_a_static_forward_reads_nothing_back_to_the_host(name, options):
+    """What --cuda-graphs captures: no host synchronisation (item, nonzero) in the forward, at s = 1 and 5."""
+    model = get_model(name).random_model(num_layers=1, width=1 / 32, seed=0, **options)
+    for tokens in (1, 5):
+        new = torch.randint(1, model.config.vocab_size, (3, tokens), generator=torch.Generator().manual_seed(1))
+        cache = bench.filled_cache(model, 3, 8, "cpu", static_tokens=5)
+        bench.rewind(cache, 8)
+        with torch.no_grad(), _HostSyncs() as syncs:
+            bench.static_forward(model, cache, new, 8)
+        assert syncs.seen == [], f"{name} at s = {tokens}"
 
 
 @pytest.mark.parametrize("study, device", [("e2e", "cuda"), ("forward", "cpu"), ("dense", "cuda")])

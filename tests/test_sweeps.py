@@ -1,5 +1,6 @@
 """Sizing a GPU sweep to the GPU (moesd.sweeps.layers_that_fit) and the GPU run script's plan (tools/gpu_run.py)."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -7,24 +8,35 @@ from pathlib import Path
 import pytest
 
 from moesd._checks import UsageError
-from moesd.sweeps import gpu_label, layers_that_fit
+from moesd.sweeps import SweepConfig, cached_tokens, gpu_label, layers_that_fit, preset_settings
 from moesd.zoo import get_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def weight_bytes(name: str, layers: int | None = None) -> float:
-    return 2.0 * get_model(name).weight_counts(num_layers=layers)["total"]
+def memory_bytes(name: str, layers: int | None = None, cached: int = 0) -> float:
+    """bf16 weights and KV cache: the zoo's parameter count and 2 kv_heads head_dim values per token and layer."""
+    spec = get_model(name)
+    config = spec.config_dict(layers, None, 1.0)
+    heads = config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return 2.0 * (spec.weight_counts(num_layers=layers)["total"]
+                  + 2 * heads * head_dim * config["num_hidden_layers"] * cached)
 
 
+@pytest.mark.parametrize("cached", [0, 40_000])
 @pytest.mark.parametrize("gib", [12, 24, 40, 78, 139])
 @pytest.mark.parametrize("target, draft", [("qwen2-57b-a14b", "qwen2-0.5b"), ("opt-30b", "opt-350m")])
-def test_the_layers_fit_and_one_more_would_not(target, draft, gib):
+def test_the_layers_fit_and_one_more_would_not(target, draft, gib, cached):
     memory = gib * 2**30
-    layers = layers_that_fit(target, draft, memory)
-    assert weight_bytes(target, layers) + weight_bytes(draft) <= 0.8 * memory
+    try:
+        layers = layers_that_fit(target, draft, memory, cached_tokens=cached)
+    except UsageError:
+        assert memory_bytes(target, 1, cached) + memory_bytes(draft, None, cached) > 0.8 * memory
+        return
+    assert memory_bytes(target, layers, cached) + memory_bytes(draft, None, cached) <= 0.8 * memory
     if layers < get_model(target).architecture().num_layers:
-        assert weight_bytes(target, layers + 1) + weight_bytes(draft) > 0.8 * memory
+        assert memory_bytes(target, layers + 1, cached) + memory_bytes(draft, None, cached) > 0.8 * memory
 
 
 def test_qwen2_57b_fits_an_h200_whole_and_an_h100_in_part():
@@ -36,8 +48,23 @@ def test_qwen2_57b_fits_an_h200_whole_and_an_h100_in_part():
     assert layers_that_fit("qwen2-57b-a14b", "qwen2-0.5b", 78 * 2**30, bytes_per_parameter=4) < h100
 
 
+def test_the_opt_pair_s_cache_costs_layers_on_an_h100():
+    # OPT-30b: 48 layers of full multi-head attention, hidden 7168 (model card): 2 x 7168 values per token and
+    # layer, 1.4 MB per token in bf16; 40 000 cached tokens are 55 GB, so the 60 GB of weights no longer all fit.
+    assert layers_that_fit("opt-30b", "opt-350m", 78 * 2**30) == 48
+    assert layers_that_fit("opt-30b", "opt-350m", 78 * 2**30, cached_tokens=40_000) < 30
+
+
+def test_cached_tokens_of_the_gpu_presets():
+    forward = SweepConfig(**preset_settings("forward", "gpu"))
+    assert cached_tokens(forward) == sum(forward.batch_sizes) * (64 + 5)  # every B at once, room for s = 5
+    e2e = SweepConfig(**preset_settings("e2e", "gpu"))
+    assert cached_tokens(e2e) == 100 * (64 + (3 + 64 + 1) * 5)  # the largest batch after every round at gamma 4
+
+
 @pytest.mark.parametrize("kwargs, fragment", [
-    ({"memory_bytes": 1e9}, "one layer of qwen2-57b-a14b and the whole qwen2-0.5b need"),
+    ({"memory_bytes": 1e9}, "one layer of qwen2-57b-a14b and the whole qwen2-0.5b, with 0 cached tokens, need"),
+    ({"memory_bytes": 80e9, "cached_tokens": -1}, "cached_tokens must be >= 0"),
     ({"memory_bytes": 0}, "memory_bytes must be a finite number > 0"),
     ({"memory_bytes": float("nan")}, "memory_bytes must be a finite number > 0"),
     ({"memory_bytes": True}, "memory_bytes must be a finite number > 0"),
@@ -65,23 +92,26 @@ def test_gpu_labels_follow_the_driver_names():
 def test_the_gpu_run_plan_without_a_gpu(tmp_path):
     """--dry-run prints the sweeps a stage would run; without OUT or a GPU the script says what is missing."""
     env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    run = subprocess.run([sys.executable, "tools/gpu_run.py", "forward", "--dry-run"], cwd=ROOT, env=env,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    assert f"sweep forward --preset gpu --layers {layers_that_fit('qwen2-57b-a14b', 'qwen2-0.5b', 80 * 2**30)} " \
-           f"--out-dir {tmp_path}/h100" in run.stdout
-    run = subprocess.run([sys.executable, "tools/gpu_run.py", "env", "--dry-run"], cwd=ROOT, env=env,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.count("sweep ") == 3 and "hardware --measure --device cuda --dtype bfloat16" in run.stdout
-    assert "cuda_graph_probe.py" in run.stdout
-    run = subprocess.run([sys.executable, "tools/gpu_run.py", "e2e"], cwd=ROOT, env={**env, "OUT": ""},
-                         capture_output=True, text=True)
-    assert run.returncode != 0 and "OUT is not set" in run.stderr
-    if not any((Path(p) / "nvidia-smi").exists() for p in env["PATH"].split(":")):
-        run = subprocess.run([sys.executable, "tools/gpu_run.py", "e2e"], cwd=ROOT, env=env, capture_output=True,
-                             text=True)
-        assert run.returncode != 0 and "no nvidia-smi here" in run.stderr
+
+    def gpu_run(*arguments, **changes):
+        return subprocess.run([sys.executable, "tools/gpu_run.py", *arguments], cwd=ROOT, env={**env, **changes},
+                              capture_output=True, text=True)
+
+    plans = {stage: gpu_run(stage, "--dry-run") for stage in ("forward", "e2e", "dense_forward", "forward_graphs")}
+    assert all(plan.returncode == 0 for plan in plans.values()), [plan.stderr for plan in plans.values()]
+    layers = {stage: int(re.search(r"--layers (\d+)", plan.stdout).group(1)) for stage, plan in plans.items()}
+    assert layers["forward"] == layers["e2e"] == layers["forward_graphs"] < 28  # one count for the MoE pair on an H100
+    assert layers["dense_forward"] < 48  # the OPT pair's KV cache takes memory too
+    assert plans["forward"].stdout.splitlines()[0].endswith(f"--out-dir {tmp_path}/h100")
+    assert plans["forward_graphs"].stdout.rstrip().splitlines()[0].endswith(f"--out-dir {tmp_path}/h100-graphs --cuda-graphs")
+    plan = gpu_run("env", "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.count("$ sweep ") == 4 and "hardware --measure --device cuda --dtype bfloat16" in plan.stdout
+    assert "sweep forward --cuda-graphs" in plan.stdout and "cuda_graph_probe.py" in plan.stdout
+    refused = gpu_run("e2e", OUT="")
+    assert refused.returncode != 0 and "OUT is not set" in refused.stderr
+    refused = gpu_run("e2e", CUDA_VISIBLE_DEVICES="")  # no GPU here, or none visible
+    assert refused.returncode != 0 and "torch sees no GPU here" in refused.stderr
 
 
 def test_the_cuda_graph_probe_times_a_repeatable_static_cache_step_on_the_cpu(capsys):
@@ -93,4 +123,30 @@ def test_the_cuda_graph_probe_times_a_repeatable_static_cache_step_on_the_cpu(ca
     spec.loader.exec_module(module)
     assert module.main(["--device", "cpu", "--layers", "1", "--width", "0.05", "--repeats", "1"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("B ")]
-    assert len(rows) == 4 and all("static = dynamic cache True" in row for row in rows)
+    assert len(rows) == 4 and all("static - dynamic logits" in row and "graph" not in row for row in rows)
+
+
+def test_gpu_run_resumes_from_the_data_folder(tmp_path):
+    """A stage resumes with the layers of the committed partial file, skips a complete one, refuses another GPU's."""
+    import json
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    (data / "measurements" / "h100").mkdir(parents=True)
+    out.mkdir()
+    sidecar = data / "measurements" / "h100" / "forward.json"
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(out), "HF_HUB_OFFLINE": "1", "MOESD_DATA": str(data)}
+
+    def plan(**fields):
+        sidecar.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "complete": False,
+                                       "settings": {"layers": 12}, **fields}))
+        sidecar.with_suffix(".csv").write_text("run,role\n")
+        return subprocess.run([sys.executable, "tools/gpu_run.py", "forward", "--dry-run"], cwd=ROOT, env=env,
+                              capture_output=True, text=True)
+
+    partial = plan()
+    assert partial.returncode == 0 and "--layers 12 " in partial.stdout, partial.stderr
+    assert (out / "h100" / "forward.json").exists() and (out / "h100" / "forward.csv").exists()
+    complete = plan(complete=True)
+    assert complete.returncode == 0 and "is complete; nothing to measure" in complete.stdout
+    other = plan(device="NVIDIA H100 PCIe")
+    assert other.returncode != 0 and "was measured on 'NVIDIA H100 PCIe'" in other.stderr
