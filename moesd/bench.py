@@ -239,9 +239,11 @@ class ResultFile:
     def __init__(self, path, config: SweepConfig, overwrite: bool = False):
         self.path, self.sidecar = Path(path), Path(path).with_suffix(".json")
         self.config, self.columns = config, config.key_columns()
-        rows = read_complete_rows(self.path, self.nullable) if _resumable(self.path, config, overwrite) else []
+        resumed = _resumable(self.path, config, overwrite)
+        rows = read_complete_rows(self.path, self.nullable) if resumed else []
         self.rows = {_key(row, self.columns): row for row in rows}
         self.environment = environment(config)
+        self.earlier_runs = _earlier_runs(self.sidecar) if rows else []
 
     def done(self, keys) -> bool:
         """Whether every key (a dict of key-column values) already has a row: a resumed sweep skips it."""
@@ -265,7 +267,21 @@ class ResultFile:
     def _write_sidecar(self, complete: bool) -> None:
         with atomic_write(self.sidecar, "w") as file:
             json.dump({**self.environment, "settings": self.config.settings(), "complete": complete,
-                       "rows": len(self.rows)}, file, indent=2)
+                       "rows": len(self.rows), **({"earlier_runs": self.earlier_runs} if self.earlier_runs else {})},
+                      file, indent=2)
+
+
+EARLIER_RUN_FIELDS = ("date", "commit", "command", "device", "driver", "cuda", "torch", "transformers", "rows")
+"""What a resumed sweep's sidecar keeps of each earlier run (the top-level fields describe the last)."""
+
+
+def _earlier_runs(sidecar: Path) -> list[dict]:
+    """The runs a resumed result file's rows came from: the earlier sidecar's history and its own run."""
+    try:
+        previous = json.loads(sidecar.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return []
+    return previous.get("earlier_runs", []) + [{name: previous.get(name) for name in EARLIER_RUN_FIELDS}]
 
 
 # ---- Models and timing ----------------------------------------------------------------------------

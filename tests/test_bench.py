@@ -257,14 +257,18 @@ def test_an_interrupted_sweep_loses_only_the_point_in_flight(tmp_path, monkeypat
     assert len(partial) == 2 * 2  # the two finished points, every row of each
     assert not json.loads((tmp_path / "e2e.json").read_text())["complete"]
     monkeypatch.setattr(bench, "time_speculative", real)
+    first = json.loads((tmp_path / "e2e.json").read_text())
     frame = pd.read_csv(run_sweep(config, tmp_path, progress=False))
     assert len(frame) == 8 and not frame.duplicated(["run", "batch_size", "gamma"]).any()
     pd.testing.assert_frame_equal(frame.iloc[:4], partial)
+    history = json.loads((tmp_path / "e2e.json").read_text())["earlier_runs"]  # whose rows the file holds
+    assert history == [{name: first[name] for name in bench.EARLIER_RUN_FIELDS}] and history[0]["rows"] == 4
     with pytest.raises(FileExistsError, match="finished"):
         run_sweep(config, tmp_path, progress=False)
     with pytest.raises(FileExistsError, match="finished"):
         run_sweep(SweepConfig("e2e", **{**E2E, "repeats": 3}), tmp_path, progress=False)
     assert len(pd.read_csv(run_sweep(config, tmp_path, overwrite=True, progress=False))) == 8
+    assert "earlier_runs" not in json.loads((tmp_path / "e2e.json").read_text())  # measured afresh in one run
 
 
 def test_a_truncated_or_incomplete_row_is_measured_again(tmp_path, monkeypatch):
