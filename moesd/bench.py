@@ -239,8 +239,7 @@ class ResultFile:
     def __init__(self, path, config: SweepConfig, overwrite: bool = False):
         self.path, self.sidecar = Path(path), Path(path).with_suffix(".json")
         self.config, self.columns = config, config.key_columns()
-        resumed = _resumable(self.path, config, overwrite)
-        rows = read_complete_rows(self.path, self.nullable) if resumed else []
+        rows = read_complete_rows(self.path, self.nullable) if _resumable(self.path, config, overwrite) else []
         self.rows = {_key(row, self.columns): row for row in rows}
         self.environment = environment(config)
         self.earlier_runs = _earlier_runs(self.sidecar) if rows else []
@@ -441,7 +440,7 @@ def static_step(model, cache, new: torch.Tensor, context: int) -> torch.Tensor:
 
 
 class GraphStep:
-    """A forward over a static cache captured as a CUDA graph; :meth:`replay` rewinds the cache and replays it.
+    """A forward over a static cache captured as a CUDA graph: call :meth:`prepare`, then :meth:`replay`.
 
     Three eager runs on a side stream come first (the warm-up PyTorch's documentation of
     ``torch.cuda.graph`` asks for), then the capture and one untimed replay (the first launch of a
