@@ -307,8 +307,8 @@ def _random_ids(batch_size: int, length: int, vocab_size: int, seed: int, device
     return torch.randint(1, vocab_size, (batch_size, length), generator=generator).to(device)
 
 
-class _Timer:
-    """Seconds of one call: CUDA events on a GPU, the synchronised wall clock elsewhere."""
+class Timer:
+    """Seconds of one call: CUDA events on a GPU (after waiting for the work queued before), the wall clock elsewhere."""
 
     def __init__(self, device: str):
         self.cuda = torch.device(device).type == "cuda"
@@ -484,7 +484,7 @@ def run_forward_study(config: SweepConfig, result: ResultFile, progress: bool = 
     sizes = sorted({1, *config.gammas, *(g + 1 for g in config.gammas)})
     points = [(role, batch, tokens) for role in ("target", "draft") for batch in config.batch_sizes
               for tokens in sizes]
-    timer, rng = _Timer(config.device), np.random.default_rng(config.seed)
+    timer, rng = Timer(config.device), np.random.default_rng(config.seed)
     orders = [rng.permutation(len(points)) for _ in range(config.repeats)]
     keys = [dict(num_experts_per_tok=k, run=run, role=role, batch_size=batch, tokens=tokens)
             for k in config.top_k_values for run in range(config.repeats) for role, batch, tokens in points]

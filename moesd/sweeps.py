@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from moesd._checks import UsageError
+from moesd._checks import UsageError, as_array
 from moesd.predict import PAPER_BATCH_SIZES as BATCH_SIZES  # the paper's 19 batch sizes, 1 to 100 (one home)
 from moesd.zoo import get_model
 
@@ -480,13 +480,9 @@ def layers_that_fit(target: str, draft: str, memory_bytes: float, bytes_per_para
         If not even one target layer fits, or an argument is out of range.
     """
     target_spec, draft_spec = _model_spec(target, "target"), _model_spec(draft, "draft")
-    for name, value in (("memory_bytes", memory_bytes), ("bytes_per_parameter", bytes_per_parameter),
-                        ("share", share)):
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                or not np.isfinite(value) or value <= 0:
-            raise UsageError(f"{name} must be a finite number > 0, got {value!r}")
-    if share > 1:
-        raise UsageError(f"share must be in (0, 1], got {share!r}")
+    memory_bytes = float(as_array("memory_bytes", memory_bytes, low=0, low_open=True))
+    bytes_per_parameter = float(as_array("bytes_per_parameter", bytes_per_parameter, low=0, low_open=True))
+    share = float(as_array("share", share, low=0, low_open=True, high=1))
     cached_tokens = _whole("cached_tokens", cached_tokens, 0)
 
     def values(spec, layers=None):  # weights and cached values of a model with this many layers

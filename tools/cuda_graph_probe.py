@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from moesd.bench import GraphStep, filled_cache, static_step  # noqa: E402
+from moesd.bench import GraphStep, Timer, filled_cache, rewind, static_forward, static_step  # noqa: E402
 from moesd.zoo import get_model  # noqa: E402
 
 CONTEXT = 64
@@ -31,24 +31,14 @@ TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.25}
 """Largest difference of logits (random weights: logits of order 1 to 10) taken as the same forward."""
 
 
-def median_ms(step, device: torch.device, repeats: int = 20) -> float:
-    """Median milliseconds of ``step()`` (CUDA events on a GPU, a host clock on the CPU)."""
-    import time
-
+def median_ms(step, timer: Timer, repeats: int, before=None) -> float:
+    """Median milliseconds of ``step()`` over ``repeats`` calls, each after an untimed ``before()``."""
     times = []
     for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            tick = time.perf_counter()
-            step()
-            times.append(1e3 * (time.perf_counter() - tick))
-    return statistics.median(times)
+        if before is not None:
+            before()
+        times.append(timer(step))
+    return 1e3 * statistics.median(times)
 
 
 def root_cause(error: BaseException) -> str:
@@ -75,19 +65,16 @@ def probe(model, batch: int, tokens: int, device: torch.device, repeats: int = 2
     cache = filled_cache(model, batch, CONTEXT, str(device), static_tokens=tokens)
     static_logits = static_step(model, cache, new, CONTEXT)
     difference = (static_logits.float() - dynamic_step().float()).abs().max().item()
-    row = {"B": batch, "s": tokens, "dynamic ms": median_ms(dynamic_step, device, repeats),
-           "static ms": median_ms(lambda: static_step(model, cache, new, CONTEXT), device, repeats),
+    timer = Timer(str(device))
+    row = {"B": batch, "s": tokens, "dynamic ms": median_ms(dynamic_step, timer, repeats),
+           "static ms": median_ms(lambda: static_forward(model, cache, new, CONTEXT), timer, repeats,
+                                  before=lambda: rewind(cache, CONTEXT)),
            "static - dynamic logits": difference}
     if device.type != "cuda":
         return row
     try:
         step = GraphStep(model, cache, new, CONTEXT)
-
-        def replay():
-            step.prepare()
-            step.replay()
-
-        row["graph ms"] = median_ms(replay, device, repeats)
+        row["graph ms"] = median_ms(step.replay, timer, repeats, before=step.prepare)  # as the forward study times it
         row["graph - static logits"] = (step.logits.float() - static_logits.float()).abs().max().item()
     except Exception as error:  # noqa: BLE001 - the probe's job is to report why capture fails
         row["graph ms"] = None
