@@ -749,7 +749,7 @@ def verdicts(frames: dict, robustness: pd.DataFrame | None = None, robustness_no
 
 
 def scorecard(device: str, robustness: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per claim for a device folder of ``data/measurements/``: claim, status, sentence.
+    """One row per claim for a device folder of ``data/measurements/``: claim, status, sentence, measured_with.
 
     Missing result files make their claims "not measurable here". Table 3 uses ``robustness`` when
     given (an empty frame skips it), else fits the device's sparsity study (:func:`robustness_for`,
@@ -762,9 +762,24 @@ def scorecard(device: str, robustness: pd.DataFrame | None = None) -> pd.DataFra
             robustness = robustness_for(frames["sparsity"], sidecars["sparsity"])
         except ValueError as error:
             note = f"the robustness study cannot be fitted: {error}"
-    rows = [{"device": device, "claim": v.claim, "status": v.status, "sentence": v.sentence}
+    basis = measured_with(sidecars)
+    rows = [{"device": device, "claim": v.claim, "status": v.status, "sentence": v.sentence, "measured_with": basis}
             for v in verdicts(frames, robustness, note)]
     return pd.DataFrame(rows)
+
+
+def measured_with(sidecars: dict) -> str:
+    """What a device folder's studies ran on, from their sidecars: e.g. ``"random weights, synthetic acceptance"``.
+
+    One entry per distinct combination of weights and acceptance (forward studies have none), joined by
+    ``"; "``; a sidecar without the weights says ``"weights not recorded"``.
+    """
+    kinds = set()
+    for sidecar in sidecars.values():
+        kind = f"{sidecar['weights']} weights" if sidecar.get("weights") else "weights not recorded"
+        mode = (sidecar.get("acceptance") or {}).get("mode", "none")
+        kinds.add(kind if mode == "none" else f"{kind}, {mode} acceptance")
+    return "; ".join(sorted(kinds)) or "no study"
 
 
 def devices() -> list[str]:

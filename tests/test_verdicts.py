@@ -365,6 +365,16 @@ def test_scorecard_reads_a_device_folder(tmp_path, monkeypatch):
         "Fig. 2": v.HOLDS, "Fig. 3": v.UNMEASURABLE, "Fig. 4": v.UNMEASURABLE, "Fig. 5": v.UNMEASURABLE,
         "Fig. 6": v.UNMEASURABLE, "Table 3": v.UNMEASURABLE}
     assert card.set_index("claim").loc["Fig. 6", "sentence"].endswith("no dense study on this device.")
+    assert (card["measured_with"] == "weights not recorded").all()  # the sidecar above records no weights
+
+
+def test_measured_with_names_each_kind_of_study_once():
+    sidecars = {"e2e": {"weights": "random", "acceptance": {"mode": "synthetic"}},
+                "sparsity": {"weights": "random", "acceptance": {"mode": "synthetic", "sigma": {}}},
+                "forward": {"weights": "random", "acceptance": {"mode": "none"}},
+                "dense": {"weights": "pretrained", "acceptance": {"mode": "real"}}}
+    assert v.measured_with(sidecars) == "pretrained weights, real acceptance; random weights; random weights, synthetic acceptance"
+    assert v.measured_with({}) == "no study"
 
 
 def test_scorecard_says_why_table3_cannot_be_fitted(tmp_path, monkeypatch):
