@@ -51,6 +51,7 @@ import gc
 import io
 import json
 import math
+import os
 import platform
 import shlex
 import subprocess
@@ -104,14 +105,22 @@ def environment(config: SweepConfig) -> dict:
         "device": name, "device_memory_bytes": memory, "driver": driver, "cuda": torch.version.cuda,
         "cpu_threads": torch.get_num_threads(), "python": platform.python_version(),
         "torch": torch.__version__, "transformers": _version("transformers"),
-        "commit": _command(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent),
+        # a copy of the repository without .git (the GPU machine's) names its commit in MOESD_COMMIT
+        "commit": (_command(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent)
+                   or os.environ.get("MOESD_COMMIT")),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join(sys.argv), "weights": config.weights, "acceptance": acceptance,
+        "command": _invocation(sys.argv), "weights": config.weights, "acceptance": acceptance,
         "protocol": "forward passes" if config.study in FORWARD_STUDIES else "steady state",
-        "experts_implementation": default_experts_implementation(device),
+        "experts_implementation": (default_experts_implementation(device) if get_model(config.target).is_moe
+                                   else None),
         # the measured roofline of this device in the sweep's dtype and threads: "hardware" (ridge point) and curves
         **measured_roofline(config.device, config.dtype).sidecar_entries(),
     }
+
+
+def _invocation(argv: list) -> str:
+    """The command line of this process; ``python -c`` running the CLI (as tools/gpu_run.py does) reads as ``moesd``."""
+    return shlex.join(["moesd", *argv[1:]] if argv[:1] == ["-c"] else argv)
 
 
 def _command(arguments, cwd=None) -> str | None:

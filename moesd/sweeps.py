@@ -497,3 +497,28 @@ def layers_that_fit(target: str, draft: str, memory_bytes: float, bytes_per_para
     needed = (values(target_spec, 1) + values(draft_spec)) * bytes_per_parameter
     raise UsageError(f"one layer of {target} and the whole {draft}, with {cached_tokens} cached tokens, need "
                      f"{needed / 1e9:.1f} GB, more than {share:g} of {memory_bytes / 1e9:.1f} GB")
+
+
+def proportional_draft_layers(target: str, draft: str, layers: int) -> int:
+    """Draft layers that keep the share of the draft's depth equal to the share ``layers`` keeps of the target's.
+
+    When a GPU holds only part of the target (:func:`layers_that_fit`), a whole draft beside a
+    half-depth target would cost the target twice what it costs at full depth and distort the draft
+    term of Eq. 4; cutting both to the same share keeps their ratio of per-layer work.
+
+    Parameters
+    ----------
+    target, draft : str
+        :mod:`moesd.zoo` names.
+    layers : int
+        Target layers kept (1 to the target's depth).
+
+    Returns
+    -------
+    int
+        ``round(draft depth x layers / target depth)``, at least 1.
+    """
+    target_layers = _model_spec(target, "target").num_layers
+    draft_layers = _model_spec(draft, "draft").num_layers
+    layers = _whole("layers", layers, 1, target_layers)
+    return max(1, round(draft_layers * layers / target_layers))

@@ -88,6 +88,19 @@ def test_forward_study_writes_every_point_and_honours_top_ks(tmp_path, monkeypat
     assert {"device", "torch", "transformers", "commit", "date", "command", "hardware"} <= set(sidecar)
 
 
+def test_the_sidecar_names_commit_command_and_experts_kernel_truthfully(monkeypatch):
+    """Without .git (the GPU machine's copy) the commit comes from MOESD_COMMIT; a dense target has no experts kernel."""
+    monkeypatch.setattr(bench, "measured_roofline", lambda device, dtype: type("R", (), {"sidecar_entries": dict})())
+    monkeypatch.setattr(bench, "_command", lambda arguments, cwd=None: None)  # no git, no nvidia-smi
+    monkeypatch.setenv("MOESD_COMMIT", "0123abc")
+    monkeypatch.setattr(bench.sys, "argv", ["-c", "sweep", "dense_forward", "--preset", "gpu"])
+    dense = bench.environment(SweepConfig("dense_forward", target="opt-30b", draft="opt-350m", layers=1, draft_layers=1,
+                                          width=1 / 32, batch_sizes=(1,), gammas=(2,), context=8, repeats=1))
+    assert dense["commit"] == "0123abc" and dense["command"] == "moesd sweep dense_forward --preset gpu"
+    assert dense["experts_implementation"] is None
+    assert bench.environment(SweepConfig("forward", **TINY))["experts_implementation"] == "eager"  # the MoE on a CPU
+
+
 def test_a_static_step_is_repeatable_and_equals_the_dynamic_cache_forward(ragged_pair):
     """What a CUDA graph replays (moesd.bench.static_step): the same logits every call, the dynamic cache's logits."""
     target, _ = ragged_pair

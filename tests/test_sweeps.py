@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from moesd._checks import UsageError
-from moesd.sweeps import SweepConfig, cached_tokens, gpu_label, layers_that_fit, preset_settings
+from moesd.sweeps import (SweepConfig, cached_tokens, gpu_label, layers_that_fit, preset_settings,
+                          proportional_draft_layers)
 from moesd.zoo import get_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,8 +107,14 @@ def test_the_gpu_run_plan_without_a_gpu(tmp_path):
     assert plans["forward_graphs"].stdout.rstrip().splitlines()[0].endswith(f"--out-dir {tmp_path}/h100-graphs --cuda-graphs")
     plan = gpu_run("env", "--dry-run")
     assert plan.returncode == 0, plan.stderr
-    assert plan.stdout.count("$ sweep ") == 4 and "hardware --measure --device cuda --dtype bfloat16" in plan.stdout
-    assert "sweep forward --cuda-graphs" in plan.stdout and "cuda_graph_probe.py" in plan.stdout
+    assert plan.stdout.count("$ sweep ") == 5 and "hardware --measure --device cuda --dtype bfloat16" in plan.stdout
+    assert "sweep forward --cuda-graphs" in plan.stdout and "sweep dense_forward --cuda-graphs" in plan.stdout
+    assert "cuda_graph_probe.py" in plan.stdout and not (tmp_path / "h100" / "cuda_graphs.txt").exists()
+    several = gpu_run("env", "forward", "forward_graphs", "--dry-run")  # 3 + 2 + 2 files and the log: 8
+    assert several.returncode == 0 and several.stdout.count("$ sweep ") == 7, several.stderr
+    assert several.stdout.count(f"--layers {layers['forward']} --draft-layers ") == 2
+    too_many = gpu_run("env", "forward", "forward_graphs", "e2e", "--dry-run")
+    assert too_many.returncode != 0 and "would write 10 files" in too_many.stderr
     refused = gpu_run("e2e", OUT="")
     assert refused.returncode != 0 and "OUT is not set" in refused.stderr
     refused = gpu_run("e2e", CUDA_VISIBLE_DEVICES="")  # no GPU here, or none visible
@@ -144,9 +151,27 @@ def test_gpu_run_resumes_from_the_data_folder(tmp_path):
                               capture_output=True, text=True)
 
     partial = plan()
-    assert partial.returncode == 0 and "--layers 12 " in partial.stdout, partial.stderr
+    assert partial.returncode == 0 and "--layers 12 --draft-layers 10 " in partial.stdout, partial.stderr  # 24 x 12/28
     assert (out / "h100" / "forward.json").exists() and (out / "h100" / "forward.csv").exists()
     complete = plan(complete=True)
     assert complete.returncode == 0 and "is complete; nothing to measure" in complete.stdout
     other = plan(device="NVIDIA H100 PCIe")
     assert other.returncode != 0 and "was measured on 'NVIDIA H100 PCIe'" in other.stderr
+    plan(settings={"layers": 12, "draft_layers": 5})
+    sibling = subprocess.run([sys.executable, "tools/gpu_run.py", "e2e", "sparsity", "dense_forward", "--dry-run"],
+                             cwd=ROOT, env=env, capture_output=True, text=True)  # forward.json measured the MoE pair
+    lines = [line for line in sibling.stdout.splitlines() if line.startswith("$ sweep")]
+    assert all("--layers 12 --draft-layers 5 " in line for line in lines[:2]), sibling.stdout
+    assert "--layers 12 " not in lines[2]  # the dense pair is sized on its own
+
+
+@pytest.mark.parametrize("target, draft", [("qwen2-57b-a14b", "qwen2-0.5b"), ("opt-30b", "opt-350m")])
+def test_the_draft_keeps_the_share_of_its_depth_that_the_target_keeps(target, draft):
+    depth, draft_depth = get_model(target).num_layers, get_model(draft).num_layers
+    kept = [proportional_draft_layers(target, draft, layers) for layers in range(1, depth + 1)]
+    assert kept[-1] == draft_depth and min(kept) >= 1 and kept == sorted(kept)
+    assert all(abs(k / draft_depth - layers / depth) <= 0.5 / draft_depth + 1e-12
+               for layers, k in enumerate(kept, 1) if k > 1)
+    for bad in (0, depth + 1, 2.5):
+        with pytest.raises(UsageError, match="layers"):
+            proportional_draft_layers(target, draft, bad)
