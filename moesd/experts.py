@@ -20,6 +20,9 @@ the value and what is allowed on input outside its domain.
 
 from __future__ import annotations
 
+import functools
+import math
+
 import numpy as np
 
 from moesd._checks import UsageError, as_array, broadcast
@@ -259,3 +262,58 @@ def expected_active_experts_from_popularity(t, p):
                          f"got a sum of {total[wrong].flat[0] if total.ndim else total.item():.6g}")
     broadcast(t=t, **{"p[..., 0]": p[..., 0]})
     return np.sum(_activation_probability(np.expand_dims(t, -1), p), axis=-1)
+
+
+def most_loaded_share(active, E, parts):
+    """Expected activated experts on the most loaded of ``parts`` GPUs that each hold ``E / parts`` experts.
+
+    Expert parallelism deals whole experts to GPUs, and a forward pass waits for the GPU that loads
+    the most activated experts. Under uniform routing every set of ``m`` activated experts is equally
+    likely, so the chance that no GPU holds more than ``k`` of them is a count of placements,
+    ``[x^m] (sum_{j<=k} C(n, j) x^j)^parts / C(E, m)`` with ``n = E / parts``, and the expected
+    maximum is ``sum_k [1 - P(max <= k)]``: exact for a whole ``m``. For an expected count ``active``
+    (e.g. ``N(t)`` of Eq. 8) it is interpolated linearly between the neighbouring whole counts (the
+    spread of the count around its mean is left out). With ``parts = 1`` it returns ``active``; it lies
+    between ``active / parts`` and ``min(active, E / parts)``.
+
+    Parameters
+    ----------
+    active : array_like
+        Expected activated experts (0 <= active <= E).
+    E : int
+        Experts per layer (at most 1000).
+    parts : int
+        GPUs the experts are dealt to (divides ``E``).
+
+    Returns
+    -------
+    numpy.ndarray or float
+        Expected activated experts on the most loaded GPU, shape of ``active``.
+    """
+    E = int(as_array("E", E, low=1, whole=True))
+    parts = int(as_array("parts", parts, low=1, high=E, whole=True))
+    if E % parts:
+        raise UsageError(f"parts must divide E = {E}, got {parts}")
+    if E > 1000:
+        raise UsageError(f"E must be at most 1000 (the placement counts overflow a float beyond), got {E}")
+    active = as_array("active", active, low=0, high=E)
+    if parts == 1:
+        return active * 1.0
+    return np.interp(active, np.arange(E + 1), _expected_busiest(E, parts))
+
+
+@functools.lru_cache(maxsize=32)
+def _expected_busiest(E: int, parts: int) -> np.ndarray:
+    """Expected maximum over ``parts`` groups of ``E / parts`` of the activated experts, for m = 0 ... E activated."""
+    n = E // parts
+    choose = np.array([math.comb(n, j) for j in range(n + 1)], dtype=float)
+    total = np.array([math.comb(E, m) for m in range(E + 1)], dtype=float)
+    expected = np.zeros(E + 1)
+    for k in range(n):  # P(max > k) summed over k
+        power = np.ones(1)
+        for _ in range(parts):  # placements with at most k activated experts in each group
+            power = np.convolve(power, choose[:k + 1])
+        at_most = np.zeros(E + 1)
+        at_most[:len(power)] = power[:E + 1]
+        expected += 1.0 - at_most / total
+    return expected

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import as_array
-from moesd.experts import expected_active_experts, expected_active_experts_from_popularity
+from moesd.experts import expected_active_experts, expected_active_experts_from_popularity, most_loaded_share
 from moesd.roofline import HARDWARE, Hardware
 from moesd.speedup import sigma as emitted_fraction
 from moesd.speedup import speedup_terms
@@ -368,29 +368,39 @@ def _routed_experts(arch: Architecture, hardware: Hardware, active, tokens, K, t
     d, w_bytes, a_bytes = arch.hidden_size, DTYPE_BYTES[dtype], _activation_bytes(dtype)
     layer_weight = arch.moe_layers / active.shape[0]
     width = arch.expert_intermediate / (tp // ep)
-    local = active / ep
+    local = most_loaded_share(active, arch.num_experts, ep)  # the step waits for the most loaded GPU
     per_expert = tokens * K / np.maximum(active, 1e-12)
     gemm_seconds = sum(_grouped_gemm_time(hardware, local, per_expert, i, o, dtype, efficiency)
                        for i, o in ((d, 2 * width), (width, d)))
     fixed = ((2 + _KERNELS["routed"]) * grouped_kernel_seconds if grouped_kernel_seconds is not None
              else np.ceil(local) * _per_expert(efficiency, cuda_graphs))
     seconds = layer_weight * (gemm_seconds + fixed).sum(axis=0)
-    traffic = layer_weight * (local * 3 * d * width * w_bytes + tokens * K / ep * 2 * (d + width) * a_bytes).sum(axis=0)
+    # activations read and written by the two products: d in, 2 width out; width in, d out
+    traffic = layer_weight * (local * 3 * d * width * w_bytes + tokens * K / ep * (2 * d + 3 * width) * a_bytes).sum(axis=0)
     return seconds, traffic, arch.moe_layers * 2.0 * tokens * K / ep * 3 * d * width
 
 
+def _link_bandwidth(hardware: Hardware, tp: int) -> float:
+    """One direction's bandwidth of a GPU in a tensor-parallel group of ``tp`` (bytes/s): half the data
+    sheet's two-way figure, of which a full mesh (``interconnect_peers``) gives the group ``tp - 1`` links."""
+    bandwidth = hardware.interconnect_bandwidth / 2
+    if hardware.interconnect_peers:
+        bandwidth *= min(tp - 1, hardware.interconnect_peers) / hardware.interconnect_peers
+    return bandwidth
+
+
 def _collectives(arch: Architecture, hardware: Hardware, tokens, tp: int, a_bytes: int):
-    """Seconds and bytes of tensor parallelism's collectives: two all-reduces of the hidden states per layer
-    (ring) and a gather of the logits; none on one GPU."""
+    """Seconds and bytes of tensor parallelism's collectives: an all-reduce of the hidden states after the
+    (vocabulary-split) embedding and two per layer (ring), and a gather of the logits; none on one GPU."""
     if tp == 1:
         zero = np.zeros_like(tokens)
         return zero, zero
-    one_way = hardware.interconnect_bandwidth / 2
+    one_way = _link_bandwidth(hardware, tp)
     ring = 2 * (tp - 1) / tp
+    all_reduces = 2 * arch.num_layers + 1
     all_reduce = hardware.interconnect_latency + ring * tokens * arch.hidden_size * a_bytes / one_way
     gather = hardware.interconnect_latency + (tp - 1) / tp * tokens * arch.vocab_size * a_bytes / one_way
-    return (2 * arch.num_layers * all_reduce + gather,
-            2 * arch.num_layers * ring * tokens * arch.hidden_size * a_bytes)
+    return (all_reduces * all_reduce + gather, all_reduces * ring * tokens * arch.hidden_size * a_bytes)
 
 
 def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1, ep=1, dtype="bf16",
@@ -407,10 +417,13 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     With ``tp`` GPUs the attention heads, FFN widths and vocabulary are split (KV heads are replicated
     when fewer than ``tp``; MLA's latent projections and cache are replicated), and every layer adds
     two all-reduces of the hidden states (after attention and after the FFN), priced as
-    ``latency + 2 (tp - 1) / tp x bytes / (one-way link bandwidth)``, plus one gather of the logits.
+    ``latency + 2 (tp - 1) / tp x bytes / (one-way link bandwidth)``, plus one after the embedding and
+    one gather of the logits; a full mesh of links (``Hardware.interconnect_peers``) gives a group of
+    ``tp`` GPUs ``tp - 1`` of its links. With ``dtype="fp8"`` the router, LM head and norms stay bf16
+    and attention over the (bf16) KV cache runs at the bf16 rate.
     With ``ep`` > 1 the routed experts are dealt to ``ep`` of the ``tp`` GPUs (each keeps ``E / ep`` whole
-    experts, widths split ``tp / ep`` ways) and each GPU loads its expected share ``N / ep``: the
-    expected, not the most loaded, GPU.
+    experts, widths split ``tp / ep`` ways), and the step waits for the GPU that loads the most activated
+    experts: :func:`moesd.experts.most_loaded_share` of ``N`` (above ``N / ep`` at small batches).
 
     Parameters
     ----------
@@ -475,15 +488,19 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     tokens = s * B
     bandwidth, flops_rate = _rates(hardware, dtype, efficiency)
     w_bytes, a_bytes = DTYPE_BYTES[dtype], _activation_bytes(dtype)
+    # fp8 checkpoints (DeepSeek-V3's, vLLM's fp8 quantisation) keep the router, the embeddings, the LM head
+    # and the norms in bf16, and attention over the bf16 KV cache runs at the bf16 rate
+    kept_dtype = "bf16" if dtype == "fp8" else dtype
+    kept_bytes, kept_rate = DTYPE_BYTES[kept_dtype], _rates(hardware, kept_dtype, efficiency)[1]
     per_kernel = _per_kernel(efficiency, cuda_graphs)
     d = arch.hidden_size
 
-    def gemm(params, kernels, layers, in_out):
+    def gemm(params, kernels, layers, in_out, bytes_per_weight=w_bytes, rate=flops_rate):
         """Roofline of ``layers`` matrix products of ``params`` weights per GPU over all tokens."""
-        weight_bytes = params * w_bytes
+        weight_bytes = params * bytes_per_weight
         activation = tokens * in_out * a_bytes
         flops = 2.0 * params * tokens
-        seconds = np.maximum((weight_bytes + activation) / bandwidth, flops / flops_rate) + kernels * per_kernel
+        seconds = np.maximum((weight_bytes + activation) / bandwidth, flops / rate) + kernels * per_kernel
         return layers * seconds, layers * (weight_bytes + activation), layers * flops
 
     seconds, traffic, flops = {}, {}, {}
@@ -505,7 +522,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     kv_bytes = B * keys * arch.kv_values_per_token * kv_share * a_bytes
     kv_flops = tokens * keys * arch.attention_flops_per_key / tp
     traffic["kv_cache"], flops["kv_cache"] = kv_bytes, kv_flops
-    seconds["kv_cache"] = np.maximum(kv_bytes / bandwidth, kv_flops / flops_rate)
+    seconds["kv_cache"] = np.maximum(kv_bytes / bandwidth, kv_flops / kept_rate)
 
     # Mixture-of-experts layers.
     zero = np.zeros_like(tokens)
@@ -513,7 +530,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
         seconds[name], traffic[name], flops[name] = zero, zero, zero
     if arch.moe_layers:
         seconds["router"], traffic["router"], flops["router"] = gemm(
-            arch.router_params, _KERNELS["router"], arch.moe_layers, d)  # replicated on every GPU
+            arch.router_params, _KERNELS["router"], arch.moe_layers, d, kept_bytes, kept_rate)  # on every GPU
         if arch.shared_params:
             kernels = _KERNELS["shared"] + (_KERNELS["shared_gate"] if arch.model_type == "qwen2_moe" else 0)
             seconds["shared_experts"], traffic["shared_experts"], flops["shared_experts"] = gemm(
@@ -530,13 +547,13 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
 
     # LM head over every new token (vocabulary split over tp).
     seconds["lm_head"], traffic["lm_head"], flops["lm_head"] = gemm(
-        arch.head_params / tp, _KERNELS["head"], 1, d + arch.vocab_size / tp)
+        arch.head_params / tp, _KERNELS["head"], 1, d + arch.vocab_size / tp, kept_bytes, kept_rate)
 
     seconds["communication"], traffic["communication"] = _collectives(arch, hardware, tokens, tp, a_bytes)
     flops["communication"] = zero
 
     # Per pass: the engine's own step, the embedding lookup and the norms' weights.
-    norms = (arch.num_layers * arch.norm_params + arch.final_norm_params) * w_bytes
+    norms = (arch.num_layers * arch.norm_params + arch.final_norm_params) * kept_bytes
     traffic["fixed"] = norms + tokens * d * a_bytes
     seconds["fixed"] = efficiency.step_seconds + traffic["fixed"] / bandwidth + per_kernel
     flops["fixed"] = zero

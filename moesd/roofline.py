@@ -53,6 +53,10 @@ class Hardware:
         Fixed cost of one small collective (all-reduce) over that link (seconds).
     interconnect : str
         What the link is, and where its numbers come from.
+    interconnect_peers : int
+        Peers of a full mesh of direct links that share ``interconnect_bandwidth`` equally (7 for
+        eight MI300X); 0 where a switch (NVSwitch) or a shared bus gives each GPU the whole bandwidth
+        whatever the group. In a mesh, a tensor-parallel group of ``p`` GPUs uses ``p - 1`` of the links.
     bandwidth_fraction, flops_fraction : float
         Fractions of ``memory_bandwidth`` and of the tensor peaks that measured kernels achieve
         (1 for a record whose peaks were themselves measured).
@@ -70,6 +74,7 @@ class Hardware:
     interconnect_bandwidth: float = 0.0
     interconnect_latency: float = 0.0
     interconnect: str = ""
+    interconnect_peers: int = 0
     bandwidth_fraction: float = 1.0
     flops_fraction: float = 1.0
     efficiency_source: str = ""
@@ -175,9 +180,10 @@ HARDWARE = {
                  flops_fraction=668.4 / 1300,
                  efficiency_source=_MAMF + "MI300X 668.4 of 1,300 TFLOPS (0.51); bandwidth fraction "
                  "assumed equal to the H200's (no MI300X measurement found): " + _HOPPER_BANDWIDTH,
-                 interconnect_bandwidth=896 * _GIGA, interconnect_latency=_NVLINK_LATENCY,
+                 interconnect_bandwidth=896 * _GIGA, interconnect_latency=_NVLINK_LATENCY, interconnect_peers=7,
                  interconnect="AMD Infinity Fabric, 7 links x 128 GB/s = 896 GB/s peer bandwidth (MI300X "
-                 "data sheet); " + _ALLREDUCE_LATENCY),
+                 "data sheet), a full mesh of eight: one 128 GB/s link to each peer, so a group of p GPUs "
+                 "has (p - 1) x 128 GB/s; " + _ALLREDUCE_LATENCY),
         Hardware("CPU", 3.072 * _TERA, 307.2 * _GIGA, 256 * _GIGA,
                  "Illustrative server CPU socket, derived, not measured: 16 cores x 3.0 GHz x 64 "
                  "BF16 FLOP/cycle (AVX-512 BF16 dot products) = 3.07 TFLOP/s; 8 channels of "

@@ -11,6 +11,7 @@ from moesd.experts import (
     expected_active_experts,
     expected_active_experts_from_popularity,
     full_activation_threshold,
+    most_loaded_share,
     tokens_per_expert,
     tokens_per_expert_derivative,
 )
@@ -221,3 +222,31 @@ def test_tokens_per_expert_increasing_in_rho(t, rho_a, rho_b):
 def test_bad_input_names_the_argument(call, name):
     with pytest.raises(ValueError, match=rf"^{name} "):
         call()
+
+
+@pytest.mark.parametrize("tokens", [1, 8, 64])
+def test_the_most_loaded_gpu_matches_a_monte_carlo_of_uniform_routing(tokens):
+    """Each of t tokens picks K distinct experts of E uniformly; EP deals them to 8 GPUs of E / 8 each."""
+    E, K, parts, samples = 256, 8, 8, 1500
+    rng = np.random.default_rng(tokens)
+    picks = np.argsort(rng.random((samples, tokens, E)), axis=-1)[..., :K].reshape(samples, -1)
+    activated = np.zeros((samples, E), dtype=bool)
+    np.put_along_axis(activated, picks, True, axis=1)
+    busiest = activated.reshape(samples, parts, E // parts).sum(-1).max(-1)
+    N = expected_active_experts(tokens, E, K)
+    predicted = most_loaded_share(N, E, parts)
+    assert predicted == pytest.approx(busiest.mean(), rel=0.03)
+    assert N / parts <= predicted <= min(N, E / parts)
+
+
+def test_the_most_loaded_share_at_its_limits():
+    assert most_loaded_share(np.array([0.0, 17.5, 64.0]), 64, 1).tolist() == [0.0, 17.5, 64.0]  # one GPU: all
+    assert most_loaded_share(64.0, 64, 4) == pytest.approx(16) and most_loaded_share(0.0, 64, 4) == pytest.approx(0)
+    # one activated expert: one GPU holds it; two of 4 experts on 2 GPUs: together (chance 2/6) or apart
+    assert most_loaded_share(1.0, 64, 4) == pytest.approx(1.0, rel=1e-12)
+    assert most_loaded_share(2.0, 4, 2) == pytest.approx(2 * 2 / 6 + 1 * 4 / 6, rel=1e-12)
+    assert most_loaded_share(1.5, 4, 2) == pytest.approx((1 + 4 / 3) / 2, rel=1e-12)  # between whole counts
+    for bad, match in (((10.0, 64, 3), "parts must divide"), ((70.0, 64, 4), "active"), ((1.0, 64, 0), "parts"),
+                       ((1.0, 2048, 2), "E must be at most")):
+        with pytest.raises(ValueError, match=match):
+            most_loaded_share(*bad)

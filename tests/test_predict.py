@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from moesd.calibrate import calibrate, measured_device
-from moesd.experts import expected_active_experts
+from moesd.experts import expected_active_experts, most_loaded_share
 from moesd.predict import (
     COMPONENTS,
     DTYPE_BYTES,
@@ -66,8 +66,9 @@ def test_experts_equal_to_top_k_reduce_to_a_dense_ffn():
     moe, ffn = step_time(all_active, H100, 1, B), step_time(dense, H100, 1, B)
     np.testing.assert_allclose(moe.flops["routed_experts"], ffn.flops["dense_ffn"], rtol=1e-12)
     weights = arch.moe_layers * 3 * arch.hidden_size * width * 2
-    np.testing.assert_allclose(moe.bytes["routed_experts"] - B * 8 * 2 * (arch.hidden_size + arch.expert_intermediate)
-                               * 2 * arch.moe_layers, weights, rtol=1e-12)
+    # activations: each token's d inputs and 2 w outputs of the first product, w inputs and d outputs of the second
+    activations = B * 8 * (2 * arch.hidden_size + 3 * arch.expert_intermediate) * 2 * arch.moe_layers
+    np.testing.assert_allclose(moe.bytes["routed_experts"] - activations, weights, rtol=1e-12)
 
 
 def test_routed_expert_traffic_follows_eq8_and_saturates():
@@ -75,7 +76,7 @@ def test_routed_expert_traffic_follows_eq8_and_saturates():
     B = np.array([1, 2, 8, 32, 4096])
     step = step_time(arch, H100, 1, B)
     per_expert = 3 * arch.hidden_size * arch.expert_intermediate * 2 * arch.moe_layers
-    activations = B * 8 * 2 * (arch.hidden_size + arch.expert_intermediate) * 2 * arch.moe_layers
+    activations = B * 8 * (2 * arch.hidden_size + 3 * arch.expert_intermediate) * 2 * arch.moe_layers
     loaded = (step.bytes["routed_experts"] - activations) / per_expert
     np.testing.assert_allclose(loaded, expected_active_experts(B, 64, 8), rtol=1e-9)
     assert loaded[0] == pytest.approx(8) and loaded[-1] == pytest.approx(64)
@@ -109,11 +110,21 @@ def test_kv_heads_are_replicated_not_split_below_one_per_gpu():
     assert bytes_at[8] == pytest.approx(bytes_at[4])
 
 
-def test_expert_parallelism_splits_the_loaded_experts():
-    one = step_time("deepseek-v3", "H200", 1, 64, 0, tp=8)
-    ep = step_time("deepseek-v3", "H200", 1, 64, 0, tp=8, ep=8)
+def test_expert_parallelism_loads_the_most_loaded_gpus_experts():
+    """TP splits every activated expert's width 8 ways (N / 8 experts' weights per GPU); EP deals whole experts
+    and the step waits for the GPU holding the most activated ones."""
+    spec = get_model("deepseek-v3").architecture()
+    B = np.array([1, 8, 64, 4096])
+    one = step_time(spec, "H200", 1, B, 0, tp=8)
+    ep = step_time(spec, "H200", 1, B, 0, tp=8, ep=8)
     assert ep.flops["routed_experts"] == pytest.approx(one.flops["routed_experts"])
-    assert ep.bytes["routed_experts"] == pytest.approx(one.bytes["routed_experts"], rel=0.05)
+    d, w, layers = spec.hidden_size, spec.expert_intermediate, spec.moe_layers
+    tp_activations = B * spec.top_k * (2 * d + 3 * w / 8) * 2 * layers  # every token, an eighth of each width
+    ep_activations = B * spec.top_k / 8 * (2 * d + 3 * w) * 2 * layers  # an eighth of the tokens, whole widths
+    N = expected_active_experts(B, spec.num_experts, spec.top_k)
+    ratio = (ep.bytes["routed_experts"] - ep_activations) / (one.bytes["routed_experts"] - tp_activations)
+    np.testing.assert_allclose(ratio, most_loaded_share(N, spec.num_experts, 8) / (N / 8), rtol=1e-9)
+    assert ratio[0] > 2 and ratio[-1] == pytest.approx(1)  # one token: 2.5 experts on the busiest GPU, not 1
 
 
 def test_expert_gemm_time_is_a_roofline_plus_a_fixed_cost():
@@ -143,7 +154,7 @@ def test_popularity_and_callable_routing():
     np.testing.assert_allclose(per_layer.total, base.total[1:], rtol=1e-12)
     fixed = step_time("qwen2-57b-a14b", H100, 1, [8, 64], routing=lambda t: np.full_like(t, 64.0))
     np.testing.assert_allclose(fixed.bytes["routed_experts"], step_time("qwen2-57b-a14b", H100, 1, [4096, 4096])
-                               .bytes["routed_experts"] - (4096 - np.array([8, 64])) * 8 * 2 * (3584 + 2560) * 2 * 28,
+                               .bytes["routed_experts"] - (4096 - np.array([8, 64])) * 8 * (2 * 3584 + 3 * 2560) * 2 * 28,
                                rtol=1e-9)
 
 
@@ -166,7 +177,7 @@ def test_a_trace_of_sequences_that_reuse_their_experts_makes_verification_load_n
     B = np.array([1, 4, 16])
     decode = step_time("qwen2-57b-a14b", H100, 1, B, routing=trace).bytes["routed_experts"]
     verify = step_time("qwen2-57b-a14b", H100, 5, B, routing=trace).bytes["routed_experts"]
-    np.testing.assert_allclose(verify - decode, 28 * B * 4 * 8 * 2 * (3584 + 2560) * 2, rtol=1e-9)
+    np.testing.assert_allclose(verify - decode, 28 * B * 4 * 8 * (2 * 3584 + 3 * 2560) * 2, rtol=1e-9)
     uniform = step_time("qwen2-57b-a14b", H100, 5, B).bytes["routed_experts"]
     assert (verify < uniform).all()
 
@@ -388,3 +399,38 @@ def test_cli_bad_arguments_are_one_line_errors(flag, value, match, capsys):
         main(["predict", *[x for pair in args.items() for x in pair]])
     assert exit_info.value.code == 2
     assert match in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_tensor_parallel_collectives_count_an_all_reduce_per_sublayer_and_one_after_the_embedding():
+    """With a link of unlimited bandwidth only latencies remain: 2 L + 1 all-reduces and one gather of the logits."""
+    instant = dataclasses.replace(HARDWARE["H100"], interconnect_bandwidth=1e30)
+    spec = get_model("qwen2-57b-a14b")
+    step = step_time(spec, instant, 1, 8, tp=2)
+    assert step.seconds["communication"] == pytest.approx((2 * 28 + 1 + 1) * instant.interconnect_latency, rel=1e-9)
+
+
+def test_a_full_mesh_gives_a_small_group_only_its_own_links():
+    """MI300X: one 128 GB/s link to each of 7 peers; a pair of GPUs shares one link, a group of eight all seven."""
+    mesh = HARDWARE["MI300X"]
+    switched = dataclasses.replace(mesh, interconnect_peers=0)
+    latency_only = dataclasses.replace(mesh, interconnect_bandwidth=1e30)
+
+    def transfer(hardware, tp):  # seconds of the collectives beyond their latencies
+        return (step_time("qwen2-57b-a14b", hardware, 5, 64, tp=tp).seconds["communication"]
+                - step_time("qwen2-57b-a14b", latency_only, 5, 64, tp=tp).seconds["communication"])
+
+    assert transfer(mesh, 2) == pytest.approx(7 * transfer(switched, 2), rel=1e-9)
+    assert transfer(mesh, 4) == pytest.approx(7 / 3 * transfer(switched, 4), rel=1e-9)
+    assert transfer(mesh, 8) == pytest.approx(transfer(switched, 8), rel=1e-9)
+    assert transfer(HARDWARE["H100"], 2) > 0 and HARDWARE["H100"].interconnect_peers == 0  # NVSwitch
+
+
+def test_fp8_weights_leave_router_head_and_norms_in_bf16():
+    """DeepSeek-V3's fp8 checkpoint quantises the linear layers only: its router, LM head and norms read as in bf16."""
+    fp8, bf16 = (step_time("deepseek-v3", "H200", 1, 16, context=1024, tp=8, dtype=d) for d in ("fp8", "bf16"))
+    for part in ("router", "lm_head", "fixed", "kv_cache"):
+        assert fp8.bytes[part] == pytest.approx(bf16.bytes[part], rel=1e-12), part
+    spec = get_model("deepseek-v3").architecture()
+    weights = {d: s.bytes["routed_experts"] - 16 * spec.top_k * (2 * spec.hidden_size + 3 * spec.expert_intermediate / 8)
+               * 2 * spec.moe_layers for d, s in (("fp8", fp8), ("bf16", bf16))}
+    assert weights["fp8"] == pytest.approx(weights["bf16"] / 2, rel=1e-9)  # the experts themselves are fp8
