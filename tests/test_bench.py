@@ -328,9 +328,14 @@ def test_summarize_keeps_its_old_home():
 
 
 def test_presets_keep_the_paper_settings():
+    from moesd.paper import paper_table
+
     sparsity = preset("sparsity")
     assert sparsity.top_ks == (1, 2, 4, 8, 16, 32) and sparsity.gammas == (2, 4) and len(sparsity.batch_sizes) == 19
     assert len(sparsity.top_ks) * len(sparsity.gammas) * len(sparsity.batch_sizes) == 228
+    covered = paper_table("table_3")["batch_sizes_covered"]  # the paper's own lists (data/paper/table_3.csv)
+    explicit = [row.split(",") for row in covered if all(b.strip().isdigit() for b in row.split(","))]
+    assert sparsity.batch_sizes == tuple(sorted({int(b) for row in explicit for b in row}))
     assert preset("dense").target == "opt-30b" and preset("e2e", "gpu").dtype == "bfloat16"
     assert preset("e2e").sigma == bench.PAPER_SIGMA and sparsity.sigma == {2: 0.95, 4: 0.90}
     assert all(preset(s).rounds >= 32 for s in ("e2e", "sparsity", "dense", "settings"))

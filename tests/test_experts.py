@@ -154,7 +154,12 @@ def test_skewed_popularity_never_beats_uniform(ek, t, seed):
     for row in subsets:
         row[rng.choice(E, K, replace=False)] = 1.0
     p = np.minimum(rng.dirichlet(np.ones(3)) @ subsets, 1.0)  # round-off can exceed 1
-    assert expected_active_experts_from_popularity(t, p) <= expected_active_experts(t, E, K) + 1e-9
+    skewed = expected_active_experts_from_popularity(t, p)
+    assert skewed <= expected_active_experts(t, E, K) + 1e-9
+    # and never below what the tokens must activate: one token alone activates K distinct experts
+    # (sum_i p_i = K), and a mixture of 3 K-subsets activates at most 3 K however many tokens
+    if t >= 1:
+        assert K - 1e-9 <= skewed <= min(E, 3 * K) + 1e-9
 
 
 # Properties -------------------------------------------------------------------------------

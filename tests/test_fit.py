@@ -163,6 +163,12 @@ def test_robustness_study_rows():
     assert study.loc[study["stride"] == 19, "batch_sizes"].item() == "1"  # stride 19 = one B per block
     assert np.isnan(study.loc[study["stride"] == 1, "mape"].item())  # nothing held back
     assert (study["status"] > 0).all()
+    for row in study.itertuples():  # Table 3's MSE: over every measurement, not only the fitted ones
+        assert row.mse == pytest.approx(np.mean((row.result.predict(frame) - frame["speedup"]) ** 2), rel=1e-12)
+        fitted = frame.loc[row.result.fitted.index]
+        assert row.mse_fitted == pytest.approx(np.mean((row.result.predict(fitted) - fitted["speedup"]) ** 2), rel=1e-12)
+    one = study.set_index("stride").loc[1]
+    assert one["mse"] == pytest.approx(one["mse_fitted"], rel=1e-12)
 
 
 def test_fit_respects_bounds_from_model_and_hardware():

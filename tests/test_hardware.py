@@ -88,6 +88,19 @@ def test_thread_cpu_time_clock(quick):
     assert quick.settings["clock"] == "wall"
 
 
+def test_the_cpu_clock_reads_thread_time_and_the_wall_clock_perf_counter(monkeypatch):
+    """Stub clocks that advance by different steps per read: each setting must time with its own clock."""
+    import itertools
+
+    thread, wall = itertools.count(0, 0.5), itertools.count(0, 7.0)
+    monkeypatch.setattr(hardware.time, "thread_time", lambda: next(thread))
+    monkeypatch.setattr(hardware.time, "perf_counter", lambda: next(wall))
+    cpu = torch.device("cpu")
+    with hardware._threads(1):  # thread CPU time is one thread's: the clock requires one torch thread
+        assert hardware._time_calls(lambda: None, 3, cpu, clock="cpu") == [0.5, 0.5, 0.5]
+    assert hardware._time_calls(lambda: None, 3, cpu, clock="wall") == [7.0, 7.0, 7.0]
+
+
 def test_threads_are_restored():
     before = torch.get_num_threads()
     hardware.gemm_curve((1,), 8, 8, repeats=1)

@@ -109,6 +109,16 @@ def test_theory_figures_draw_one_line_per_series_with_latex_labels(make, lines):
     assert "gamma" not in ax.get_xlabel().replace("\\gamma", "")
 
 
+def test_sigma_curves_follow_eq5():
+    """Eq. 5 by hand at alpha = 0.5: (1 - 0.5^(g+1)) / ((1 - 0.5)(g + 1)) = 0.75, 0.5833, 0.3875 for g = 1, 2, 4;
+    every curve runs from 1 / (g + 1) at alpha = 0 to 1 at alpha = 1."""
+    ax = theory.sigma_curves(gammas=(1, 2, 4)).axes[0]
+    for line, gamma, at_half in zip(ax.get_lines(), (1, 2, 4), (0.75, 7 / 12, 0.3875)):
+        alpha, sigma = (np.asarray(values, dtype=float) for values in line.get_data())
+        assert sigma[0] == pytest.approx(1 / (gamma + 1), rel=1e-3) and sigma[-1] == pytest.approx(1, rel=1e-3)
+        assert np.interp(0.5, alpha, sigma) == pytest.approx(at_half, rel=1e-3)
+
+
 def test_efficiency_bounds_plots_every_row():
     tables = pd.DataFrame({"device": ["A", "A", "B"], "table": [1, 1, 2], "gamma": [2, 3, 2],
                            "min target efficiency": [0.6, 0.5, 0.7]})

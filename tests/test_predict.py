@@ -148,6 +148,9 @@ def test_popularity_and_callable_routing():
     np.testing.assert_allclose(same.total, base.total, rtol=1e-12)
     skew = zipf_popularity(E, K, 1.0)
     assert skew.sum() == pytest.approx(K) and skew.max() <= 1.0 and skew[0] == 1.0
+    # by hand: expert 1 capped at 1, the other 7 of K spread as 1 / i: p_i = 7 / (H i), H = sum_{i=2}^{64} 1 / i
+    harmonic = sum(1 / i for i in range(2, 65))
+    np.testing.assert_allclose(skew[1:4], [7 / (harmonic * i) for i in (2, 3, 4)], rtol=1e-12)
     skewed = step_time("qwen2-57b-a14b", H100, 1, [8, 64], routing=skew)
     assert (skewed.bytes["routed_experts"] < base.bytes["routed_experts"][1:]).all()  # fewer distinct experts
     per_layer = step_time("qwen2-57b-a14b", H100, 1, [8, 64], routing=np.tile(uniform, (28, 1)))
@@ -250,6 +253,9 @@ def test_one_layer_draft_and_weights_per_gpu():
     assert counts["routed_experts"] == 256 * 3 * 7168 * 2048
     total = get_model("deepseek-v3").weight_counts()["total"]
     assert weights_per_gpu("deepseek-v3", "fp8", 8) == pytest.approx(total / 8)
+    # bytes, not parameters: the DeepSeek-V3 card's 671B in bf16 over 8 GPUs; fp8 is half of it
+    assert weights_per_gpu("deepseek-v3", "bf16", 8) == pytest.approx(2 * 671e9 / 8, rel=0.01)
+    assert weights_per_gpu("deepseek-v3", "bf16", 8) == pytest.approx(2 * weights_per_gpu("deepseek-v3", "fp8", 8))
 
 
 def test_moe_speedup_rises_then_falls_and_the_dense_pair_only_falls():
@@ -268,11 +274,22 @@ def test_best_gamma_and_batch_range():
     assert len(best) == 128 and (best["speedup"].to_numpy() >= most - 1e-15).all()
     low, high, peak, at = batch_range(frame)
     assert low <= at <= high and peak == pytest.approx(frame["speedup"].max())
+    # by hand: best per B is 1.2, 1.5, 2.0, 1.5; above 2 / sqrt(2) = 1.414 from B = 2 to 4, peak 2.0 at B = 3
+    hand = pd.DataFrame({"batch_size": [1, 1, 2, 2, 3, 3, 4, 4], "gamma": [1, 2] * 4,
+                         "speedup": [1.0, 1.2, 1.5, 1.4, 2.0, 1.9, 1.3, 1.5]})
+    assert batch_range(hand) == (2, 4, 2.0, 3)
+    assert batch_range(hand, fraction=0.9) == (3, 3, 2.0, 3)
+    assert best_gamma(hand)["gamma"].tolist() == [2, 1, 1, 2]
 
 
 def test_a_grid_of_ten_thousand_points_is_one_call():
     frame = predict_sd("deepseek-v3", "deepseek-v3-mtp", "H200", np.arange(1, 2001), np.arange(1, 6), 0.8, tp=8)
     assert len(frame) == 10_000 and np.isfinite(frame["speedup"]).all()
+    grid = frame.set_index(["batch_size", "gamma"])
+    for B, gamma in ((1, 1), (1000, 3), (2000, 5)):  # each grid point is the point computed alone
+        alone = predict_sd("deepseek-v3", "deepseek-v3-mtp", "H200", B, gamma, 0.8, tp=8).iloc[0]
+        for column in ("t_target_1", "t_target_gamma", "t_draft", "speedup"):
+            assert grid.loc[(B, gamma), column] == pytest.approx(alone[column], rel=1e-12)
 
 
 def test_efficiency_to_match_closes_the_gap():

@@ -34,6 +34,22 @@ def test_every_record_cites_its_source():
         assert len(hw.source) > 20 and hw.peak_flops > 0 and hw.memory_bandwidth > 0
 
 
+#: Dense bf16 tensor peak (TFLOP/s) and memory bandwidth (TB/s) as the vendors' data sheets print them,
+#: typed here independently of moesd.roofline (dense: half the "with sparsity" figure).
+DATA_SHEETS = {"A800": (312, 2.039), "A100": (312, 2.039), "H800": (989.5, 3.35), "H100": (989.5, 3.35),
+               "H200": (989.5, 4.8), "H20": (148, 4.0), "L40": (181.05, 0.864), "B200": (2250, 8.0),
+               "MI300X": (1307.4, 5.3)}
+
+
+@pytest.mark.parametrize("name", sorted(DATA_SHEETS))
+def test_every_gpu_record_has_its_data_sheets_peaks(name):
+    flops, bandwidth = DATA_SHEETS[name]
+    hw = HARDWARE[name]
+    assert hw.peak_flops == pytest.approx(flops * 1e12, rel=1e-3)
+    assert hw.memory_bandwidth == pytest.approx(bandwidth * 1e12, rel=1e-3)
+    assert ridge_point(name) == pytest.approx(flops / bandwidth, rel=1e-3)
+
+
 def test_unknown_hardware():
     with pytest.raises(ValueError, match="hardware must be one of"):
         ridge_point("TPU")

@@ -180,6 +180,21 @@ def test_synthetic_acceptance_follows_eq5(alpha):
     assert stats.sigma == pytest.approx(float(sigma_of_alpha(alpha, gamma)), abs=0.015)
 
 
+def test_each_seed_draws_its_own_acceptance_coins():
+    """The sweeps give every point its own seed (moesd.sweeps.acceptance_seed): different seeds must give
+    different accepted counts, the same seed the same ones."""
+    stub = FixedLogits()
+    decoder = SpeculativeDecoder(stub, stub, 3)
+    ids = torch.ones(4, 2, dtype=torch.long)
+
+    def accepted(seed):
+        stats = decoder.generate(ids, max_new_tokens=1 + 10 * 4, max_rounds=10, synthetic_acceptance=0.5, seed=seed).stats
+        return [record.accepted for record in stats.records]
+
+    first = accepted(1)
+    assert accepted(1) == first and accepted(2) != first and accepted(3) != first
+
+
 def test_rounds_are_recorded_and_windows_cut_them():
     stub = FixedLogits()
     decoder = SpeculativeDecoder(stub, stub, 2)

@@ -94,6 +94,10 @@ def test_shape_helpers_on_clean_curves():
     assert low <= 24 <= high and high < 60
     width, narrowest, widest = v.half_power_width(c)
     assert narrowest <= width <= widest and width > 0
+    # noise-free: above 2.2 / sqrt(2) where r e^(1 - r) >= 0.1945 (r = B / 24): from B = 2 (0.208; B = 1: 0.109)
+    # to B = 80 (0.323; B = 100: 0.176), a width of 78 batch sizes
+    exact = v.curve(sweep({"y": lambda b: hump(b, 24)}, noise=0.0), "y")
+    assert v.half_power_width(exact)[0] == pytest.approx(78)
     line = v.curve(sweep({"y": falling}, noise=0.01), "y")
     assert v.falls_monotonically(line)["falls_monotonically"] and not v.rises_then_falls(line)["rises_then_falls"]
     flat = v.curve(sweep({"y": lambda b: np.full(len(b), 1.0)}, noise=0.01), "y")

@@ -19,6 +19,18 @@ def test_total_parameters_match_the_model_cards(row):
     assert spec.weight_counts()["total"] == pytest.approx(row["total_params"], rel=0.06)  # names round: OPT-350m has 331M
     if row["num_experts"] == row["num_experts"]:  # MoE rows
         assert spec.num_experts == row["num_experts"] and spec.top_k == row["num_experts_per_tok"]
+    # every shape field the table copies from the model's config.json (OPT names them differently)
+    config = spec.config_dict()
+    aliases = {"opt": {"hidden_size": "hidden_size", "intermediate_size": "ffn_dim", "num_hidden_layers":
+                       "num_hidden_layers", "num_attention_heads": "num_attention_heads", "vocab_size": "vocab_size"}}
+    fields = aliases.get(spec.model_type, {f: f for f in ("hidden_size", "moe_intermediate_size", "intermediate_size",
+                                                          "num_hidden_layers", "num_attention_heads",
+                                                          "num_key_value_heads", "vocab_size")})
+    for column, key in fields.items():
+        if row[column] == row[column] and key in config:
+            assert config[key] == row[column], (row["model"], column)
+    checked = [column for column, key in fields.items() if row[column] == row[column] and key in config]
+    assert {"hidden_size", "num_hidden_layers", "vocab_size"} <= set(checked), (row["model"], checked)
 
 
 #: Total and activated parameters as the model cards state them (independent of this code), and whether the
