@@ -36,9 +36,12 @@ book: $(VENV)/.installed
 	mkdir -p $(IPYTHONDIR) $(MPLCONFIGDIR)
 	$(VENV)/bin/jupyter-book build . -W
 
+# One process per core (pytest-xdist), each test file and each chapter whole in one of them; one torch thread
+# each, since two processes of two threads on two cores run slower than one process of two.
 test: $(VENV)/.installed
 	mkdir -p $(IPYTHONDIR) $(MPLCONFIGDIR)
-	$(PYTHON) -m pytest tests book --nbval --nbval-sanitize-with book/sanitize.cfg -m "not vllm"
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PYTHON) -m pytest tests book --nbval --nbval-sanitize-with book/sanitize.cfg \
+	    -m "not vllm" -n auto --dist loadfile
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
