@@ -13,6 +13,7 @@ missing (Debian: ``apt-get install chromium chromium-driver``; ``.ci/run`` insta
 """
 
 import base64
+import json
 import re
 import shutil
 from html.parser import HTMLParser
@@ -182,10 +183,26 @@ def test_equations_typeset(visit, page):
     assert not raw, f"{page}: raw TeX in the rendered text: {raw[:5]}"
 
 
+FIGURE_OUTPUTS = ("<Figure size", "<IPython.core.display.Image object>")
+"""How a figure's output reads as text in a committed chapter (its PNG is stripped, see tools/strip_images.py)."""
+
+
+def figures_in_chapter(page: str) -> int:
+    """Figures the chapter behind ``page`` drew, counted in its committed outputs (0 for a page without one)."""
+    source = ROOT / Path(page).with_suffix(".ipynb")
+    if not source.is_file():
+        return 0
+    cells = json.loads(source.read_text())["cells"]
+    return sum("".join(output.get("data", {}).get("text/plain", "")).startswith(FIGURE_OUTPUTS)
+               for cell in cells for output in cell.get("outputs", []))
+
+
 @pytest.mark.parametrize("page", CONTENT_PAGES)
 def test_images_load(visit, page):
     state = visit(page)
     assert not state["broken"], f"{page}: {len(state['broken'])} of {state['images']} images did not load: {state['broken']}"
+    expected = figures_in_chapter(page)  # every figure the chapter drew is on its page
+    assert state["images"] >= expected, f"{page}: {state['images']} images on the page, the chapter drew {expected}"
 
 
 @pytest.mark.parametrize("page", CONTENT_PAGES)
