@@ -366,7 +366,7 @@ def _fit(args: argparse.Namespace) -> None:
     print(f"{len(result.fitted)} of {len(frame)} measurements, variant {args.variant}, {verified} verified tokens; "
           f"E = {experts} ({experts_source}); ridge point {rp:.4g} tokens ({rp_source}); "
           f"fit {result.fit_seconds:.3f} s")
-    print(f"solver: status {result.status} ({'converged' if result.status > 0 else 'NOT converged'}), "
+    print(f"solver: {result.solver}, status {result.status} ({'converged' if result.status > 0 else 'NOT converged'}), "
           f"{result.nfev} evaluations: {result.message}")
     bounds = result.on_bounds()
     print("on bounds: " + (", ".join(f"{name} ({side})" for name, side in bounds.items()) if bounds else "none"))

@@ -3,7 +3,8 @@
 The forward model (``ComputeSpeedup``, stage times, bounds) lives in :mod:`moesd.speedup_model`; its
 names are importable from here too. :func:`fit_speedup_model` runs ``least_squares`` (trust region
 reflective, as the paper) with the model's analytic Jacobian on inputs precomputed once
-(:class:`moesd.speedup_model.SpeedupInputs`).
+(:class:`moesd.speedup_model.SpeedupInputs`). Where trf crawls along a flat valley of the MSE, L-BFGS-B
+carries it to the valley's floor and trf finishes from there (:func:`_minimise`).
 
 Speedup is a ratio of times: multiplying the eight time-like parameters by one constant changes no
 prediction. Only bounds (Appendix C.2: parameter volumes over memory bandwidth) fix that scale. When
@@ -27,14 +28,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares
+from scipy.optimize import Bounds, OptimizeResult, least_squares, minimize
 
 from moesd._checks import as_array
 from moesd.speedup_model import (PARAMETERS, TIME_PARAMETERS, VARIANTS, VERIFY_TOKENS, SpeedupInputs,
                                  SpeedupParams, as_params, compute_speedup, parameter_bounds, stage_times,
                                  target_time)
 
-__all__ = ["PARAMETERS", "TIME_PARAMETERS", "VARIANTS", "VERIFY_TOKENS", "PAPER_STRIDES", "COLUMNS",
+__all__ = ["PARAMETERS", "TIME_PARAMETERS", "VARIANTS", "VERIFY_TOKENS", "PAPER_STRIDES", "COLUMNS", "SOLVERS",
            "SpeedupParams", "SpeedupInputs", "as_params", "compute_speedup", "stage_times", "target_time",
            "parameter_bounds", "from_sweep", "sigma_adjusted_speedup", "check_measurements", "FitResult",
            "stride_sample", "fit_speedup_model", "held_out_errors", "robustness_study", "residual_table",
@@ -49,6 +50,10 @@ sigma (Eq. 5) and measured speedup."""
 TOLERANCE = 1e-12
 """``ftol``, ``xtol`` and ``gtol`` of ``least_squares``: tight enough that the optimum, not the stopping
 rule, sets every printed digit (the analytic Jacobian makes that cheap)."""
+TRF_EVALUATIONS = 60
+"""Residual evaluations trf gets before :func:`_minimise` hands a fit that is still moving to L-BFGS-B."""
+SOLVERS = ("trf", "trf, L-BFGS-B, trf")
+"""What :func:`_minimise` ran: trf alone, or trf, then L-BFGS-B along a flat valley, then trf again."""
 
 
 def from_sweep(rows: pd.DataFrame, num_experts: int) -> pd.DataFrame:
@@ -146,9 +151,13 @@ class FitResult:
         ``"gamma"`` (Algorithm 1's ``B gamma`` verified tokens) or ``"gamma+1"`` (vLLM's, moesd.sd's).
     lower, upper : numpy.ndarray
         The bounds, in :data:`PARAMETERS` order.
-    status, message, nfev, njev
-        ``least_squares``'s exit status (> 0: converged), its message, and its numbers of residual and
-        Jacobian evaluations.
+    status, message
+        The exit status of the last ``least_squares`` run (> 0: its convergence tests passed; 0: it
+        stopped at its evaluation limit) and its message.
+    nfev, njev
+        Residual and Jacobian evaluations of the whole fit (every stage of :attr:`solver`).
+    solver : str
+        One of :data:`SOLVERS`: what :func:`_minimise` ran.
     """
 
     parameters: SpeedupParams
@@ -165,6 +174,7 @@ class FitResult:
     message: str
     nfev: int
     njev: int
+    solver: str = SOLVERS[0]
 
     @property
     def params(self) -> dict:
@@ -223,6 +233,48 @@ def _scale_is_free(lower: np.ndarray, upper: np.ndarray) -> bool:
     """Whether the bounds leave the common scale of the time-like parameters undetermined."""
     times = slice(0, len(TIME_PARAMETERS))
     return bool(np.all(lower[times] <= 1e-12) and np.all(np.isinf(upper[times])))
+
+
+def _minimise(residual, jacobian, residual_and_jacobian, start: np.ndarray, lower: np.ndarray,
+              upper: np.ndarray) -> tuple[OptimizeResult, str, int, int]:
+    """Minimise half the sum of squared residuals within the bounds; trf, helped along flat valleys.
+
+    trf (``least_squares(method="trf")``, the paper's solver) converges within 100 evaluations on most
+    samples. On some it enters a flat, curved valley of the MSE (``s`` climbing to its bound while
+    ``k3`` falls, the cost changing by 1e-7 relative per step), where its Gauss-Newton steps stay
+    short and it needs thousands of evaluations, or stops at its limit of 1000 unconverged. After
+    :data:`TRF_EVALUATIONS` evaluations without convergence, L-BFGS-B (whose curvature estimate follows
+    the valley) continues from trf's point on variables scaled by the Jacobian's column norms, and trf
+    restarts where it stops, so that trf's own convergence tests pass on the result.
+    ``residual_and_jacobian`` returns both at one point (what L-BFGS-B asks for).
+
+    Returns
+    -------
+    solution : scipy.optimize.OptimizeResult
+        The last trf run (its ``x``, ``status`` and ``message``).
+    solver : str
+        One of :data:`SOLVERS`.
+    nfev, njev : int
+        Residual and Jacobian evaluations of all stages.
+    """
+    options = dict(jac=jacobian, bounds=(lower, upper), method="trf", x_scale="jac", ftol=TOLERANCE,
+                   xtol=TOLERANCE, gtol=TOLERANCE)
+    solution = least_squares(residual, start, max_nfev=TRF_EVALUATIONS, **options)
+    if solution.status != 0:
+        return solution, SOLVERS[0], int(solution.nfev), int(solution.njev)
+    norms = np.linalg.norm(jacobian(solution.x), axis=0)
+    scale = np.divide(1.0, norms, out=np.ones_like(norms), where=norms > 0)
+
+    def cost_and_gradient(scaled):
+        error, derivatives = residual_and_jacobian(scaled * scale)
+        return 0.5 * error @ error, (derivatives.T @ error) * scale
+
+    valley = minimize(cost_and_gradient, solution.x / scale, jac=True, method="L-BFGS-B",
+                      bounds=Bounds(lower / scale, upper / scale),
+                      options={"ftol": np.finfo(float).eps, "gtol": TOLERANCE, "maxcor": 20})
+    final = least_squares(residual, np.clip(valley.x * scale, lower, upper), **options)
+    return (final, SOLVERS[1], int(solution.nfev + valley.nfev + final.nfev),
+            int(solution.njev + valley.nfev + final.njev))
 
 
 def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None, variant: str = "eq4",
@@ -289,9 +341,12 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
     def jacobian(p):
         return inputs._jacobian(p, variant, tokens)
 
+    def residual_and_jacobian(p):
+        speedup, derivatives = inputs._speedup_and_jacobian(p, variant, tokens)
+        return speedup - measured, derivatives
+
     tick = time.perf_counter()
-    solution = least_squares(residual, start, jac=jacobian, bounds=(lower, upper), method="trf", x_scale="jac",
-                             ftol=TOLERANCE, xtol=TOLERANCE, gtol=TOLERANCE)
+    solution, solver, nfev, njev = _minimise(residual, jacobian, residual_and_jacobian, start, lower, upper)
     seconds = time.perf_counter() - tick
     values = solution.x
     if _scale_is_free(lower, upper) and values[0] > 0 and start[0] > 0:
@@ -303,7 +358,7 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
     residuals = residual(values)
     return FitResult(SpeedupParams.from_vector(values), variant, rp, float(np.mean(residuals ** 2)), residuals,
                      seconds, data, verify_tokens, lower, upper, int(solution.status), str(solution.message),
-                     int(solution.nfev), int(solution.njev or 0))
+                     nfev, njev, solver)
 
 
 def _held_back(result: FitResult, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -336,9 +391,12 @@ def held_out_errors(result: FitResult, frame: pd.DataFrame) -> dict:
         ``mse_all`` over every row.
     """
     held, array = _held_back(result, frame)
-    measured = array[:, 5]
-    all_error = _inputs(frame, result.rp, result.verify_tokens, array)._speedup(
-        result.parameters.vector(), result.variant) - measured
+    return _errors(result, _inputs(frame, result.rp, result.verify_tokens, array), array[:, 5], held)
+
+
+def _errors(result: FitResult, inputs: SpeedupInputs, measured: np.ndarray, held: np.ndarray) -> dict:
+    """:func:`held_out_errors` from the inputs of every row, their measured speedups and the held-back mask."""
+    all_error = inputs._speedup(result.parameters.vector(), result.variant) - measured
     error = all_error[held]
     points = int(held.sum())
     return {"points": points, "mse": float(np.mean(error ** 2)) if points else float("nan"),
@@ -354,17 +412,23 @@ def robustness_study(frame: pd.DataFrame, rp: float, strides=PAPER_STRIDES, **fi
     -------
     pandas.DataFrame
         One row per stride: ``stride``, ``m``, ``mse`` (over every measurement, as Table 3),
-        ``mse_fitted``, held-back ``mape`` and ``max_abs_error``, ``fit_seconds``, ``status`` (of the
-        solver), ``on_bounds`` (parameters on a bound, as a string), ``batch_sizes`` (sorted, as a
-        string) and ``result`` (the :class:`FitResult`).
+        ``mse_fitted``, held-back ``mape`` and ``max_abs_error``, ``fit_seconds``, ``solver`` (see
+        :data:`SOLVERS`), ``status`` (of the last trf run: > 0 converged), ``nfev`` (residual evaluations),
+        ``on_bounds`` (parameters on a bound, as a string), ``batch_sizes`` (sorted, as a string) and
+        ``result`` (the :class:`FitResult`).
     """
+    array = _measurement_array(frame)
+    everything = None  # the inputs of every row, for the errors of every fit
     rows = []
     for stride in strides:
         result = fit_speedup_model(frame, rp, stride=stride, **fit_options)
-        held = held_out_errors(result, frame)
+        if everything is None:
+            everything = _inputs(frame, result.rp, result.verify_tokens, array)
+        held = _errors(result, everything, array[:, 5], ~frame.index.isin(result.fitted.index))
         rows.append({"stride": stride, "m": len(result.fitted), "mse": held["mse_all"], "mse_fitted": result.mse,
                      "mape": held["mape"], "max_abs_error": held["max_abs_error"],
-                     "fit_seconds": result.fit_seconds, "status": result.status,
+                     "fit_seconds": result.fit_seconds, "solver": result.solver, "status": result.status,
+                     "nfev": result.nfev,
                      "on_bounds": " ".join(f"{name} ({side})" for name, side in result.on_bounds().items()),
                      "batch_sizes": " ".join(str(int(b)) for b in sorted(result.fitted["B"].unique())),
                      "result": result})

@@ -410,9 +410,10 @@ def measure_roofline(device: str = "cpu", dtype: str = "float32", threads: int |
                      quick: bool = False, clock: str = "wall") -> RooflineMeasurement:
     """Measure the roofline of this machine: STREAM bandwidth and GEMM FLOP/s against M.
 
-    Takes under 10 seconds on this project's 2-core CPU with the defaults; ``quick`` (small arrays
-    and shapes, for tests) well under one second. The numbers are the best of the repeats (as STREAM
-    reports); medians are kept in the curves.
+    Its time grows with the last-level cache, four times which its STREAM arrays and its GEMM weight
+    copies fill: 20 s with the defaults and 2 s with ``quick`` (small arrays and shapes, for tests)
+    on one of this project's 2-core VMs, which reports a 503 MB cache. The numbers are the best of
+    the repeats (as STREAM reports); medians are kept in the curves.
 
     Parameters
     ----------

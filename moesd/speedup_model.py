@@ -284,6 +284,11 @@ class SpeedupInputs:
         return self._jacobian(as_params(params).vector(), variant)
 
     def _jacobian(self, p: np.ndarray, variant: str, tokens: np.ndarray | None = None) -> np.ndarray:
+        return self._speedup_and_jacobian(p, variant, tokens)[1]
+
+    def _speedup_and_jacobian(self, p: np.ndarray, variant: str,
+                              tokens: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The speedups and their Jacobian from one evaluation of G and the stage times."""
         draft_weight, ar_weight = self._weights(variant)
         tokens = self._growth_tokens if tokens is None else tokens
         lam, s = p[8:].tolist()
@@ -313,7 +318,7 @@ class SpeedupInputs:
         weights[3] = -k3 * on_denominator
         jacobian[8] = self.rp * (weights * d_transition).sum(axis=0)
         jacobian[9] = (weights * d_s).sum(axis=0)
-        return jacobian.T
+        return on_denominator * denominator, jacobian.T
 
 
 def target_time(params, tokens, K, E, rp):

@@ -6,11 +6,18 @@ not the Makefile exported them. ``MPLBACKEND`` is removed so that the notebooks 
 IPython's inline figures (``MPLBACKEND=Agg``, common on CI images, turns them into text).
 Hypothesis runs derandomised, without a database, so that CI is reproducible.
 
+A sweep stores the measured roofline of its machine in its sidecar (``moesd.hardware.measured_roofline``,
+once per process). Its STREAM arrays are four times the last-level cache: on a machine that reports a
+large cache (503 MB on one of this project's 2-core VMs) that takes 20 s, paid by the first sweep in each
+test process. Sweeps under test store a quick roofline instead (small arrays and shapes, once per
+process); ``tests/test_hardware.py`` measures the real one, and a test marked ``real_roofline`` gets it.
+
 Tests in a module that uses torch models (imports torch, transformers or a torch-importing moesd
 module) are marked ``slow``; ``pytest -m "not slow"`` skips them while iterating, and ``make test``
 runs everything. A test elsewhere can be marked ``@pytest.mark.slow`` by hand.
 """
 
+import functools
 import inspect
 import os
 import sys
@@ -29,6 +36,7 @@ _TOO_EARLY = sorted({"huggingface_hub", "datasets", "transformers"} & set(sys.mo
 if _TOO_EARLY:  # a plugin imported them first: their offline switches were read already
     raise RuntimeError(f"{', '.join(_TOO_EARLY)} imported before tests/conftest.py set the offline variables")
 
+import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("moesd", derandomize=True, database=None, max_examples=200, deadline=None)
@@ -48,10 +56,26 @@ def _uses_models(module) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    import pytest
-
     heavy = {}
     for item in items:
         module = getattr(item, "module", None)
         if module is not None and heavy.setdefault(module.__name__, _uses_models(module)):
             item.add_marker(pytest.mark.slow)
+
+
+
+@functools.lru_cache(maxsize=None)
+def _quick_roofline(device: str, dtype: str, threads: int):
+    """What ``moesd.hardware.measured_roofline`` gives sweeps under test: a quick measurement, once per process."""
+    from moesd import hardware
+
+    return hardware.measure_roofline(device, dtype, threads, quick=True)
+
+
+@pytest.fixture(autouse=True)
+def quick_sweep_roofline(request, monkeypatch):
+    """Sweeps store :func:`_quick_roofline` in their sidecars, except in tests marked ``real_roofline``."""
+    if not request.node.get_closest_marker("real_roofline"):
+        from moesd import hardware
+
+        monkeypatch.setattr(hardware, "_measured_once", _quick_roofline)

@@ -64,7 +64,7 @@ def test_fit_takes_E_and_the_ridge_point_from_the_sidecar(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "12 of 48 measurements" in out and "E = 8 (sidecar)" in out
     assert "ridge point 37.04 tokens (measured roofline in the sidecar, in its dtype)" in out
-    assert re.search(r"solver: status [1-4] \(converged\), \d+ evaluations", out)
+    assert re.search(r"solver: trf(, L-BFGS-B, trf)?, status [1-4] \(converged\), \d+ evaluations", out)
     # Noise-free data from known parameters: every speedup is recovered, held back ones too.
     assert number_after(out, "over all") < 1e-12 and number_after(out, "max error") < 1e-6
     assert number_after(out, "MAPE") < 1e-4

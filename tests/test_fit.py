@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from scipy.optimize import least_squares
 
-from moesd.fit import (PARAMETERS, TIME_PARAMETERS, SpeedupInputs, SpeedupParams, best_model_variant,
+from moesd.fit import (PARAMETERS, SOLVERS, TIME_PARAMETERS, SpeedupInputs, SpeedupParams, best_model_variant,
                        compare_stage_times, compute_speedup, fit_speedup_model, fit_stage_times, from_sweep,
                        held_out_errors, model_variant_errors, parameter_bounds, residual_table, robustness_study,
                        stage_times, stride_sample, target_time)
@@ -162,7 +162,8 @@ def test_robustness_study_rows():
     assert study["m"].tolist() == [10, 12, 21, 228]
     assert study.loc[study["stride"] == 19, "batch_sizes"].item() == "1"  # stride 19 = one B per block
     assert np.isnan(study.loc[study["stride"] == 1, "mape"].item())  # nothing held back
-    assert (study["status"] > 0).all()
+    assert (study["status"] > 0).all() and set(study["solver"]) <= set(SOLVERS)
+    assert study["nfev"].tolist() == [row.nfev for row in study["result"]]
     for row in study.itertuples():  # Table 3's MSE: over every measurement, not only the fitted ones
         assert row.mse == pytest.approx(np.mean((row.result.predict(frame) - frame["speedup"]) ** 2), rel=1e-12)
         fitted = frame.loc[row.result.fitted.index]
@@ -267,6 +268,65 @@ def test_same_answers_as_the_old_fit_on_the_shipped_data(variant):
     new = fit_speedup_model(frame, 10.0, variant=variant, stride=11)
     assert new.mse <= old_mse * (1 + 1e-10)
     assert new.predict(frame) == pytest.approx(old, rel=5e-5)
+
+
+def shipped_sparsity():
+    """The shipped CPU sparsity study as a fitting frame, with the ridge point in tokens of its sidecar."""
+    from moesd.measurements import load, ridge_tokens_for
+
+    raw, sidecar = load("sparsity", "cpu")
+    return from_sweep(raw, num_experts=64), ridge_tokens_for(sidecar)
+
+
+def trf_alone(frame, rp, stride, variant, max_nfev=None):
+    """least_squares(trf) on a stride sample with the fit's options and start, as the fit ran before L-BFGS-B
+    took over from it: the solution, and a function of parameters giving the predictions on every row."""
+    from moesd.fit import TOLERANCE, _initial_guess
+
+    data = stride_sample(frame, stride)
+    inputs = SpeedupInputs.build(*(data[c].to_numpy(float) for c in ("B", "gamma", "K", "E", "sigma")), rp)
+    everything = SpeedupInputs.build(*(frame[c].to_numpy(float) for c in ("B", "gamma", "K", "E", "sigma")), rp)
+    measured = data["speedup"].to_numpy(float)
+    lower, upper = parameter_bounds()
+    solution = least_squares(lambda p: inputs.speedup(p, variant) - measured, _initial_guess(1.0, lower, upper),
+                             jac=lambda p: inputs.jacobian(p, variant), bounds=(lower, upper), method="trf",
+                             x_scale="jac", ftol=TOLERANCE, xtol=TOLERANCE, gtol=TOLERANCE, max_nfev=max_nfev)
+    return solution, lambda p: everything.speedup(p, variant)
+
+
+def test_a_fit_trf_finishes_within_its_share_is_trf_alone():
+    """Printed denominator, stride 10: trf converges in 47 evaluations, under TRF_EVALUATIONS: nothing else runs."""
+    frame, rp = shipped_sparsity()
+    result = fit_speedup_model(frame, rp, variant="printed", stride=10)
+    solution, predict = trf_alone(frame, rp, 10, "printed")
+    assert result.solver == "trf" and result.nfev == solution.nfev == 47 and result.status == solution.status > 0
+    assert result.predict(frame) == pytest.approx(predict(solution.x), rel=1e-12, abs=0)
+
+
+def test_a_crawling_fit_reaches_the_floor_trf_reaches_slowly():
+    """Eq. 4, stride 20: trf alone crawls along a flat valley (s climbing to 2) for 496 evaluations before its
+    tests pass; after 60 L-BFGS-B carries it there, and trf, restarted, converges at the same floor."""
+    from moesd.fit import TRF_EVALUATIONS
+
+    frame, rp = shipped_sparsity()
+    result = fit_speedup_model(frame, rp, stride=20)
+    solution, predict = trf_alone(frame, rp, 20, "eq4")
+    assert solution.status > 0 and solution.nfev == 496 > TRF_EVALUATIONS
+    assert result.solver == SOLVERS[1] and result.status > 0 and result.nfev < solution.nfev
+    assert result.params["s"] == pytest.approx(2.0) and solution.x[9] == pytest.approx(2.0)
+    assert result.mse <= 2 * solution.cost / len(result.fitted) * (1 + 1e-12)
+    assert result.predict(frame) == pytest.approx(predict(solution.x), rel=1e-6, abs=0)
+
+
+def test_a_fit_trf_leaves_unconverged_converges():
+    """Eq. 4, stride 13: trf alone stops at its limit of 1000 evaluations unconverged (it needs about 6500);
+    the fit converges, with a lower MSE."""
+    frame, rp = shipped_sparsity()
+    result = fit_speedup_model(frame, rp, stride=13)
+    solution, _ = trf_alone(frame, rp, 13, "eq4")
+    assert solution.status == 0 and solution.nfev == 1000
+    assert result.status > 0 and result.nfev < 1000
+    assert result.mse < 2 * solution.cost / len(result.fitted)
 
 
 def test_stage_time_fit_is_identifiable():

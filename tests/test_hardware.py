@@ -121,6 +121,7 @@ def test_bad_arguments_fail_before_measuring(changes, match):
         hardware.measure_roofline(**{"quick": True, **changes})
 
 
+@pytest.mark.real_roofline
 def test_a_sweep_measures_once_per_process(monkeypatch, quick):
     calls = []
     monkeypatch.setattr(hardware, "measure_roofline", lambda *args: calls.append(args) or quick)
@@ -180,7 +181,9 @@ def test_step_cost_of_a_dense_tied_model_counts_the_embedding_once():
     assert config["tie_word_embeddings"]
 
 
-def test_dispatch_and_breakdown_structure(quick):
+def test_dispatch_and_breakdown_structure(quick, monkeypatch):
+    # No cache to defeat: each product reuses one weight instead of copies filling 4x the last-level cache.
+    monkeypatch.setattr(hardware, "last_level_cache_bytes", lambda device="cpu": None)
     dispatch = hardware.expert_dispatch_seconds(repeats=1)
     assert dispatch["table"]["experts"].tolist() == list(range(8, 65, 8))
     assert {"per_expert_seconds", "fixed_seconds"} <= set(dispatch)
@@ -196,6 +199,34 @@ def test_dispatch_and_breakdown_structure(quick):
         hardware.expert_dispatch_seconds("qwen2-0.5b")
     with pytest.raises(ValueError, match="statistic must be 'median' or 'best'"):
         hardware.decode_step_breakdown(statistic="mean")
+
+
+def test_breakdown_by_hand_with_stubbed_timers(quick, monkeypatch):
+    """Stubbed timers, counts by hand. One Qwen2-MoE layer has 10 dense weight matrices (q, k, v, o, router,
+    the shared expert's gate, up and down, its sigmoid gate, the LM head; the embedding is a lookup) and
+    stores each expert as 2 (fused gate-up, down). Every product costs 5 us from memory and 2 us from
+    cache, as much as an empty call: compute is 0 net of the call, the products read from memory cost
+    (10 + 2 N(B)) x 3 us with N(B) from Eq. 8. Steps: 1 ms x B at the measured width, 0.1 ms x B at the
+    overhead width; 4 us per activated expert of dispatch."""
+    def step(net, batch_size, tokens, context, repeats, seed, clock):
+        return [(1e-3 if net.config.hidden_size > 64 else 1e-4) * batch_size]
+
+    def products(shapes, tokens, dtype, device, repeats, from_memory, statistic, clock):
+        return {(out, inp, m): 5e-6 if from_memory else 2e-6 for out, inp in shapes for m in tokens}
+
+    monkeypatch.setattr(hardware, "forward_seconds", step)
+    monkeypatch.setattr(hardware, "_matmul_seconds", products)
+    frame = hardware.decode_step_breakdown(layers=1, width=1 / 32, batch_sizes=(1, 3, 16), context=8, repeats=1,
+                                           roofline=quick, dispatch={"per_expert_seconds": 4e-6}, threads=1)
+    batch = np.array([1, 3, 16])
+    experts = expected_active_experts(batch, 64, 8)
+    assert frame["active_experts"].to_numpy() == pytest.approx(experts)
+    assert frame["measured_s"].to_numpy() == pytest.approx(1e-3 * batch)
+    assert frame["compute_s"].to_numpy() == pytest.approx(0.0, abs=1e-15)
+    assert frame["matmul_s"].to_numpy() == pytest.approx((10 + 2 * experts) * 3e-6)
+    assert frame["dispatch_s"].to_numpy() == pytest.approx(4e-6 * experts)
+    assert frame["other_overhead_s"].to_numpy() == pytest.approx(1e-4 * batch - 4e-6 * experts)
+    assert frame["residual_s"].to_numpy() == pytest.approx(9e-4 * batch - (10 + 2 * experts) * 3e-6)
 
 
 def test_study_seconds_by_hand():
