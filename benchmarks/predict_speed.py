@@ -14,7 +14,7 @@ from moesd.predict import predict_sd
 
 REPEATS = 11
 COMMAND = ["-m", "moesd.cli", "predict", "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware",
-           "H200", "--tp", "8", "--gamma", "1-5", "--sigma", "0.8", "--batch", "1-256"]
+           "H200", "--tp", "8", "--dtype", "fp8", "--gamma", "1-5", "--sigma", "0.8", "--batch", "1-256"]
 
 
 def main() -> None:

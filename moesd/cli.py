@@ -5,7 +5,7 @@
 ``moesd trace --model M --prompts humaneval ...`` captures expert routing into a trace file;
 ``moesd sweep e2e --preset cpu`` times AR against SD over batch sizes (``moesd.bench``);
 ``moesd fit data/measurements/cpu/sparsity.csv --stride 11`` fits Algorithm 1 (``moesd.fit``);
-``moesd predict --target deepseek-v3 --draft deepseek-v3-mtp --hardware H200 --tp 8`` predicts SD's speedup
+``moesd predict --target deepseek-v3 --draft deepseek-v3-mtp --hardware H200 --tp 8 --dtype fp8`` predicts SD's speedup
 (``moesd.predict``).
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 import numpy as np
@@ -399,7 +400,7 @@ def _numbers(text: str, name: str) -> np.ndarray:
 
 
 def _predict(args: argparse.Namespace) -> None:
-    from moesd.predict import batch_range, best_gamma, predict_sd
+    from moesd.predict import batch_range, best_gamma, memory_per_gpu, predict_sd, resolve_hardware
 
     batch, gammas = _integers(args.batch, "--batch"), _integers(args.gamma, "--gamma")
     for name, values in (("--batch", batch), ("--gamma", gammas)):
@@ -438,6 +439,14 @@ def _predict(args: argparse.Namespace) -> None:
     print(f"{args.target} on {args.tp} x {args.hardware} (ep {args.ep}), draft {args.draft} on {args.draft_tp} "
           f"GPU(s), {args.dtype}, context {args.context} tokens; speedup of Eq. 4 predicted by moesd.predict "
           "(roofline at achieved fractions of data-sheet peaks, no engine overhead)")
+    held = memory_per_gpu(args.target, args.hardware, batch, args.context, args.tp, args.ep, args.dtype)
+    capacity = resolve_hardware(args.hardware).memory_bytes
+    if held.max() > capacity:
+        fitting = batch[held <= capacity]
+        print(f"does not fit: weights and KV cache need {held.max() / 1e9:.0f} GB per GPU at B = {batch.max()} "
+              f"({held.min() / 1e9:.0f} GB at B = {batch.min()}); a {args.hardware} holds {capacity / 1e9:.0f} GB. "
+              + (f"Only B <= {fitting.max()} fits (activations and the engine's workspace not counted)."
+                 if fitting.size else "No batch size fits: use more GPUs (--tp) or a smaller --dtype."))
     for value in values:
         rows = frame[frame[column] == value]
         best = best_gamma(rows)
@@ -588,7 +597,9 @@ def main(argv: list[str] | None = None) -> int:
 
     A :class:`moesd._checks.UsageError` (a bad argument, raised by a sub-command's checks or by
     the package's input validation) is printed as a one-line usage error with exit status 2;
-    any other exception is a failure of the program and keeps its traceback.
+    any other exception is a failure of the program and keeps its traceback. When the reader of
+    the output goes away (``moesd predict ... | head``) the command stops quietly with status 1, as
+    Python's documentation of SIGPIPE advises.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -596,6 +607,9 @@ def main(argv: list[str] | None = None) -> int:
         args.run(args)
     except UsageError as error:
         parser.error(str(error))
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 1
     return 0
 
 

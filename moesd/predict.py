@@ -172,6 +172,23 @@ def weights_per_gpu(model, dtype="bf16", tp=1) -> float:
     return resolve_model(model).weight_counts()["total"] * DTYPE_BYTES[dtype] / tp
 
 
+def memory_per_gpu(model, hardware, batch_size, context, tp=1, ep=1, dtype="bf16") -> np.ndarray:
+    """Bytes each of the target's ``tp`` GPUs holds: its weights (:func:`weights_per_gpu`) and KV cache.
+
+    The cache holds ``context`` tokens for each of ``batch_size`` sequences, what a decode step of
+    :func:`step_time` reads from it (KV heads split over the GPUs as there, activations in bf16).
+    Activations, the serving engine's workspace and fragmentation are not counted: a setup above
+    the GPU's memory does not fit, one just below may not either.
+
+    Returns
+    -------
+    numpy.ndarray
+        Bytes, broadcast over ``batch_size`` and ``context``.
+    """
+    step = step_time(model, hardware, 1, batch_size, context, tp=tp, ep=ep, dtype=dtype)
+    return weights_per_gpu(model, dtype, tp) + step.bytes["kv_cache"]
+
+
 _DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float8_e4m3fn": "fp8"}
 """torch's names of the weight dtypes (as sweep sidecars record them)."""
 

@@ -1,6 +1,7 @@
 """The whole-model performance model: closed forms, limits, monotonicity, Eq. 4, bad input, the CLI."""
 
 import dataclasses
+import re
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ from moesd.predict import (
     batch_range,
     best_gamma,
     expert_gemm_time,
+    memory_per_gpu,
     predict_sd,
     rejection_time,
     one_layer_draft,
@@ -401,6 +403,40 @@ def test_cli_prints_the_best_gamma_per_batch_size(capsys, tmp_path):
     assert "best gamma" in printed and "peak speedup" in printed
     frame = pd.read_csv(out)
     assert len(frame) == 64 * 5 and set(frame["gamma"]) == {1, 2, 3, 4, 5}
+
+
+def test_memory_per_gpu_is_weights_and_the_kv_cache_by_hand():
+    """Qwen2-57B-A14B: 28 layers x 4 KV heads x 128 values per head, keys and values, 2 bytes each, split
+    over 2 GPUs: 28 672 bytes per cached token per GPU."""
+    weights = weights_per_gpu("qwen2-57b-a14b", "bf16", 2)
+    held = memory_per_gpu("qwen2-57b-a14b", "H800", [1, 10], [0, 1000], tp=2)
+    assert held.tolist() == pytest.approx([weights, weights + 10 * 1000 * 28 * 4 * 128 * 2 * 2 / 2])
+
+
+def test_cli_says_when_a_setup_does_not_fit(capsys):
+    from moesd.cli import main
+
+    deepseek = ["predict", "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200", "--tp", "8"]
+    main(deepseek)  # bf16: 671e9 x 2 bytes / 8 GPUs = 168 GB of weights alone against 141 GB
+    assert "No batch size fits" in capsys.readouterr().out
+    main([*deepseek, "--dtype", "fp8"])  # 84 GB of weights: every B up to 256 fits with 1024 tokens each
+    assert "does not fit" not in capsys.readouterr().out
+    main([*deepseek, "--dtype", "fp8", "--batch", "1-1024"])
+    largest = int(re.search(r"Only B <= (\d+) fits", capsys.readouterr().out).group(1))
+    held = memory_per_gpu("deepseek-v3", "H200", [largest, largest + 1], 1024, tp=8, dtype="fp8")
+    assert held[0] <= HARDWARE["H200"].memory_bytes < held[1]
+
+
+def test_cli_stops_quietly_when_its_reader_goes_away():
+    """moesd predict ... | head: the pipe's reader closes; exit status 1 and no traceback."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)
+    done = subprocess.run([sys.executable, "-m", "moesd.cli", "predict", "--target", "qwen2-57b-a14b", "--draft",
+                           "qwen2-0.5b", "--hardware", "H800", "--tp", "2"], stdout=write, stderr=subprocess.PIPE)
+    os.close(write)
+    assert done.returncode == 1 and done.stderr == b""
 
 
 @pytest.mark.parametrize("flag, value, match", [("--gamma", "0-2", "--gamma"), ("--batch", "x", "--batch"),
