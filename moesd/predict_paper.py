@@ -2,7 +2,10 @@
 
 * :func:`paper_comparison`: every Qwen2-57B-A14B + Qwen2-0.5B row of Tables 1-2 beside the predicted peak of
   the same setup (nothing fitted to the tables);
-* :func:`paper_orderings`: the orderings the paper reports (faster GPU, fewer GPUs, PCIe), printed and predicted;
+* :func:`paper_orderings`: the orderings the paper reports (faster GPU, fewer GPUs, PCIe), printed and predicted,
+  with a sign test of the print's own support for each;
+* :func:`ordering_scan`: those orderings, the peak batch sizes and the level gap under several efficiencies
+  (a lower achieved FLOP/s, a host cost per forward pass);
 * :func:`model_stages`: the predicted peak as the model's pieces are added one by one;
 * :func:`efficiency_to_match`: what one overhead or efficiency would have to be for the predicted peak to
   equal a measured speedup.
@@ -11,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pandas as pd
@@ -138,6 +142,22 @@ PAPER_ORDERINGS = (("2xH800", "2xA800", "higher ridge point, larger speedup"),
                    ("4xL40", "4xA800", "higher ridge point, larger speedup"))
 
 
+HOST_SECONDS_VLLM_V0 = 0.29 / 0.38 * 5e-3
+"""An order of magnitude of vLLM v0's host work per forward pass (seconds): scheduling alone.
+
+vLLM's profile of v0.5.3 serving Llama 3 8B on one H100 puts scheduling (gathering the last step's
+results, scheduling the next, preparing its inputs) at 29 % of the execution time and the GPU's
+forward pass at 38 % ("vLLM v0.6.0: 2.7x Throughput Improvement and 5x Latency Reduction", vLLM blog,
+2024-09-05); that forward takes about 5 ms ("vLLM V1", vLLM blog, 2025-01-27): 0.29 / 0.38 x 5 ms.
+Not a measurement of the paper's runs (a 57B MoE on several GPUs, SD's draft steps, another vLLM
+version); only its order of magnitude is used."""
+
+
+def _sign_test(holds: int, pairs: int) -> float:
+    """One-sided sign test: the probability of at least ``holds`` of ``pairs`` if either order were as likely."""
+    return sum(math.comb(pairs, k) for k in range(holds, pairs + 1)) / 2 ** pairs if pairs else float("nan")
+
+
 def paper_orderings(comparison: pd.DataFrame) -> pd.DataFrame:
     """How often each ordering of :data:`PAPER_ORDERINGS` holds, printed and predicted.
 
@@ -147,11 +167,16 @@ def paper_orderings(comparison: pd.DataFrame) -> pd.DataFrame:
     round instead, ``sigma (gamma + 1) / x`` (the denominator of Eq. 4, lower is better), from
     which sigma has gone.
 
+    ``printed_p_value`` asks whether the print itself shows the ordering: the one-sided sign test of
+    its count at equal sigma, the chance of at least that many pairs holding if neither setup were
+    better (a count that any coin could give has a large p-value).
+
     Returns
     -------
     pandas.DataFrame
         ``better``, ``worse``, ``reading``, ``pairs``, ``printed_holds``, ``predicted_holds``,
-        ``printed_holds_at_equal_sigma`` and ``predicted_holds_at_equal_sigma`` (counts of pairs).
+        ``printed_holds_at_equal_sigma``, ``predicted_holds_at_equal_sigma`` (counts of pairs) and
+        ``printed_p_value``.
     """
     key = ["dataset", "temperature", "gamma"]
     comparison = comparison.assign(
@@ -168,7 +193,40 @@ def paper_orderings(comparison: pd.DataFrame) -> pd.DataFrame:
                         (both["printed_denominator_a"] < both["printed_denominator_b"]).sum()),
                     "predicted_holds_at_equal_sigma": int(
                         (both["predicted_denominator_a"] < both["predicted_denominator_b"]).sum())})
+        out[-1]["printed_p_value"] = _sign_test(out[-1]["printed_holds_at_equal_sigma"], len(both))
     return pd.DataFrame(out)
+
+
+def ordering_scan(efficiencies: dict, context=256, batch_sizes=PAPER_BATCH_SIZES) -> pd.DataFrame:
+    """The orderings at equal sigma, the predicted peak batch sizes and the level gap under each efficiency.
+
+    Parameters
+    ----------
+    efficiencies : dict of str to Efficiency or None
+        One column per entry, labelled by its key (None: the default model).
+    context, batch_sizes
+        As in :func:`paper_comparison`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One column per efficiency (of objects, so that counts stay whole numbers); rows
+        ``"<better> > <worse> (of <pairs>)"`` (pairs holding at equal sigma, :func:`paper_orderings`),
+        ``"orderings holding in every pair"`` (of :data:`PAPER_ORDERINGS`), ``"peak B, <device>"``
+        (median over the device's rows) and ``"median predicted / printed"``.
+    """
+    columns = {}
+    for label, efficiency in efficiencies.items():
+        frame = paper_comparison(context=context, efficiency=efficiency, batch_sizes=batch_sizes, match=False)
+        orderings = paper_orderings(frame)
+        held = {f"{r.better} > {r.worse} (of {r.pairs})": r.predicted_holds_at_equal_sigma
+                for r in orderings.itertuples()}
+        held["orderings holding in every pair"] = int(
+            (orderings["predicted_holds_at_equal_sigma"] == orderings["pairs"]).sum())
+        peaks = {f"peak B, {device}": int(rows["peak_B"].median()) for device, rows in frame.groupby("device")}
+        columns[label] = {**held, **peaks,
+                          "median predicted / printed": float((frame["predicted"] / frame["printed"]).median())}
+    return pd.DataFrame({label: pd.Series(rows, dtype=object) for label, rows in columns.items()})
 
 
 def model_stages(device: str, gamma: int, sigma: float, context=256, speedup=None,

@@ -26,7 +26,7 @@ from moesd.predict import (
     weights_per_gpu,
     zipf_popularity,
 )
-from moesd.predict_paper import efficiency_to_match, paper_orderings
+from moesd.predict_paper import PAPER_ORDERINGS, efficiency_to_match, ordering_scan, paper_orderings
 from moesd.roofline import HARDWARE
 from moesd.speedup import speedup
 from moesd.traces import RoutingTrace, popularity
@@ -325,6 +325,35 @@ def test_paper_orderings_at_equal_sigma_compare_the_cost_of_a_round():
     assert table["pairs"] == 1 and table["printed_holds"] == 0 and table["predicted_holds"] == 0
     assert table["printed_holds_at_equal_sigma"] == 1  # 4.5 / 2.20 = 2.05 < 4.75 / 2.25 = 2.11
     assert table["predicted_holds_at_equal_sigma"] == 0  # 4.5 / 3.0 = 1.50 > 4.75 / 3.2 = 1.48
+
+    assert table["printed_p_value"] == 0.5  # one pair holding of one: a coin's chance
+
+
+def test_the_print_s_support_is_a_one_sided_sign_test_by_hand():
+    """Tables 1-2 at equal sigma: 7, 10 and 11 of 12 pairs hold; P(at least k of 12 | 1/2) summed by hand."""
+    from moesd.predict_paper import paper_comparison
+
+    table = paper_orderings(paper_comparison(match=False)).set_index("better")
+    assert table["printed_holds_at_equal_sigma"].tolist() == [7, 10, 11] and (table["pairs"] == 12).all()
+    by_hand = [(792 + 495 + 220 + 66 + 12 + 1) / 4096, (66 + 12 + 1) / 4096, (12 + 1) / 4096]
+    assert table["printed_p_value"].tolist() == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_ordering_scan_counts_what_paper_orderings_counts():
+    from moesd.predict_paper import paper_comparison
+
+    efficiency = Efficiency(step_seconds=2e-3)
+    scan = ordering_scan({"default": None, "host": efficiency})
+    for label, option in (("default", None), ("host", efficiency)):
+        frame = paper_comparison(match=False, efficiency=option)
+        orderings = paper_orderings(frame)
+        counts = [scan.loc[f"{r.better} > {r.worse} (of {r.pairs})", label] for r in orderings.itertuples()]
+        assert counts == orderings["predicted_holds_at_equal_sigma"].tolist()
+        every = sum(count == pairs for count, pairs in zip(counts, orderings["pairs"]))
+        assert scan.loc["orderings holding in every pair", label] == every <= len(PAPER_ORDERINGS)
+        ratio = (frame["predicted"] / frame["printed"]).median()
+        assert scan.loc["median predicted / printed", label] == pytest.approx(ratio)
+        assert scan.loc["peak B, 2xH800", label] == int(frame.loc[frame["device"] == "2xH800", "peak_B"].median())
 
 
 def test_calibrate_recovers_known_parameters_and_holds_out_batch_sizes():
