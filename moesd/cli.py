@@ -598,8 +598,9 @@ def main(argv: list[str] | None = None) -> int:
     A :class:`moesd._checks.UsageError` (a bad argument, raised by a sub-command's checks or by
     the package's input validation) is printed as a one-line usage error with exit status 2;
     any other exception is a failure of the program and keeps its traceback. When the reader of
-    the output goes away (``moesd predict ... | head``) the command stops quietly with status 1, as
-    Python's documentation of SIGPIPE advises.
+    the output of a command that only prints (theory, hardware, fit, predict) goes away
+    (``moesd predict ... | head``), the command stops quietly with status 1, as Python's documentation
+    of SIGPIPE advises; a broken pipe inside trace or sweep (a worker process, say) is a failure.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -608,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         parser.error(str(error))
     except BrokenPipeError:
+        if args.run not in (_theory, _hardware, _fit, _predict):
+            raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         return 1
     return 0

@@ -165,11 +165,43 @@ def one_layer_draft(model) -> Architecture:
                                sliding_layers=min(arch.sliding_layers, 0))
 
 
+def _attention_per_gpu(arch: Architecture, tp: int) -> tuple[float, float]:
+    """Attention projection weights one of ``tp`` GPUs holds per layer, and the share of KV heads it keeps.
+
+    Heads are split over the GPUs, KV heads replicated below one per GPU, MLA's latent projections
+    replicated on every GPU.
+    """
+    if arch.attention == "gqa":
+        kv_share = np.ceil(arch.num_kv_heads / tp) / arch.num_kv_heads
+        return (arch.q_params + arch.o_params) / tp + arch.kv_params * kv_share, kv_share
+    replicated = arch.replicated_attention_params
+    return (arch.attention_params - replicated) / tp + replicated, 1.0
+
+
+def _kept_dtype(dtype: str) -> str:
+    """The dtype of the router, embeddings, LM head and norms: bf16 under fp8 (as fp8 checkpoints keep them)."""
+    return "bf16" if dtype == "fp8" else dtype
+
+
 def weights_per_gpu(model, dtype="bf16", tp=1) -> float:
-    """Bytes of weights each of ``tp`` GPUs holds (all weights split evenly; replication ignored)."""
+    """Bytes of weights each of ``tp`` GPUs holds, split as :func:`step_time` splits them.
+
+    Split over the GPUs: attention heads, shared and routed experts (expert parallelism deals whole
+    experts, the same bytes per GPU), dense FFNs, the vocabulary of the embedding and the LM head.
+    On every GPU: KV heads below one per GPU, MLA's latent projections, the routers and the norms.
+    With ``dtype="fp8"`` the router, embeddings, LM head and norms stay bf16.
+    """
+    arch = resolve_model(model)
     dtype = _check_dtype(dtype)
     tp = int(as_array("tp", tp, low=1, whole=True))
-    return resolve_model(model).weight_counts()["total"] * DTYPE_BYTES[dtype] / tp
+    attention, _ = _attention_per_gpu(arch, tp)
+    split = (arch.moe_layers * (arch.shared_params + arch.num_experts * arch.expert_params)
+             + arch.dense_layers * arch.dense_ffn_params) / tp
+    vocabulary = (arch.embedding_params + (0 if arch.tied_embeddings else arch.head_params)) / tp
+    kept = arch.moe_layers * arch.router_params + vocabulary + arch.num_layers * arch.norm_params \
+        + arch.final_norm_params
+    return ((arch.num_layers * attention + split) * DTYPE_BYTES[dtype]
+            + kept * DTYPE_BYTES[_kept_dtype(dtype)])
 
 
 def memory_per_gpu(model, hardware, batch_size, context, tp=1, ep=1, dtype="bf16") -> np.ndarray:
@@ -507,7 +539,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     w_bytes, a_bytes = DTYPE_BYTES[dtype], _activation_bytes(dtype)
     # fp8 checkpoints (DeepSeek-V3's, vLLM's fp8 quantisation) keep the router, the embeddings, the LM head
     # and the norms in bf16, and attention over the bf16 KV cache runs at the bf16 rate
-    kept_dtype = "bf16" if dtype == "fp8" else dtype
+    kept_dtype = _kept_dtype(dtype)
     kept_bytes, kept_rate = DTYPE_BYTES[kept_dtype], _rates(hardware, kept_dtype, efficiency)[1]
     per_kernel = _per_kernel(efficiency, cuda_graphs)
     d = arch.hidden_size
@@ -522,14 +554,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
 
     seconds, traffic, flops = {}, {}, {}
 
-    # Attention projections: heads split over tp, KV heads replicated below one per GPU, MLA latents replicated.
-    if arch.attention == "gqa":
-        kv_share = np.ceil(arch.num_kv_heads / tp) / arch.num_kv_heads
-        attention_params = (arch.q_params + arch.o_params) / tp + arch.kv_params * kv_share
-    else:
-        kv_share = 1.0
-        replicated = arch.replicated_attention_params
-        attention_params = (arch.attention_params - replicated) / tp + replicated
+    attention_params, kv_share = _attention_per_gpu(arch, tp)
     seconds["attention"], traffic["attention"], flops["attention"] = gemm(
         attention_params, _KERNELS[arch.attention], arch.num_layers, 2 * d)
 

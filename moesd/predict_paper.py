@@ -167,17 +167,24 @@ def paper_orderings(comparison: pd.DataFrame) -> pd.DataFrame:
     round instead, ``sigma (gamma + 1) / x`` (the denominator of Eq. 4, lower is better), from
     which sigma has gone.
 
-    ``printed_p_value`` asks whether the print itself shows the ordering: the one-sided sign test of
-    its count at equal sigma, the chance of at least that many pairs holding if neither setup were
-    better (a count that any coin could give has a large p-value).
+    ``printed_p_value`` and ``printed_signed_rank_p`` ask whether the print itself shows the ordering:
+    the one-sided sign test of its count at equal sigma (the chance of at least that many pairs
+    holding if neither setup were better), and the one-sided Wilcoxon signed-rank test of the log
+    ratios of the two rows' cost of a round (which weighs each pair by how much it differs). Both
+    treat the pairs as independent, which rows printed from related runs need not be: read them
+    as a guide to how strong the print's evidence is, not as exact probabilities.
 
     Returns
     -------
     pandas.DataFrame
         ``better``, ``worse``, ``reading``, ``pairs``, ``printed_holds``, ``predicted_holds``,
-        ``printed_holds_at_equal_sigma``, ``predicted_holds_at_equal_sigma`` (counts of pairs) and
-        ``printed_p_value``.
+        ``printed_holds_at_equal_sigma``, ``predicted_holds_at_equal_sigma`` (counts of pairs),
+        ``printed_mean_log_gain`` (the mean over the pairs of the log of the worse setup's printed cost of
+        a round over the better's: about the fraction by which the better setup's rounds are cheaper),
+        ``printed_p_value`` and ``printed_signed_rank_p``.
     """
+    from scipy.stats import wilcoxon
+
     key = ["dataset", "temperature", "gamma"]
     comparison = comparison.assign(
         predicted_denominator=comparison["sigma"] * (comparison["gamma"] + 1) / comparison["predicted"])
@@ -194,6 +201,10 @@ def paper_orderings(comparison: pd.DataFrame) -> pd.DataFrame:
                     "predicted_holds_at_equal_sigma": int(
                         (both["predicted_denominator_a"] < both["predicted_denominator_b"]).sum())})
         out[-1]["printed_p_value"] = _sign_test(out[-1]["printed_holds_at_equal_sigma"], len(both))
+        gain = np.log(both["printed_denominator_b"] / both["printed_denominator_a"])  # > 0: the ordering holds
+        out[-1]["printed_mean_log_gain"] = float(gain.mean()) if len(both) else float("nan")
+        out[-1]["printed_signed_rank_p"] = (float(wilcoxon(gain, alternative="greater").pvalue)
+                                            if len(both) and (gain != 0).any() else float("nan"))
     return pd.DataFrame(out)
 
 
@@ -215,6 +226,11 @@ def ordering_scan(efficiencies: dict, context=256, batch_sizes=PAPER_BATCH_SIZES
         ``"orderings holding in every pair"`` (of :data:`PAPER_ORDERINGS`), ``"peak B, <device>"``
         (median over the device's rows) and ``"median predicted / printed"``.
     """
+    if not isinstance(efficiencies, dict) or not efficiencies:
+        raise ValueError(f"efficiencies must be a non-empty dict of label to Efficiency or None, got {efficiencies!r}")
+    for label, efficiency in efficiencies.items():
+        if efficiency is not None and not isinstance(efficiency, Efficiency):
+            raise ValueError(f"efficiencies[{label!r}] must be an Efficiency or None, got {efficiency!r}")
     columns = {}
     for label, efficiency in efficiencies.items():
         frame = paper_comparison(context=context, efficiency=efficiency, batch_sizes=batch_sizes, match=False)

@@ -10,7 +10,9 @@ A sweep stores the measured roofline of its machine in its sidecar (``moesd.hard
 once per process). Its STREAM arrays are four times the last-level cache: on a machine that reports a
 large cache (503 MB on one of this project's 2-core VMs) that takes 20 s, paid by the first sweep in each
 test process. Sweeps under test store a quick roofline instead (small arrays and shapes, once per
-process); ``tests/test_hardware.py`` measures the real one, and a test marked ``real_roofline`` gets it.
+process). No test runs the full-size measurement; ``tests/test_hardware.py`` checks
+``measure_roofline`` at small sizes, and a test marked ``real_roofline`` sees the package's own
+once-per-process ``measured_roofline``.
 
 Tests in a module that uses torch models (imports torch, transformers or a torch-importing moesd
 module) are marked ``slow``; ``pytest -m "not slow"`` skips them while iterating, and ``make test``

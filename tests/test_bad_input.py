@@ -31,7 +31,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moesd import cli as moesd_cli
-from moesd import experts, fit, importers, measurements, paper, predict, roofline, speedup, sweeps, traces
+from moesd import (experts, fit, importers, measurements, paper, predict, predict_paper, roofline, speedup,
+                   sweeps, traces)
 from moesd._checks import UsageError
 from moesd.prompts import load_prompts
 
@@ -752,6 +753,19 @@ PREDICT = [
          ValueError, "verify_tokens must be 'gamma+1' or 'gamma', got 'all'"),
     Case("predict", "best gamma of another table", lambda: predict.best_gamma(_frame()), ValueError,
          "frame lacks column(s) batch_size; pass a predict_sd frame"),
+    Case("predict", "memory at a batch of 0", lambda: predict.memory_per_gpu("qwen2-57b-a14b", "H800", 0, 256),
+         ValueError, "batch_size must be a whole number >= 1, got 0"),
+    Case("predict", "memory at a negative context",
+         lambda: predict.memory_per_gpu("qwen2-57b-a14b", "H800", 8, -1), ValueError,
+         "context must be a whole number >= 0, got -1"),
+    Case("predict", "memory on 0 GPUs", lambda: predict.memory_per_gpu("qwen2-57b-a14b", "H800", 8, 256, tp=0),
+         ValueError, "tp must be a whole number >= 1, got 0"),
+    Case("predict", "an ordering scan of a list", lambda: predict_paper.ordering_scan([None]), ValueError,
+         "efficiencies must be a non-empty dict of label to Efficiency or None, got [None]"),
+    Case("predict", "an ordering scan of nothing", lambda: predict_paper.ordering_scan({}), ValueError,
+         "efficiencies must be a non-empty dict"),
+    Case("predict", "an ordering scan of a number", lambda: predict_paper.ordering_scan({"a": 0.5}), ValueError,
+         "efficiencies['a'] must be an Efficiency or None, got 0.5"),
 ]
 
 

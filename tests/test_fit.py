@@ -163,7 +163,6 @@ def test_robustness_study_rows():
     assert study.loc[study["stride"] == 19, "batch_sizes"].item() == "1"  # stride 19 = one B per block
     assert np.isnan(study.loc[study["stride"] == 1, "mape"].item())  # nothing held back
     assert (study["status"] > 0).all() and set(study["solver"]) <= set(SOLVERS)
-    assert study["nfev"].tolist() == [row.nfev for row in study["result"]]
     for row in study.itertuples():  # Table 3's MSE: over every measurement, not only the fitted ones
         assert row.mse == pytest.approx(np.mean((row.result.predict(frame) - frame["speedup"]) ** 2), rel=1e-12)
         fitted = frame.loc[row.result.fitted.index]
@@ -295,24 +294,28 @@ def trf_alone(frame, rp, stride, variant, max_nfev=None):
 
 
 def test_a_fit_trf_finishes_within_its_share_is_trf_alone():
-    """Printed denominator, stride 10: trf converges in 47 evaluations, under TRF_EVALUATIONS: nothing else runs."""
+    """Printed denominator, stride 10: trf converges within TRF_EVALUATIONS evaluations: nothing else runs."""
+    from moesd.fit import TRF_EVALUATIONS
+
     frame, rp = shipped_sparsity()
     result = fit_speedup_model(frame, rp, variant="printed", stride=10)
     solution, predict = trf_alone(frame, rp, 10, "printed")
-    assert result.solver == "trf" and result.nfev == solution.nfev == 47 and result.status == solution.status > 0
+    assert solution.status > 0 and solution.nfev <= TRF_EVALUATIONS
+    assert result.solver == "trf" and result.nfev == solution.nfev and result.status == solution.status
     assert result.predict(frame) == pytest.approx(predict(solution.x), rel=1e-12, abs=0)
 
 
 def test_a_crawling_fit_reaches_the_floor_trf_reaches_slowly():
     """Eq. 4, stride 20: trf alone crawls along a flat valley (s climbing to 2) for 496 evaluations before its
-    tests pass; after 60 L-BFGS-B carries it there, and trf, restarted, converges at the same floor."""
+    tests pass; after TRF_EVALUATIONS, L-BFGS-B carries it there, and trf, restarted, converges at the same floor."""
     from moesd.fit import TRF_EVALUATIONS
 
     frame, rp = shipped_sparsity()
     result = fit_speedup_model(frame, rp, stride=20)
     solution, predict = trf_alone(frame, rp, 20, "eq4")
-    assert solution.status > 0 and solution.nfev == 496 > TRF_EVALUATIONS
+    assert solution.status > 0 and solution.nfev > 3 * TRF_EVALUATIONS
     assert result.solver == SOLVERS[1] and result.status > 0 and result.nfev < solution.nfev
+    assert "L-BFGS-B after" in result.message and result.njev > TRF_EVALUATIONS // 2
     assert result.params["s"] == pytest.approx(2.0) and solution.x[9] == pytest.approx(2.0)
     assert result.mse <= 2 * solution.cost / len(result.fitted) * (1 + 1e-12)
     assert result.predict(frame) == pytest.approx(predict(solution.x), rel=1e-6, abs=0)
@@ -324,8 +327,8 @@ def test_a_fit_trf_leaves_unconverged_converges():
     frame, rp = shipped_sparsity()
     result = fit_speedup_model(frame, rp, stride=13)
     solution, _ = trf_alone(frame, rp, 13, "eq4")
-    assert solution.status == 0 and solution.nfev == 1000
-    assert result.status > 0 and result.nfev < 1000
+    assert solution.status == 0  # stopped at scipy's default limit, 100 evaluations per parameter
+    assert result.status > 0 and result.nfev < solution.nfev
     assert result.mse < 2 * solution.cost / len(result.fitted)
 
 

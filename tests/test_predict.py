@@ -254,10 +254,19 @@ def test_one_layer_draft_and_weights_per_gpu():
     counts = draft.weight_counts()
     assert counts["routed_experts"] == 256 * 3 * 7168 * 2048
     total = get_model("deepseek-v3").weight_counts()["total"]
-    assert weights_per_gpu("deepseek-v3", "fp8", 8) == pytest.approx(total / 8)
-    # bytes, not parameters: the DeepSeek-V3 card's 671B in bf16 over 8 GPUs; fp8 is half of it
-    assert weights_per_gpu("deepseek-v3", "bf16", 8) == pytest.approx(2 * 671e9 / 8, rel=0.01)
-    assert weights_per_gpu("deepseek-v3", "bf16", 8) == pytest.approx(2 * weights_per_gpu("deepseek-v3", "fp8", 8))
+    # bytes, not parameters: the DeepSeek-V3 card's 671B in bf16 on one GPU; over 8 GPUs a little more than
+    # an eighth each, since every GPU holds the parts below
+    assert weights_per_gpu("deepseek-v3", "bf16", 1) == 2 * total == pytest.approx(2 * 671e9, rel=0.001)
+    assert 2 * 671e9 / 8 < weights_per_gpu("deepseek-v3", "bf16", 8) < 1.02 * 2 * 671e9 / 8
+    # On every GPU, by hand from the config: MLA's latent projections and their norms in each of 61 layers
+    # (7168 x 1536 + 1536 + 7168 x (512 + 64) + 512), the router of each of 58 MoE layers (256 x 7168), two
+    # norms per layer and the final norm (7168 each): seven copies more on eight GPUs than on one.
+    replicated = 61 * (7168 * 1536 + 1536 + 7168 * (512 + 64) + 512) + 58 * 256 * 7168 + (2 * 61 + 1) * 7168
+    assert 8 * weights_per_gpu("deepseek-v3", "bf16", 8) - weights_per_gpu("deepseek-v3", "bf16", 1) == \
+        pytest.approx(2 * 7 * replicated, rel=1e-12)
+    # fp8 saves a byte per weight except on the router, the embedding and LM head (129280 x 7168 each), the norms
+    kept = 58 * 256 * 7168 + 2 * 129280 * 7168 + (2 * 61 + 1) * 7168
+    assert weights_per_gpu("deepseek-v3", "bf16", 1) - weights_per_gpu("deepseek-v3", "fp8", 1) == total - kept
 
 
 def test_moe_speedup_rises_then_falls_and_the_dense_pair_only_falls():
@@ -337,6 +346,22 @@ def test_the_print_s_support_is_a_one_sided_sign_test_by_hand():
     assert table["printed_holds_at_equal_sigma"].tolist() == [7, 10, 11] and (table["pairs"] == 12).all()
     by_hand = [(792 + 495 + 220 + 66 + 12 + 1) / 4096, (66 + 12 + 1) / 4096, (12 + 1) / 4096]
     assert table["printed_p_value"].tolist() == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_the_signed_rank_test_weighs_each_pair_by_its_difference():
+    """Three pairs, the cost of a round lower on the H800 in two; the A800's one win the smallest difference.
+    Sign test: P(at least 2 of 3) = 4/8. Signed ranks 2 + 3 = 5 of the 8 equally likely sums of subsets of
+    {1, 2, 3} (0, 1, 2, 3, 3, 4, 5, 6): P(W >= 5) = 2/8."""
+    rows = []
+    for gamma, h800, a800 in ((2, 1.90, 2.00), (3, 1.80, 2.00), (4, 2.02, 2.00)):  # denominators sigma (gamma+1)/x
+        for device, denominator in (("2xH800", h800), ("2xA800", a800)):
+            rows.append({"device": device, "dataset": "humaneval", "temperature": 0.0, "gamma": gamma, "sigma": 0.9,
+                         "printed": 0.9 * (gamma + 1) / denominator, "printed_denominator": denominator,
+                         "predicted": 3.0})
+    table = paper_orderings(pd.DataFrame(rows)).set_index("better").loc["2xH800"]
+    assert table["printed_holds_at_equal_sigma"] == 2
+    assert table["printed_p_value"] == pytest.approx(4 / 8) and table["printed_signed_rank_p"] == pytest.approx(2 / 8)
+    assert table["printed_mean_log_gain"] == pytest.approx(np.log(2.00 * 2.00 * 2.00 / (1.90 * 1.80 * 2.02)) / 3)
 
 
 def test_ordering_scan_counts_what_paper_orderings_counts():
@@ -466,6 +491,18 @@ def test_cli_stops_quietly_when_its_reader_goes_away():
                            "qwen2-0.5b", "--hardware", "H800", "--tp", "2"], stdout=write, stderr=subprocess.PIPE)
     os.close(write)
     assert done.returncode == 1 and done.stderr == b""
+
+
+def test_a_broken_pipe_inside_a_sweep_is_a_failure(monkeypatch):
+    """Only the commands that just print stop quietly; a sweep's broken pipe (a worker's, say) propagates."""
+    from moesd import cli
+
+    def broken(args):
+        raise BrokenPipeError("a worker went away")
+
+    monkeypatch.setattr(cli, "_sweep", broken)
+    with pytest.raises(BrokenPipeError, match="worker"):
+        cli.main(["sweep", "forward", "--preset", "cpu"])
 
 
 @pytest.mark.parametrize("flag, value, match", [("--gamma", "0-2", "--gamma"), ("--batch", "x", "--batch"),
