@@ -208,7 +208,7 @@ def memory_per_gpu(model, hardware, batch_size, context, tp=1, ep=1, dtype="bf16
     """Bytes each of the target's ``tp`` GPUs holds: its weights (:func:`weights_per_gpu`) and KV cache.
 
     The cache holds ``context`` tokens for each of ``batch_size`` sequences, what a decode step of
-    :func:`step_time` reads from it (KV heads split over the GPUs as there, activations in bf16).
+    :func:`step_time` reads from it (KV heads split over the GPUs as there; bf16 values, fp32 for fp32 weights).
     Activations, the serving engine's workspace and fragmentation are not counted: a setup above
     the GPU's memory does not fit, one just below may not either.
 
