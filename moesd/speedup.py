@@ -12,9 +12,11 @@ Autoregressive decoding of ``S`` tokens takes ``T_AR = S T_T(B, 1)``, and since
 
 where ``sigma`` is the fraction of the ``gamma + 1`` possible tokens a round emits
 (Eq. 5). The ratio ``T_T(B, 1) / T_T(B, gamma)`` is the paper's *target efficiency*: 1
-when verification costs no more than a decode step, ``1 / gamma`` when cost grows with
-tokens. Leviathan et al.'s walltime factor is Eq. 4 with target efficiency 1 and free
-rejection sampling (:func:`leviathan_speedup`).
+when verification costs no more than a decode step, ``1 / gamma`` when cost grows with the
+gamma tokens the paper counts (``1 / (gamma + 1)`` for the gamma + 1 positions that
+:mod:`moesd.sd` and vLLM score, where the speedup falls to at most ``sigma``). Leviathan
+et al.'s walltime factor is Eq. 4 with target efficiency 1 and free rejection sampling
+(:func:`leviathan_speedup`).
 
 Time arguments may be in any unit, the same for all of them (seconds, typically).
 """
@@ -197,7 +199,8 @@ def target_efficiency(t_target_1, t_target_gamma):
     Returns
     -------
     numpy.ndarray or float
-        Near 1 when verification is memory-bound, near ``1 / gamma`` when compute-bound.
+        Near 1 when verification is memory-bound, near ``1 / gamma`` when compute-bound (``1 / (gamma + 1)``
+        when the pass scores gamma + 1 positions per sequence).
     """
     t_target_1 = as_array("t_target_1", t_target_1, low=0, low_open=True)
     t_target_gamma = as_array("t_target_gamma", t_target_gamma, low=0, low_open=True)

@@ -119,9 +119,20 @@ def test_sigma_curves_follow_eq5():
         assert np.interp(0.5, alpha, sigma) == pytest.approx(at_half, rel=1e-3)
 
 
+def test_speedup_against_efficiency_starts_where_sd_cannot_win():
+    """With free drafting, a verification costing gamma + 1 decode steps (efficiency 1 / (gamma + 1)) leaves
+    sigma (gamma + 1) / (gamma + 1) = sigma, below 1; at efficiency 1 the speedup is sigma (gamma + 1)."""
+    ax = theory.speedup_against_efficiency(0.9, 4, draft_costs=(0.0,)).axes[0]
+    efficiency, speedup = (np.asarray(values, dtype=float) for values in ax.get_lines()[0].get_data())
+    assert efficiency[0] == pytest.approx(1 / 5) and speedup[0] == pytest.approx(0.9)
+    assert efficiency[-1] == pytest.approx(1) and speedup[-1] == pytest.approx(4.5)
+
+
 def test_efficiency_bounds_plots_every_row():
     tables = pd.DataFrame({"device": ["A", "A", "B"], "table": [1, 1, 2], "gamma": [2, 3, 2],
                            "min target efficiency": [0.6, 0.5, 0.7]})
     ax = theory.efficiency_bounds(tables).axes[0]
     points = np.concatenate([c.get_offsets() for c in ax.collections])
     assert sorted(points[:, 1]) == [0.5, 0.6, 0.7]
+    marks = ax.get_lines()[0]  # the efficiency of a verification costing gamma + 1 decode steps
+    assert list(marks.get_xdata()) == [2, 3] and np.allclose(marks.get_ydata(), [1 / 3, 1 / 4])
