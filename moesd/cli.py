@@ -15,6 +15,7 @@ import argparse
 import math
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -239,6 +240,15 @@ def _sweep(args: argparse.Namespace) -> None:
     else:
         run_sweep(config, path.parent, overwrite=args.overwrite)
     print(f"{config.study} study -> {path}")
+    from moesd.measurements import check_file
+
+    problems = check_file(path)[2]
+    for problem in problems:
+        print(f"warning: {path.name}: {problem}", file=sys.stderr)
+    if problems:
+        print(f"warning: {len(problems)} row(s) of {path.name} break a physical bound (timing noise in short windows "
+              "is a common cause: more --rounds or --repeats); the chapters' moesd.measurements.load warns of them "
+              "too", file=sys.stderr)
 
 
 def _sigma_per_gamma(words: list[str], gammas) -> dict | str:
@@ -356,11 +366,14 @@ def _fit(args: argparse.Namespace) -> None:
         check_measurements(frame)
     except ValueError as error:
         raise UsageError(f"{args.measurements}: {error}") from None
+    if len(frame) < len(PARAMETERS):
+        raise UsageError(f"{args.measurements} holds {len(frame)} measurements, fewer than the {len(PARAMETERS)} "
+                         "parameters of Algorithm 1")
     fitted = len(frame) if args.stride is None else len(stride_sample(frame, args.stride))
-    if fitted < len(PARAMETERS):
+    if fitted < len(PARAMETERS):  # every stride-th of n rows keeps ceil(n / stride) of them
         raise UsageError(f"--stride {args.stride} leaves {fitted} of {len(frame)} measurements to fit, fewer than "
                          f"the {len(PARAMETERS)} parameters of Algorithm 1; use a stride of at most "
-                         f"{len(frame) // len(PARAMETERS)}")
+                         f"{(len(frame) - 1) // (len(PARAMETERS) - 1)}")
     result = fit_speedup_model(frame, rp, variant=args.variant, stride=args.stride, verify_tokens=args.verify_tokens)
     errors = held_out_errors(result, frame)
     verified = "B gamma" if args.verify_tokens == "gamma" else "B (gamma + 1)"
@@ -371,8 +384,9 @@ def _fit(args: argparse.Namespace) -> None:
           f"{result.nfev} evaluations: {result.message}")
     bounds = result.on_bounds()
     print("on bounds: " + (", ".join(f"{name} ({side})" for name, side in bounds.items()) if bounds else "none"))
-    print(f"MSE fitted {result.mse:.4g}; over all {errors['mse_all']:.4g}; held back ({errors['points']}): "
-          f"MAPE {errors['mape']:.4g} %, max error {errors['max_abs_error']:.4g}")
+    print(f"MSE fitted {result.mse:.4g}; over all {errors['mse_all']:.4g}; "
+          + (f"held back ({errors['points']}): MAPE {errors['mape']:.4g} %, max error {errors['max_abs_error']:.4g}"
+             if errors["points"] else "none held back (--stride holds some back)"))
     print(pd.DataFrame({"fitted": result.params, "relative to bias": result.relative_params()})
           .to_string(float_format=lambda v: f"{v:.4g}"))
 
@@ -399,8 +413,15 @@ def _numbers(text: str, name: str) -> np.ndarray:
         raise UsageError(f"{name} must be numbers such as 0.8 or 0.7,0.9, got {text!r}") from None
 
 
+def _span(low: int, high: int) -> str:
+    """``B = low-high``, or ``B = low`` when the two are one batch size."""
+    return f"B = {low}" if low == high else f"B = {low}-{high}"
+
+
 def _predict(args: argparse.Namespace) -> None:
-    from moesd.predict import batch_range, best_gamma, memory_per_gpu, predict_sd, resolve_hardware
+    from moesd.predict import (Efficiency, batch_range, best_gamma, memory_per_gpu, predict_sd, resolve_hardware,
+                               resolve_model)
+    from moesd.predict_paper import HOST_SECONDS_VLLM_V0
 
     batch, gammas = _integers(args.batch, "--batch"), _integers(args.gamma, "--gamma")
     for name, values in (("--batch", batch), ("--gamma", gammas)):
@@ -408,23 +429,27 @@ def _predict(args: argparse.Namespace) -> None:
             raise UsageError(f"{name} must be >= 1, got {values.min()}")
     if args.alpha is not None and args.sigma is not None:
         raise UsageError("--sigma and --alpha exclude each other")
-    if args.alpha is not None:
-        column, values = "alpha", _numbers(args.alpha, "--alpha")
+    if args.sigma is None:
+        column, values = "alpha", _numbers(args.alpha or "0.8", "--alpha")
         if ((values < 0) | (values > 1)).any():
             raise UsageError(f"--alpha must be in [0, 1], got {args.alpha}")
         acceptance = dict(alpha=values)
     else:
-        column, values = "sigma", _numbers(args.sigma or "0.8", "--sigma")
+        column, values = "sigma", _numbers(args.sigma, "--sigma")
         if ((values <= 0) | (values > 1)).any():
             raise UsageError(f"--sigma must be in (0, 1], got {args.sigma}")
         if (values[:, None] < 1 / (gammas[None, :] + 1)).any():
             raise UsageError(f"--sigma must be >= 1 / (gamma + 1) for every --gamma, got {args.sigma}")
         acceptance = dict(sigma=values)
     for flag, value, low in (("--tp", args.tp, 1), ("--ep", args.ep, 1), ("--draft-tp", args.draft_tp, 1),
-                             ("--context", args.context, 0)):
+                             ("--context", args.context, 0), ("--host-ms", args.host_ms, 0)):
         if value < low:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
-    options = dict(tp=args.tp, draft_tp=args.draft_tp, context=args.context, ep=args.ep, dtype=args.dtype)
+    for flag, path in (("--csv", args.csv), ("--plot", args.plot)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise UsageError(f"{flag}: folder {Path(path).resolve().parent} does not exist")
+    options = dict(tp=args.tp, draft_tp=args.draft_tp, context=args.context, ep=args.ep, dtype=args.dtype,
+                   efficiency=Efficiency(step_seconds=args.host_ms * 1e-3))
     try:  # one point checks what the options must satisfy together (ep divides E, an interconnect for tp...)
         predict_sd(args.target, args.draft, args.hardware, batch[:1], gammas[:1], **options, **{column: values[:1]})
     except ValueError as error:  # name the command-line flag of the argument the package names
@@ -436,19 +461,30 @@ def _predict(args: argparse.Namespace) -> None:
     frame = predict_sd(args.target, args.draft, args.hardware, batch, gammas, **options, **acceptance)
     if args.csv:
         frame.to_csv(args.csv, index=False)
-    print(f"{args.target} on {args.tp} x {args.hardware} (ep {args.ep}), draft {args.draft} on {args.draft_tp} "
+    hardware = resolve_hardware(args.hardware)
+    print(f"{args.target} on {args.tp} x {hardware.name} (ep {args.ep}), draft {args.draft} on {args.draft_tp} "
           f"GPU(s), {args.dtype}, context {args.context} tokens; speedup of Eq. 4 predicted by moesd.predict "
-          "(roofline at achieved fractions of data-sheet peaks, no engine overhead)")
-    held = memory_per_gpu(args.target, args.hardware, batch, args.context, args.tp, args.ep, args.dtype)
-    capacity = resolve_hardware(args.hardware).memory_bytes
-    if held.max() > capacity:
-        fitting = batch[held <= capacity]
-        print(f"does not fit: weights and KV cache need {held.max() / 1e9:.0f} GB per GPU at B = {batch.max()} "
-              f"({held.min() / 1e9:.0f} GB at B = {batch.min()}); a {args.hardware} holds {capacity / 1e9:.0f} GB. "
-              + (f"Only B <= {fitting.max()} fits (activations and the engine's workspace not counted)."
-                 if fitting.size else "No batch size fits: use more GPUs (--tp) or a smaller --dtype."))
+          f"(roofline at achieved fractions of data-sheet peaks, host cost {args.host_ms:g} ms per forward pass"
+          + (f": an upper bound; --host-ms adds a serving engine's, e.g. {HOST_SECONDS_VLLM_V0 * 1e3:.1f} ms from "
+             "vLLM v0's own profile, moesd.predict_paper" if args.host_ms == 0 else "") + ")")
+    target, draft = resolve_model(args.target), resolve_model(args.draft)
+    if target.vocab_size != draft.vocab_size:
+        print(f"note: the vocabularies differ ({target.vocab_size} against {draft.vocab_size} tokens); SD needs a "
+              "draft that shares the target's tokenizer")
+    held = (memory_per_gpu(args.target, hardware, batch, args.context, args.tp, args.ep, args.dtype)
+            + memory_per_gpu(args.draft, hardware, batch, args.context, args.draft_tp, 1, args.dtype))
+    capacity = hardware.memory_bytes
+    fits = held <= capacity
+    if not fits.all():
+        print(f"does not fit: the target's and the draft's weights and KV caches need {held.max() / 1e9:.0f} GB on "
+              f"a GPU at B = {batch.max()} ({held.min() / 1e9:.0f} GB at B = {batch.min()}; the draft on "
+              f"{args.draft_tp} of the target's GPUs); one {hardware.name} holds {capacity / 1e9:.0f} GB. "
+              + (f"Only B <= {batch[fits].max()} fits (activations and the engine's workspace not counted); the "
+                 "summary below covers those." if fits.any() else
+                 "No batch size fits: use more GPUs (--tp) or a smaller --dtype; the numbers below assume one did."))
+    judged = batch[fits] if fits.any() else batch
     for value in values:
-        rows = frame[frame[column] == value]
+        rows = frame[(frame[column] == value) & frame["batch_size"].isin(judged)]
         best = best_gamma(rows)
         shown = best
         if len(best) > 24:  # a readable table: powers of two and the ends
@@ -456,19 +492,25 @@ def _predict(args: argparse.Namespace) -> None:
                                                                             int(best["batch_size"].iloc[-1])}
             shown = best[best["batch_size"].isin(keep)]
         table = shown.assign(t_target_1=shown["t_target_1"] * 1e3, t_target_gamma=shown["t_target_gamma"] * 1e3,
-                             t_draft=shown["t_draft"] * 1e3)[
-            ["batch_size", "gamma", "speedup", "target_efficiency", "draft_term", "t_target_1", "t_target_gamma",
-             "t_draft"]].rename(columns={"gamma": "best gamma", "t_target_1": "T_T(B,1) ms",
-                                         "t_target_gamma": "T_T(B,g+1) ms", "t_draft": "T_D(B,1) ms"})
+                             t_draft=shown["t_draft"] * 1e3, sd=np.where(shown["speedup"] > 1, "on", "off"))[
+            ["batch_size", "gamma", "speedup", "sd", "target_efficiency", "draft_term", "t_target_1",
+             "t_target_gamma", "t_draft"]].rename(columns={
+                "gamma": "best gamma", "sd": "SD", "t_target_1": "T_T(B,1) ms", "t_target_gamma": "T_T(B,g+1) ms",
+                "t_draft": "T_D(B,1) ms"})
         low, high, peak, at = batch_range(rows)
-        print(f"\n{column} = {value:g}: peak speedup {peak:.2f}x at B = {at}; speedup >= peak / sqrt(2) "
-              f"for B in [{low}, {high}]" + (" (rows shown: powers of two and the ends)" if shown is not best else ""))
+        pays = best.loc[best["speedup"] > 1, "batch_size"]
+        verdict = (f"SD pays (best speedup > 1) at {len(pays)} of {len(best)} batch sizes, {_span(pays.min(), pays.max())}"
+                   if len(pays) else "SD does not pay at any of these batch sizes: leave it off")
+        print(f"\n{column} = {value:g}: {verdict}; peak speedup {peak:.2f}x at B = {at}, >= peak / sqrt(2) for "
+              f"{_span(low, high)}" + (" (rows shown: powers of two and the ends)" if shown is not best else ""))
         print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print("\nSD: on where the best gamma's speedup exceeds 1. draft_term: gamma T_D(B,1) / T_T(B,1), the draft's "
+          "share of Eq. 4's denominator; target_efficiency: T_T(B,1) / T_T(B,gamma+1).")
     if args.plot:
         from moesd.plots import speedup_heatmap
 
         figure = speedup_heatmap(frame[frame[column] == values[0]],
-                                 title=f"{args.target} on {args.tp} x {args.hardware}, {column} {values[0]:g}")
+                                 title=f"{args.target} on {args.tp} x {hardware.name}, {column} {values[0]:g}")
         figure.savefig(args.plot, dpi=150, bbox_inches="tight")
     if args.csv or args.plot:
         print("\n" + " and ".join(f"{path}" for path in (args.csv, args.plot) if path) + " written")
@@ -483,8 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
     theory.add_argument("--E", type=int, required=True, help="routed experts per MoE layer")
     theory.add_argument("--K", type=int, required=True, help="experts per token")
     theory.add_argument("--tokens", type=int, nargs="+", default=DEFAULT_TOKENS,
-                        help="token counts to tabulate")
-    theory.add_argument("--tau", type=float, default=0.95, help="'almost all' fraction for T_thres")
+                        help="token counts to tabulate (default: %(default)s)")
+    theory.add_argument("--tau", type=float, default=0.95,
+                        help="'almost all' fraction for T_thres (default: %(default)s)")
     theory.set_defaults(run=_theory)
 
     hardware = commands.add_parser("hardware", help="hardware records and ridge points; --measure: this machine's")
@@ -506,8 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--batch-size", type=int, default=8, help="sequences per generate call")
     trace.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per sequence")
     trace.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                       help="weight dtype (default: auto, the checkpoint's)")
-    trace.add_argument("--device", help="torch device, e.g. cuda, cuda:1 or cpu (default: cuda when available)")
+                       help="weight dtype of a checkpoint (default: auto, the checkpoint's)")
+    trace.add_argument("--device", help="torch device of a checkpoint, e.g. cuda, cuda:1 or cpu (default: cuda when "
+                       "available; --random-weights models run on the CPU)")
     trace.add_argument("--out", required=True, help="trace file to write (.npz)")
     trace.add_argument("--overwrite", action="store_true", help="replace an existing trace file")
     trace.add_argument("--random-weights", action="store_true",
@@ -540,14 +584,15 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--layers", type=int, help="target layers kept (random weights)")
     sweep.add_argument("--draft-layers", type=int, help="draft layers kept (random weights)")
     sweep.add_argument("--width", type=float, help="width factor of random-weight models, in (0, 1]")
-    sweep.add_argument("--batch-sizes", type=int, nargs="+")
-    sweep.add_argument("--gammas", type=int, nargs="+")
+    sweep.add_argument("--batch-sizes", type=int, nargs="+",
+                       help="sequences per batch (default: the preset's; for most studies the paper's 19 from 1 to 100)")
+    sweep.add_argument("--gammas", type=int, nargs="+", help="draft lengths (default: the preset's, e.g. 2 3 4)")
     sweep.add_argument("--top-ks", type=int, nargs="+", help="experts per token of an MoE target")
     sweep.add_argument("--sigma", nargs="+", help="one sigma per gamma for synthetic acceptance, or 'real'")
     sweep.add_argument("--context", type=int, help="prompt tokens per sequence")
     sweep.add_argument("--rounds", type=int, help="timed SD rounds and AR steps per point (default 32)")
     sweep.add_argument("--warmup-rounds", type=int, help="untimed rounds before them (default 1)")
-    sweep.add_argument("--repeats", type=int)
+    sweep.add_argument("--repeats", type=int, help="independent repeats of every point (default: the preset's)")
     sweep.add_argument("--dtype", help="float32, float64, bfloat16 or float16")
     sweep.add_argument("--device", help="cpu, cuda or cuda:N")
     sweep.add_argument("--out-dir", help="folder of the result file (default: $MOESD_DATA/measurements/<device>, "
@@ -581,11 +626,16 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--ep", type=int, default=1, help="expert-parallel degree, dividing --tp (default 1)")
     predict.add_argument("--draft-tp", type=int, default=1, help="GPUs of the draft, its own (default 1)")
     predict.add_argument("--gamma", default="1-5", help="draft lengths, e.g. 1-5 or 2,4 (default 1-5)")
-    predict.add_argument("--sigma", help="emitted fraction(s) sigma of Eq. 5, the same for every gamma (default 0.8)")
-    predict.add_argument("--alpha", help="per-token acceptance instead of --sigma: sigma(alpha, gamma) of Eq. 5")
+    predict.add_argument("--alpha", help="per-token acceptance probability(ies): sigma(alpha, gamma) of Eq. 5 for "
+                         "each gamma (default 0.8)")
+    predict.add_argument("--sigma", help="emitted fraction(s) sigma of Eq. 5 instead of --alpha, the same for every "
+                         "gamma (then a longer draft always looks better: the best gamma is the largest)")
     predict.add_argument("--batch", default="1-256", help="batch sizes, e.g. 1-256 or 1,8,64 (default 1-256)")
     predict.add_argument("--context", type=int, default=1024, help="tokens in each KV cache (default 1024)")
     predict.add_argument("--dtype", default="bf16", help="weight dtype: bf16, fp8 or fp32 (default bf16)")
+    predict.add_argument("--host-ms", type=float, default=0.0,
+                         help="host cost of every forward pass of target and draft, ms (scheduling, input "
+                         "preparation, sampling in a serving engine; default 0: the GPUs' work only)")
     predict.add_argument("--csv", help="write every predicted row to this CSV file")
     predict.add_argument("--plot", help="write a heatmap of speedup over (B, gamma) to this image file")
     predict.set_defaults(run=_predict)

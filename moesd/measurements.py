@@ -88,15 +88,26 @@ def load(study: str, device: str = "cpu", directory=None) -> tuple[pd.DataFrame,
         known = ", ".join(f"{d}/{s}" for d, s in available(directory=directory)) or "none"
         raise FileNotFoundError(f"no {study} study measured on {device} (available: {known}); "
                                 f"run `moesd sweep {study}` to measure it")
+    frame, sidecar, problems = check_file(path)
+    for problem in problems:
+        warnings.warn(f"{device}/{path.name}: {problem}", MeasurementWarning, stacklevel=2)
+    return frame, sidecar
+
+
+def check_file(path) -> tuple[pd.DataFrame, dict, list[str]]:
+    """A result file's rows, its sidecar and the problems :func:`check_rows` finds in the rows.
+
+    The columns that the sidecar's engine leaves unmeasured may be empty. ValueError if the file or
+    its ``.json`` sidecar cannot be read.
+    """
+    path = Path(path)
     try:
         frame = pd.read_csv(path)
         sidecar = json.loads(path.with_suffix(".json").read_text())
     except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError) as error:
         raise ValueError(f"{path} (or its .json sidecar) cannot be read as a result file: {error}") from None
     nullable = (*NULLABLE_COLUMNS, *ENGINE_UNMEASURED.get(sidecar.get("engine"), ()))
-    for problem in check_rows(frame, nullable):
-        warnings.warn(f"{device}/{path.name}: {problem}", MeasurementWarning, stacklevel=2)
-    return frame, sidecar
+    return frame, sidecar, check_rows(frame, nullable)
 
 
 def check_rows(frame: pd.DataFrame, nullable=NULLABLE_COLUMNS) -> list[str]:

@@ -35,7 +35,7 @@ from moesd.roofline import HARDWARE, Hardware
 from moesd.speedup import sigma as emitted_fraction
 from moesd.speedup import speedup_terms
 from moesd.traces import RoutingTrace
-from moesd.zoo import Architecture, ModelSpec, get_model
+from moesd.zoo import MODELS, Architecture, ModelSpec, get_model
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}
 """Bytes per weight of each supported weight dtype."""
@@ -140,7 +140,7 @@ def resolve_model(model) -> Architecture:
         try:
             return get_model(model).architecture()
         except KeyError:
-            raise ValueError(f"model must be a moesd.zoo name, got {model!r}") from None
+            raise ValueError(f"model must be a moesd.zoo name ({', '.join(MODELS)}), got {model!r}") from None
     raise ValueError(f"model must be a moesd.zoo name, ModelSpec or Architecture, got {type(model).__name__}")
 
 
@@ -148,8 +148,9 @@ def resolve_hardware(hardware) -> Hardware:
     """A :class:`~moesd.roofline.Hardware` record from its :data:`~moesd.roofline.HARDWARE` name or itself."""
     if isinstance(hardware, Hardware):
         return hardware
-    if isinstance(hardware, str) and hardware in HARDWARE:
-        return HARDWARE[hardware]
+    names = {name.lower(): name for name in HARDWARE}
+    if isinstance(hardware, str) and hardware.lower() in names:
+        return HARDWARE[names[hardware.lower()]]
     raise ValueError(f"hardware must be one of {sorted(HARDWARE)} or a Hardware record, got {hardware!r}")
 
 
@@ -403,6 +404,11 @@ def _parallelism(arch: Architecture, hardware: Hardware, tp, ep) -> tuple[int, i
         raise ValueError(f"ep must divide the routed experts of {arch.name} ({arch.num_experts}), got {ep}")
     if tp > 1 and not hardware.interconnect_bandwidth:
         raise ValueError(f"tp: hardware {hardware.name} has no interconnect on record, so tp must be 1")
+    if arch.num_heads % tp:
+        raise ValueError(f"tp must divide the attention heads of {arch.name} ({arch.num_heads}), got {tp}")
+    if arch.num_kv_heads % tp and tp % arch.num_kv_heads:  # KV heads are split, or replicated below one per GPU
+        raise ValueError(f"tp must divide, or be a multiple of, the KV heads of {arch.name} ({arch.num_kv_heads}), "
+                         f"got {tp}")
     return tp, ep
 
 
@@ -736,7 +742,11 @@ def best_gamma(frame: pd.DataFrame, by=("batch_size",)) -> pd.DataFrame:
 
 
 def batch_range(frame: pd.DataFrame, fraction=2 ** -0.5) -> tuple[int, int, float, int]:
-    """Where the best speedup over gamma stays above ``fraction`` of its peak (the paper's x / sqrt(2)).
+    """The run of batch sizes around the peak where the best speedup over gamma stays at or above ``fraction``
+    of its peak (the paper's x / sqrt(2)).
+
+    The run is unbroken over the frame's batch sizes: it ends at the first batch size on either side of
+    the peak that falls below, even if a farther one rises above again.
 
     Returns
     -------
@@ -744,6 +754,10 @@ def batch_range(frame: pd.DataFrame, fraction=2 ** -0.5) -> tuple[int, int, floa
         ``(lowest B, highest B, peak speedup, B of the peak)`` over the frame's batch sizes.
     """
     best = best_gamma(frame)
-    peak_row = best.loc[best["speedup"].idxmax()]
-    above = best.loc[best["speedup"] >= fraction * peak_row["speedup"], "batch_size"]
-    return int(above.min()), int(above.max()), float(peak_row["speedup"]), int(peak_row["batch_size"])
+    at = int(best["speedup"].to_numpy().argmax())
+    peak = float(best["speedup"].iloc[at])
+    below = np.flatnonzero(best["speedup"].to_numpy() < fraction * peak)
+    low = below[below < at].max() + 1 if (below < at).any() else 0
+    high = below[below > at].min() - 1 if (below > at).any() else len(best) - 1
+    sizes = best["batch_size"]
+    return int(sizes.iloc[low]), int(sizes.iloc[high]), peak, int(sizes.iloc[at])

@@ -147,6 +147,6 @@ def load_prompts(name: str, source=None) -> pd.DataFrame:
         if fallback:
             return _normalise(name, *_read_local(name, Path(fallback)))
         raise ValueError(f"cannot load {name}: the hub failed ({type(hub_error).__name__}: "
-                         f"{hub_error}) and no local copy was given; pass source= or set "
-                         "MOESD_PROMPTS to a folder of prompt files") from hub_error
+                         f"{hub_error}) and no local copy was given; pass source= (moesd trace: "
+                         "--prompt-source) or set MOESD_PROMPTS to a folder of prompt files") from hub_error
     return _normalise(name, records, f"the hub's {PROMPT_SETS[name][0]}")

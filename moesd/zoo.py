@@ -566,8 +566,8 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
 
 
 def get_model(name: str) -> ModelSpec:
-    """The :class:`ModelSpec` called ``name`` (a key of :data:`MODELS`) or with that hub id."""
+    """The :class:`ModelSpec` called ``name`` (a key of :data:`MODELS`) or with that hub id, in any case."""
     for spec in MODELS.values():
-        if name in (spec.name, spec.hub_id):
+        if str(name).lower() in (spec.name.lower(), spec.hub_id.lower()):
             return spec
     raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")

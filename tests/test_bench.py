@@ -410,6 +410,23 @@ CLI_TINY = ["--layers", "1", "--draft-layers", "1", "--width", "0.03125", "--bat
             "--repeats", "1", "--rounds", "2", "--context", "5"]
 
 
+def test_cli_sweep_says_when_rows_break_a_physical_bound(tmp_path, capsys, monkeypatch):
+    """A short window can time a verification faster than a decode step: the command says so on stderr."""
+    import moesd.bench
+    from moesd.cli import main
+
+    def timed_too_short(config, folder, overwrite=False):  # a row of speedup 3.4 > sigma (gamma + 1) = 3
+        pd.DataFrame({"run": [0], "batch_size": [2], "gamma": [2], "num_experts_per_tok": [8], "sigma": [1.0],
+                      "speedup": [3.4], "target_efficiency": [1.37]}).to_csv(folder / "e2e.csv", index=False)
+        (folder / "e2e.json").write_text("{}")
+
+    monkeypatch.setattr(moesd.bench, "run_sweep", timed_too_short)
+    assert main(["sweep", "e2e", *CLI_TINY, "--out-dir", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: e2e.csv: line 2 (run=0, batch_size=2, gamma=2, num_experts_per_tok=8): speedup = 3.4" in err
+    assert "1 row(s) of e2e.csv break a physical bound" in err
+
+
 def test_cli_sweep(tmp_path, capsys):
     from moesd.cli import main
 

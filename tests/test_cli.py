@@ -69,6 +69,9 @@ def test_fit_takes_E_and_the_ridge_point_from_the_sidecar(tmp_path, capsys):
     assert number_after(out, "over all") < 1e-12 and number_after(out, "max error") < 1e-6
     assert number_after(out, "MAPE") < 1e-4
     assert "on bounds: none" in out
+    assert main(["fit", str(path)]) == 0  # every row fitted: nothing to score held-back errors on
+    out = capsys.readouterr().out
+    assert "48 of 48 measurements" in out and "none held back" in out and "nan" not in out
 
 
 def test_fit_overrides(tmp_path, capsys):

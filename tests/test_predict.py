@@ -28,6 +28,7 @@ from moesd.predict import (
 )
 from moesd.predict_paper import PAPER_ORDERINGS, efficiency_to_match, ordering_scan, paper_orderings
 from moesd.roofline import HARDWARE
+from moesd.speedup import sigma as speedup_sigma
 from moesd.speedup import speedup
 from moesd.traces import RoutingTrace, popularity
 from moesd.zoo import get_model
@@ -84,14 +85,14 @@ def test_routed_expert_traffic_follows_eq8_and_saturates():
     assert loaded[0] == pytest.approx(8) and loaded[-1] == pytest.approx(64)
 
 
-@pytest.mark.parametrize("name", ["qwen2-57b-a14b", "deepseek-v3", "opt-30b", "gpt-oss-120b"])
-def test_step_time_grows_with_batch_size_tokens_and_context(name):
+@pytest.mark.parametrize("name, tp", [("qwen2-57b-a14b", 4), ("deepseek-v3", 8), ("opt-30b", 8), ("gpt-oss-120b", 8)])
+def test_step_time_grows_with_batch_size_tokens_and_context(name, tp):
     B = np.arange(1, 513)
-    times = step_time(name, "H200", 1, B, 512, tp=8).total
+    times = step_time(name, "H200", 1, B, 512, tp=tp).total
     assert (np.diff(times) >= 0).all()
     contexts = np.array([0, 128, 1024, 8192, 65536])
-    assert (np.diff(step_time(name, "H200", 1, 16, contexts, tp=8).total) > 0).all()
-    assert (np.diff(step_time(name, "H200", np.arange(1, 9), 16, 512, tp=8).total) >= 0).all()
+    assert (np.diff(step_time(name, "H200", 1, 16, contexts, tp=tp).total) > 0).all()
+    assert (np.diff(step_time(name, "H200", np.arange(1, 9), 16, 512, tp=tp).total) >= 0).all()
 
 
 def test_tensor_parallelism_halves_the_weight_streaming_time():
@@ -106,8 +107,8 @@ def test_tensor_parallelism_halves_the_weight_streaming_time():
 
 
 def test_kv_heads_are_replicated_not_split_below_one_per_gpu():
-    """Qwen2-57B has 4 KV heads: beyond tp = 4 every GPU keeps a whole one."""
-    bytes_at = {tp: step_time("qwen2-57b-a14b", "H100", 1, 8, 4096, tp=tp).bytes["kv_cache"] for tp in (1, 2, 4, 8)}
+    """Qwen3-30B-A3B has 4 KV heads (and 32 query heads): beyond tp = 4 every GPU keeps a whole one."""
+    bytes_at = {tp: step_time("qwen3-30b-a3b", "H100", 1, 8, 4096, tp=tp).bytes["kv_cache"] for tp in (1, 2, 4, 8)}
     assert bytes_at[2] == pytest.approx(bytes_at[1] / 2) and bytes_at[4] == pytest.approx(bytes_at[1] / 4)
     assert bytes_at[8] == pytest.approx(bytes_at[4])
 
@@ -291,6 +292,9 @@ def test_best_gamma_and_batch_range():
     assert batch_range(hand) == (2, 4, 2.0, 3)
     assert batch_range(hand, fraction=0.9) == (3, 3, 2.0, 3)
     assert best_gamma(hand)["gamma"].tolist() == [2, 1, 1, 2]
+    # a dip below the threshold ends the run: best per B 1.5, 1.2, 2.0, 1.5, so B = 1 (1.5) lies beyond B = 2 (1.2)
+    dip = pd.DataFrame({"batch_size": [1, 2, 3, 4], "gamma": [1] * 4, "speedup": [1.5, 1.2, 2.0, 1.5]})
+    assert batch_range(dip) == (3, 4, 2.0, 3)
 
 
 def test_a_grid_of_ten_thousand_points_is_one_call():
@@ -477,8 +481,46 @@ def test_cli_says_when_a_setup_does_not_fit(capsys):
     assert "does not fit" not in capsys.readouterr().out
     main([*deepseek, "--dtype", "fp8", "--batch", "1-1024"])
     largest = int(re.search(r"Only B <= (\d+) fits", capsys.readouterr().out).group(1))
-    held = memory_per_gpu("deepseek-v3", "H200", [largest, largest + 1], 1024, tp=8, dtype="fp8")
+    held = (memory_per_gpu("deepseek-v3", "H200", [largest, largest + 1], 1024, tp=8, dtype="fp8")
+            + memory_per_gpu("deepseek-v3-mtp", "H200", [largest, largest + 1], 1024, dtype="fp8"))  # GPU 0's share
     assert held[0] <= HARDWARE["H200"].memory_bytes < held[1]
+    main(["predict", "--target", "qwen3-30b-a3b", "--draft", "deepseek-v3", "--hardware", "H100", "--batch", "1"])
+    printed = capsys.readouterr().out  # the target alone (61 GB in bf16) fits; a 671B draft beside it does not
+    assert memory_per_gpu("qwen3-30b-a3b", "H100", 1, 1024) < HARDWARE["H100"].memory_bytes
+    assert "No batch size fits" in printed and "vocabularies differ (151936 against 129280 tokens)" in printed
+
+
+def test_cli_default_acceptance_is_alpha_so_the_best_gamma_is_a_choice(capsys, tmp_path):
+    """sigma(alpha, gamma) of Eq. 5 falls with gamma, so the best gamma is not simply the largest offered;
+    --sigma, the same for every gamma, says so in its help."""
+    from moesd.cli import main
+
+    out = tmp_path / "p.csv"
+    main(["predict", "--target", "qwen3-30b-a3b", "--draft", "qwen3-0.6b", "--hardware", "H100", "--gamma", "1-12",
+          "--batch", "1,16,128", "--csv", str(out)])
+    frame = pd.read_csv(out)
+    assert (frame["alpha"] == 0.8).all()
+    np.testing.assert_allclose(frame["sigma"], speedup_sigma(0.8, frame["gamma"]))
+    assert best_gamma(frame)["gamma"].max() < 12
+
+
+def test_cli_host_cost_adds_to_every_forward_and_sd_off_is_said(capsys, tmp_path):
+    from moesd.cli import main
+
+    runs = {}
+    for host_ms in (0, 5):
+        out = tmp_path / f"host{host_ms}.csv"
+        main(["predict", "--target", "mixtral-8x7b", "--draft", "qwen3-0.6b", "--hardware", "A800", "--tp", "2",
+              "--batch", "1,32", "--host-ms", str(host_ms), "--csv", str(out)])
+        runs[host_ms] = pd.read_csv(out)
+    for column in ("t_target_1", "t_target_gamma", "t_draft"):
+        np.testing.assert_allclose(runs[5][column] - runs[0][column], 5e-3, rtol=1e-9)
+    capsys.readouterr()
+    main(["predict", "--target", "mixtral-8x7b", "--draft", "qwen3-0.6b", "--hardware", "A800", "--tp", "2",
+          "--batch", "1,32", "--alpha", "0"])  # nothing accepted: a round emits one token and costs more
+    printed = capsys.readouterr().out
+    assert "SD does not pay at any of these batch sizes: leave it off" in printed
+    assert re.search(r"\d\s+off\s+\d", printed) and not re.search(r"\d\s+on\s+\d", printed)  # the SD column
 
 
 def test_cli_stops_quietly_when_its_reader_goes_away():
@@ -535,8 +577,8 @@ def test_a_full_mesh_gives_a_small_group_only_its_own_links():
     latency_only = dataclasses.replace(mesh, interconnect_bandwidth=1e30)
 
     def transfer(hardware, tp):  # seconds of the collectives beyond their latencies
-        return (step_time("qwen2-57b-a14b", hardware, 5, 64, tp=tp).seconds["communication"]
-                - step_time("qwen2-57b-a14b", latency_only, 5, 64, tp=tp).seconds["communication"])
+        return (step_time("qwen3-30b-a3b", hardware, 5, 64, tp=tp).seconds["communication"]
+                - step_time("qwen3-30b-a3b", latency_only, 5, 64, tp=tp).seconds["communication"])
 
     assert transfer(mesh, 2) == pytest.approx(7 * transfer(switched, 2), rel=1e-9)
     assert transfer(mesh, 4) == pytest.approx(7 / 3 * transfer(switched, 4), rel=1e-9)
@@ -553,3 +595,11 @@ def test_fp8_weights_leave_router_head_and_norms_in_bf16():
     weights = {d: s.bytes["routed_experts"] - 16 * spec.top_k * (2 * spec.hidden_size + 3 * spec.expert_intermediate / 8)
                * 2 * spec.moe_layers for d, s in (("fp8", fp8), ("bf16", bf16))}
     assert weights["fp8"] == pytest.approx(weights["bf16"] / 2, rel=1e-9)  # the experts themselves are fp8
+
+
+def test_hardware_is_found_by_name_in_any_case():
+    from moesd.predict import resolve_hardware
+
+    assert resolve_hardware("h100") is HARDWARE["H100"] and resolve_hardware("H100") is HARDWARE["H100"]
+    with pytest.raises(ValueError, match="hardware must be one of"):
+        resolve_hardware("h1000")

@@ -139,3 +139,10 @@ def test_dense_models_have_no_top_k_and_unknown_names_fail():
         get_model("opt-30b").config_dict(top_k=2)
     with pytest.raises(KeyError, match="unknown model"):
         get_model("gpt-5")
+
+
+def test_models_are_found_by_name_or_hub_id_in_any_case():
+    spec = get_model("qwen2-57b-a14b")
+    assert get_model("Qwen2-57B-A14B") is spec and get_model(spec.hub_id.upper()) is spec
+    with pytest.raises(KeyError, match="unknown model 'qwen2-57b'"):
+        get_model("qwen2-57b")
