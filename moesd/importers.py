@@ -23,6 +23,7 @@ Errors name the file, the line and the field.
 
 from __future__ import annotations
 
+import functools
 import json
 import numbers
 import os
@@ -158,6 +159,34 @@ def _sequence_key(value, where: str, first_of_kind: dict) -> object:
 
 # --- per-token JSONL ---------------------------------------------------------------------------
 
+def _names_its_files(read):
+    """Make an importer name its file(s) in every error (missing, a folder, binary bytes, a bad trace), and issue
+    its warnings at the caller's line whatever the depth they came from."""
+    @functools.wraps(read)
+    def reader(paths, *args, **kwargs):
+        single = isinstance(paths, (str, os.PathLike))
+        files = [Path(paths)] if single else [Path(p) for p in paths]
+        name = files[0] if len(files) == 1 else (files[0].parent if files else Path("."))
+        try:
+            with warnings.catch_warnings(record=True) as caught:  # re-issued below, at the caller's line
+                warnings.simplefilter("always")
+                trace = read(paths if single else files, *args, **kwargs)
+            for warning in caught:
+                warnings.warn(warning.message, warning.category, stacklevel=2)
+            return trace
+        except (FileNotFoundError, IsADirectoryError) as error:
+            problem = "no such file" if isinstance(error, FileNotFoundError) else "a folder, not a routing file"
+            raise type(error)(f"{error.filename or name}: {problem}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{name}: not UTF-8 text (a binary file?)") from None
+        except ValueError as error:
+            if any(str(path) in str(error) for path in files):
+                raise
+            raise ValueError(f"{name}: {error}") from None
+    return reader
+
+
+@_names_its_files
 def from_token_jsonl(path, num_experts=None, fields: Mapping | None = None, ragged: str = "drop",
                      phase: str = "decode") -> RoutingTrace:
     """Read one JSON record per (sequence, token, layer).
@@ -271,6 +300,7 @@ def _weights(frame: pd.DataFrame, shape, layer_index: np.ndarray, path: Path) ->
 
 # --- vLLM per-layer logs -----------------------------------------------------------------------
 
+@_names_its_files
 def from_vllm_moe_log(paths, num_experts=None, skip_calls: int = 0, fields: Mapping | None = None,
                       request_ids: str = "auto", max_decode_rows: int = 1, ragged: str = "drop") -> RoutingTrace:
     """Read the JSONL routing logs of an instrumented vLLM, one file per logged layer.
@@ -469,6 +499,7 @@ def _warn_uninformative(path: Path, request, phase: np.ndarray, calls: np.ndarra
 
 # --- layer CSV ---------------------------------------------------------------------------------
 
+@_names_its_files
 def from_layer_csv(path, num_experts=None, ragged: str = "drop") -> RoutingTrace:
     """Read lines ``layer_id,expert_ids`` (ids space-separated), one token of one layer per line.
 
@@ -654,6 +685,8 @@ def save_vllm_routed_experts(request_outputs, path, model_id: str = "", num_expe
 
 def _read_vllm_routed(path: Path):
     """(meta, [(request_id, prompt_tokens, output_tokens, array)]) from a saved file."""
+    if not path.is_file():
+        raise (IsADirectoryError if path.is_dir() else FileNotFoundError)(2, "not a file", str(path))
     if path.suffix == ".json":
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
@@ -687,6 +720,7 @@ def _read_vllm_routed(path: Path):
     return meta, requests
 
 
+@_names_its_files
 def from_vllm_routed_experts(path, num_experts: int | None = None, layers=None) -> RoutingTrace:
     """Read routed experts saved by :func:`save_vllm_routed_experts` (``.npz`` or ``.json``).
 
