@@ -246,9 +246,9 @@ def _sweep(args: argparse.Namespace) -> None:
     for problem in problems:
         print(f"warning: {path.name}: {problem}", file=sys.stderr)
     if problems:
-        print(f"warning: {len(problems)} row(s) of {path.name} break a physical bound (timing noise in short windows "
-              "is a common cause: more --rounds or --repeats); the chapters' moesd.measurements.load warns of them "
-              "too", file=sys.stderr)
+        print(f"warning: {len(problems)} problem(s) in {path.name} (a bound broken by timing noise in short windows: "
+              "more --rounds or --repeats); moesd.measurements.load, which the chapters use, warns of them too",
+              file=sys.stderr)
 
 
 def _sigma_per_gamma(words: list[str], gammas) -> dict | str:
@@ -418,6 +418,15 @@ def _span(low: int, high: int) -> str:
     return f"B = {low}" if low == high else f"B = {low}-{high}"
 
 
+def _runs(chosen: pd.Series, best: pd.DataFrame) -> str:
+    """The batch sizes ``chosen`` out of ``best["batch_size"]`` as unbroken runs: ``B = 1, 4-256``."""
+    sizes = best["batch_size"].to_numpy()
+    inside = np.isin(sizes, chosen.to_numpy())
+    starts = np.flatnonzero(inside & ~np.r_[False, inside[:-1]])
+    ends = np.flatnonzero(inside & ~np.r_[inside[1:], False])
+    return "B = " + ", ".join(f"{sizes[a]}" if a == b else f"{sizes[a]}-{sizes[b]}" for a, b in zip(starts, ends))
+
+
 def _predict(args: argparse.Namespace) -> None:
     from moesd.predict import (Efficiency, batch_range, best_gamma, memory_per_gpu, predict_sd, resolve_hardware,
                                resolve_model)
@@ -442,12 +451,16 @@ def _predict(args: argparse.Namespace) -> None:
             raise UsageError(f"--sigma must be >= 1 / (gamma + 1) for every --gamma, got {args.sigma}")
         acceptance = dict(sigma=values)
     for flag, value, low in (("--tp", args.tp, 1), ("--ep", args.ep, 1), ("--draft-tp", args.draft_tp, 1),
-                             ("--context", args.context, 0), ("--host-ms", args.host_ms, 0)):
+                             ("--context", args.context, 0)):
         if value < low:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
+    if not (math.isfinite(args.host_ms) and args.host_ms >= 0):
+        raise UsageError(f"--host-ms must be a finite number >= 0, got {args.host_ms}")
     for flag, path in (("--csv", args.csv), ("--plot", args.plot)):
         if path and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{flag}: folder {Path(path).resolve().parent} does not exist")
+        if path:
+            new_file(flag, path, overwrite=True)
     options = dict(tp=args.tp, draft_tp=args.draft_tp, context=args.context, ep=args.ep, dtype=args.dtype,
                    efficiency=Efficiency(step_seconds=args.host_ms * 1e-3))
     try:  # one point checks what the options must satisfy together (ep divides E, an interconnect for tp...)
@@ -455,8 +468,8 @@ def _predict(args: argparse.Namespace) -> None:
     except ValueError as error:  # name the command-line flag of the argument the package names
         message = str(error)
         first = message.split(" ", 1)[0].rstrip(":")
-        flag = {"model": "--target/--draft", "hardware": "--hardware", "tp": "--tp", "ep": "--ep",
-                "dtype": "--dtype", "context": "--context"}.get(first)
+        flag = {"model": "--target/--draft", "hardware": "--hardware", "tp": "--tp", "draft_tp": "--draft-tp",
+                "ep": "--ep", "dtype": "--dtype", "context": "--context"}.get(first)
         raise UsageError(f"{flag}: {message}" if flag else message) from None
     frame = predict_sd(args.target, args.draft, args.hardware, batch, gammas, **options, **acceptance)
     if args.csv:
@@ -471,17 +484,19 @@ def _predict(args: argparse.Namespace) -> None:
     if target.vocab_size != draft.vocab_size:
         print(f"note: the vocabularies differ ({target.vocab_size} against {draft.vocab_size} tokens); SD needs a "
               "draft that shares the target's tokenizer")
-    held = (memory_per_gpu(args.target, hardware, batch, args.context, args.tp, args.ep, args.dtype)
-            + memory_per_gpu(args.draft, hardware, batch, args.context, args.draft_tp, 1, args.dtype))
     capacity = hardware.memory_bytes
-    fits = held <= capacity
+    fits = np.ones(len(batch), bool)
+    for role, model, gpus, ep, flag in (("target", args.target, args.tp, args.ep, "--tp"),
+                                        ("draft", args.draft, args.draft_tp, 1, "--draft-tp")):
+        held = memory_per_gpu(model, hardware, batch, args.context, gpus, ep, args.dtype)  # on GPUs of its own
+        fits &= held <= capacity
+        if held.max() > capacity:
+            print(f"does not fit: the {role}'s weights and KV cache need {held.max() / 1e9:.0f} GB per GPU at "
+                  f"B = {batch.max()} ({held.min() / 1e9:.0f} GB at B = {batch.min()}) on {gpus} GPU(s); one "
+                  f"{hardware.name} holds {capacity / 1e9:.0f} GB (more GPUs: {flag}; or a smaller --dtype).")
     if not fits.all():
-        print(f"does not fit: the target's and the draft's weights and KV caches need {held.max() / 1e9:.0f} GB on "
-              f"a GPU at B = {batch.max()} ({held.min() / 1e9:.0f} GB at B = {batch.min()}; the draft on "
-              f"{args.draft_tp} of the target's GPUs); one {hardware.name} holds {capacity / 1e9:.0f} GB. "
-              + (f"Only B <= {batch[fits].max()} fits (activations and the engine's workspace not counted); the "
-                 "summary below covers those." if fits.any() else
-                 "No batch size fits: use more GPUs (--tp) or a smaller --dtype; the numbers below assume one did."))
+        print(f"Only B <= {batch[fits].max()} fits (activations and the engine's workspace not counted); the summary "
+              "below covers those." if fits.any() else "No batch size fits; the numbers below assume one did.")
     judged = batch[fits] if fits.any() else batch
     for value in values:
         rows = frame[(frame[column] == value) & frame["batch_size"].isin(judged)]
@@ -499,7 +514,7 @@ def _predict(args: argparse.Namespace) -> None:
                 "t_draft": "T_D(B,1) ms"})
         low, high, peak, at = batch_range(rows)
         pays = best.loc[best["speedup"] > 1, "batch_size"]
-        verdict = (f"SD pays (best speedup > 1) at {len(pays)} of {len(best)} batch sizes, {_span(pays.min(), pays.max())}"
+        verdict = (f"SD pays (best speedup > 1) at {len(pays)} of {len(best)} batch sizes, {_runs(pays, best)}"
                    if len(pays) else "SD does not pay at any of these batch sizes: leave it off")
         print(f"\n{column} = {value:g}: {verdict}; peak speedup {peak:.2f}x at B = {at}, >= peak / sqrt(2) for "
               f"{_span(low, high)}" + (" (rows shown: powers of two and the ends)" if shown is not best else ""))
@@ -624,12 +639,13 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--hardware", required=True, help="moesd.roofline.HARDWARE name, e.g. H200")
     predict.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of the target (default 1)")
     predict.add_argument("--ep", type=int, default=1, help="expert-parallel degree, dividing --tp (default 1)")
-    predict.add_argument("--draft-tp", type=int, default=1, help="GPUs of the draft, its own (default 1)")
+    predict.add_argument("--draft-tp", type=int, default=1,
+                         help="tensor-parallel GPUs of the draft, its own beside the target's (default 1)")
     predict.add_argument("--gamma", default="1-5", help="draft lengths, e.g. 1-5 or 2,4 (default 1-5)")
     predict.add_argument("--alpha", help="per-token acceptance probability(ies): sigma(alpha, gamma) of Eq. 5 for "
                          "each gamma (default 0.8)")
     predict.add_argument("--sigma", help="emitted fraction(s) sigma of Eq. 5 instead of --alpha, the same for every "
-                         "gamma (then a longer draft always looks better: the best gamma is the largest)")
+                         "gamma (then a longer draft looks better wherever verification is memory-bound)")
     predict.add_argument("--batch", default="1-256", help="batch sizes, e.g. 1-256 or 1,8,64 (default 1-256)")
     predict.add_argument("--context", type=int, default=1024, help="tokens in each KV cache (default 1024)")
     predict.add_argument("--dtype", default="bf16", help="weight dtype: bf16, fp8 or fp32 (default bf16)")

@@ -24,6 +24,7 @@ Errors name the file, the line and the field.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import numbers
 import os
@@ -161,28 +162,36 @@ def _sequence_key(value, where: str, first_of_kind: dict) -> object:
 
 def _names_its_files(read):
     """Make an importer name its file(s) in every error (missing, a folder, binary bytes, a bad trace), and issue
-    its warnings at the caller's line whatever the depth they came from."""
+    its warnings at the caller's line whatever the depth they came from (also when it then fails)."""
+    signature = inspect.signature(read)
+    first = next(iter(signature.parameters))
+
     @functools.wraps(read)
-    def reader(paths, *args, **kwargs):
+    def reader(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        paths = bound.arguments[first]
         single = isinstance(paths, (str, os.PathLike))
         files = [Path(paths)] if single else [Path(p) for p in paths]
-        name = files[0] if len(files) == 1 else (files[0].parent if files else Path("."))
+        if not single:
+            bound.arguments[first] = files
+        name = files[0] if len(files) == 1 else (files[0].parent if files else None)
+        caught = []
         try:
-            with warnings.catch_warnings(record=True) as caught:  # re-issued below, at the caller's line
+            with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                trace = read(paths if single else files, *args, **kwargs)
-            for warning in caught:
-                warnings.warn(warning.message, warning.category, stacklevel=2)
-            return trace
+                return read(*bound.args, **bound.kwargs)
         except (FileNotFoundError, IsADirectoryError) as error:
             problem = "no such file" if isinstance(error, FileNotFoundError) else "a folder, not a routing file"
             raise type(error)(f"{error.filename or name}: {problem}") from None
         except UnicodeDecodeError:
             raise ValueError(f"{name}: not UTF-8 text (a binary file?)") from None
         except ValueError as error:
-            if any(str(path) in str(error) for path in files):
+            if name is None or any(str(path) in str(error) for path in files):
                 raise
             raise ValueError(f"{name}: {error}") from None
+        finally:
+            for warning in caught:
+                warnings.warn(warning.message, warning.category, stacklevel=2)
     return reader
 
 

@@ -715,9 +715,13 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
     inverse = inverse.ravel()
     kk = unique[2] if k is not None else None
     t1 = step_time(target_arch, hardware, 1, unique[0], unique[1], tp, ep, dtype, top_k=kk, **common).total
-    draft_step = step_time(draft_arch, draft_hardware, 1, unique[0], unique[1], draft_tp, 1, draft_dtype,
-                           cuda_graphs=cuda_graphs, efficiency=draft_efficiency or efficiency,
-                           grouped_experts=grouped_experts).total
+    try:
+        draft_step = step_time(draft_arch, draft_hardware, 1, unique[0], unique[1], draft_tp, 1, draft_dtype,
+                               cuda_graphs=cuda_graphs, efficiency=draft_efficiency or efficiency,
+                               grouped_experts=grouped_experts).total
+    except ValueError as error:  # the draft's parallelism is draft_tp's
+        message = str(error)
+        raise ValueError("draft_" + message if message.startswith("tp") else message) from None
     t_verify = step_time(target_arch, hardware, verify, grid["batch_size"], grid["context"], tp, ep, dtype,
                          top_k=k, **common).total
     t_reject = rejection_time(hardware, grid["batch_size"], grid["gamma"], target_arch.vocab_size, efficiency,

@@ -336,3 +336,17 @@ def test_the_book_reads_the_same_excerpts():
     assert ours == sorted(p.relative_to(book) for p in book.rglob("*") if p.is_file())
     for name in ours:
         assert (book / name).read_bytes() == (EXCERPTS / name).read_bytes(), name
+
+
+def test_importers_take_their_path_by_keyword_and_warn_at_the_callers_line(tmp_path):
+    """The file-naming wrapper keeps each importer's signature and reports warnings where it was called,
+    also when the import then fails (the warning often explains the failure)."""
+    path = tmp_path / "routes.csv"
+    path.write_text("layer_id,expert_ids\n0,1 2\n0,1 1\n1,1 2\n")  # layer 0 lists a second token, [1, 1]
+    with pytest.warns(UserWarning, match="different numbers of tokens") as record:
+        trace = from_layer_csv(path=path, num_experts=4)
+    assert trace.experts.shape == (1, 2, 2) and record[0].filename == __file__
+    with pytest.warns(UserWarning, match="different numbers of tokens") as record:
+        with pytest.raises(ValueError, match="routes.csv: token 1 lists an expert twice in layer 0"):
+            from_layer_csv(path, num_experts=4, ragged="keep")
+    assert record[0].filename == __file__

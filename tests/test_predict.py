@@ -433,7 +433,7 @@ def test_calibrate_recovers_known_parameters_and_holds_out_batch_sizes():
     (lambda: predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 0, 0.9), "gamma"),
     (lambda: predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 4, 1.5), "sigma"),
     (lambda: predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 4, 0.9, verify_tokens="all"), "verify_tokens"),
-    (lambda: predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 4, 0.9, draft_tp=0), "tp"),
+    (lambda: predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 4, 0.9, draft_tp=0), "draft_tp"),
     (lambda: best_gamma(pd.DataFrame({"x": [1]})), "frame"),
     (lambda: efficiency_to_match(2, "qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 4, 0.9, field="x"), "field"),
     (lambda: calibrate(pd.DataFrame({"role": ["target"]}), "qwen2-0.5b", "CPU"), "forward_frame"),
@@ -481,12 +481,12 @@ def test_cli_says_when_a_setup_does_not_fit(capsys):
     assert "does not fit" not in capsys.readouterr().out
     main([*deepseek, "--dtype", "fp8", "--batch", "1-1024"])
     largest = int(re.search(r"Only B <= (\d+) fits", capsys.readouterr().out).group(1))
-    held = (memory_per_gpu("deepseek-v3", "H200", [largest, largest + 1], 1024, tp=8, dtype="fp8")
-            + memory_per_gpu("deepseek-v3-mtp", "H200", [largest, largest + 1], 1024, dtype="fp8"))  # GPU 0's share
-    assert held[0] <= HARDWARE["H200"].memory_bytes < held[1]
+    held = memory_per_gpu("deepseek-v3", "H200", [largest, largest + 1], 1024, tp=8, dtype="fp8")
+    assert held[0] <= HARDWARE["H200"].memory_bytes < held[1]  # the MTP draft, on a GPU of its own, fits there
     main(["predict", "--target", "qwen3-30b-a3b", "--draft", "deepseek-v3", "--hardware", "H100", "--batch", "1"])
     printed = capsys.readouterr().out  # the target alone (61 GB in bf16) fits; a 671B draft beside it does not
     assert memory_per_gpu("qwen3-30b-a3b", "H100", 1, 1024) < HARDWARE["H100"].memory_bytes
+    assert "the draft's weights and KV cache need" in printed and "the target's weights" not in printed
     assert "No batch size fits" in printed and "vocabularies differ (151936 against 129280 tokens)" in printed
 
 
@@ -603,3 +603,18 @@ def test_hardware_is_found_by_name_in_any_case():
     assert resolve_hardware("h100") is HARDWARE["H100"] and resolve_hardware("H100") is HARDWARE["H100"]
     with pytest.raises(ValueError, match="hardware must be one of"):
         resolve_hardware("h1000")
+
+
+def test_cli_lists_where_sd_pays_as_unbroken_runs(capsys, tmp_path):
+    """The verdict names every run of batch sizes where the best speedup exceeds 1, gaps included."""
+    from moesd.cli import main
+
+    out = tmp_path / "p.csv"
+    main(["predict", "--target", "deepseek-v2-lite", "--draft", "qwen2-0.5b", "--hardware", "H100", "--alpha", "0.6",
+          "--csv", str(out)])
+    best = best_gamma(pd.read_csv(out))
+    pays = best.loc[best["speedup"] > 1, "batch_size"].to_numpy()
+    runs = np.split(pays, np.flatnonzero(np.diff(pays) > 1) + 1)
+    expected = ", ".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    assert len(runs) > 1  # this setup has a gap: a test of the listing, not of one range
+    assert f"at {len(pays)} of {len(best)} batch sizes, B = {expected};" in capsys.readouterr().out
