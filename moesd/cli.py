@@ -478,7 +478,7 @@ def _predict(args: argparse.Namespace) -> None:
     print(f"{args.target} on {args.tp} x {hardware.name} (ep {args.ep}), draft {args.draft} on {args.draft_tp} "
           f"GPU(s), {args.dtype}, context {args.context} tokens; speedup of Eq. 4 predicted by moesd.predict "
           f"(roofline at achieved fractions of data-sheet peaks, host cost {args.host_ms:g} ms per forward pass"
-          + (f": an upper bound; --host-ms adds a serving engine's, e.g. {HOST_SECONDS_VLLM_V0 * 1e3:.1f} ms from "
+          + (f": where SD pays, an upper bound; --host-ms adds a serving engine's, e.g. {HOST_SECONDS_VLLM_V0 * 1e3:.1f} ms from "
              "vLLM v0's own profile, moesd.predict_paper" if args.host_ms == 0 else "") + ")")
     target, draft = resolve_model(args.target), resolve_model(args.draft)
     if target.vocab_size != draft.vocab_size:
