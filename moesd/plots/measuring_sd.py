@@ -69,9 +69,9 @@ def step_budget(forward: pd.DataFrame, sidecar: dict) -> pd.DataFrame:
 def eq4_terms(e2e: pd.DataFrame) -> pd.DataFrame:
     """Eq. 4's terms for each e2e point, averaged over repeats.
 
-    Eq. 4 reads ``speedup = sigma (gamma + 1) / (draft + verify + reject)`` with ``draft = gamma T_D /
-    T_AR``, ``verify = T_T(B, gamma) / T_AR`` and ``reject = T_reject / T_AR``
-    (:func:`moesd.speedup.speedup_terms` with ``T_T(B, 1) = t_ar``, as the ``speedup_eq4`` column).
+    Eq. 4 reads ``speedup = sigma (gamma + 1) / (draft + verify + reject)`` with ``draft = gamma T_D(B, 1) /
+    T_T(B, 1)``, ``verify = T_T(B, gamma) / T_T(B, 1)`` and ``reject = T_reject / T_T(B, 1)``, ``T_T(B, 1)``
+    the AR step (:func:`moesd.speedup.speedup_terms` with ``T_T(B, 1) = t_ar``, as the ``speedup_eq4`` column).
 
     Returns
     -------
@@ -126,7 +126,7 @@ def plot_eq4_check(terms: pd.DataFrame, sigma_target: dict) -> plt.Figure:
         axes[2].plot(part["batch_size"], part["draft"], "o-", color=colour, label=label)
     axes[0].set(xlabel="batch size $B$", ylabel=r"speedup $T_{AR} / T_{SD}$", title="speedup: measured and Eq. 4")
     axes[1].set(xlabel="batch size $B$", ylabel=r"$\sigma$", title=r"measured $\sigma$ and its target")
-    axes[2].set(xlabel="batch size $B$", ylabel=r"$\gamma\, T_D(B, 1) / T_{AR}$", ylim=(0, None),
+    axes[2].set(xlabel="batch size $B$", ylabel=r"$\gamma\, T_D(B, 1) / T_T(B, 1)$", ylim=(0, None),
                 title="draft term of Eq. 4")
     axes[0].legend(ncol=2, fontsize=7)
     axes[1].legend(ncol=2, fontsize=7)
