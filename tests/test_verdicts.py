@@ -104,10 +104,43 @@ def test_shape_helpers_on_clean_curves():
     assert not v.falls_monotonically(flat)["falls_monotonically"]  # flat is not a fall
 
 
+def piecewise(points):
+    """A curve through ``{B: value}`` points, straight between them, on the grid."""
+    return lambda b: np.interp(np.asarray(b, dtype=float), list(points), list(points.values()))
+
+
+@pytest.mark.parametrize("shape", [
+    piecewise({1: 2.0, 40: 1.5, 80: 2.1, 100: 1.9}),                   # a U whose ends lie below its top
+    piecewise({1: 1.5, 24: 2.2, 40: 1.6, 60: 2.1, 100: 1.6}),          # a sawtooth after the peak
+])
+def test_rises_then_falls_rejects_a_reversal_that_the_end_points_miss(shape):
+    c = v.curve(sweep({"y": shape}, noise=0.01), "y")
+    shape = v.rises_then_falls(c)
+    assert shape["rise"] > shape["rise_margin"] and shape["fall"] > shape["fall_margin"]  # the end points alone pass
+    assert not shape["unimodal"] and not shape["rises_then_falls"]
+    assert shape["largest_reversal"] == pytest.approx(0.5, abs=0.05)
+
+
+def test_rises_then_falls_allows_a_plateau_and_noise_sized_wiggles():
+    plateau = piecewise({1: 1.5, 16: 2.2, 40: 2.2, 100: 1.6})
+    wiggle = lambda b: plateau(b) + 0.004 * np.sin(b)  # noqa: E731 - steps of at most a third of the margin
+    for shape in (plateau, wiggle):
+        result = v.rises_then_falls(v.curve(sweep({"y": shape}, noise=0.01), "y"))
+        assert result["unimodal"] and result["rises_then_falls"]
+
+
 def test_grows_beyond_noise_and_combine():
     assert v.grows_beyond_noise([(8, 16), (12, 24), (32, 48)])
     assert not v.grows_beyond_noise([(8, 16), (12, 24), (14, 20)])  # overall growth within noise
     assert not v.grows_beyond_noise([(8, 16), (40, 48), (20, 24), (60, 80)])  # a reversal beyond noise
+    assert v.growth_status([(8, 16), (12, 24), (32, 48)]) == (v.HOLDS, None)
+    assert v.growth_status([(8, 16), (12, 24), (14, 20)]) == (v.FAILS, v.NOT_SHOWN)
+    assert v.growth_status([(8, 16), (40, 48), (20, 24), (60, 80)]) == (v.FAILS, v.CONTRADICTED)
+    # a first range without an upper bound cannot be outgrown (grows_beyond_noise would say FAILS) ...
+    assert not v.grows_beyond_noise([(60, np.inf), (70, np.inf), (90, np.inf)])
+    assert v.growth_status([(60, np.inf), (70, np.inf), (90, np.inf)]) == (v.UNMEASURABLE, v.UNMEASURABLE)
+    # ... but a step that shrinks beyond noise still contradicts
+    assert v.growth_status([(60, np.inf), (20, 40), (90, np.inf)]) == (v.FAILS, v.CONTRADICTED)
     assert v.combine([v.HOLDS, v.HOLDS]) == v.HOLDS
     assert v.combine([v.HOLDS, v.UNMEASURABLE]) == v.UNMEASURABLE
     assert v.combine([v.UNMEASURABLE, v.FAILS]) == v.FAILS
@@ -133,6 +166,15 @@ def test_fig2_passes_when_speedup_rises_and_falls_and_efficiency_tracks():
 def test_fig2_fails(speedup, efficiency, failing):
     verdict = v.speedup_rises_then_falls(e2e_study(speedup, efficiency))
     assert verdict.status == v.FAILS and not verdict.numbers[failing].all()
+
+
+def test_fig2_fails_when_efficiency_never_rises():
+    """Flat to B = 16, falling after: it tracks a hump (rank correlation, overlapping peaks) but never rises."""
+    never_rises = piecewise({1: 0.95, 16: 0.95, 100: 0.45})
+    verdict = v.speedup_rises_then_falls(e2e_study(lambda b: hump(b, 16), never_rises))
+    assert verdict.numbers["tracks"].all() and verdict.numbers["rises_then_falls"].all()
+    assert not verdict.numbers["efficiency_rises_then_falls"].any() and verdict.status == v.FAILS
+    assert verdict.summary == "does not hold: the efficiency's rise then fall not shown beyond noise (gamma = 2, 3, 4)"
 
 
 def test_fig2_unmeasurable():
@@ -180,6 +222,29 @@ def test_fig3():
     # dense flat within noise: the claim is that it falls
     flat = forward_study(lambda b: np.full(len(b), 0.9))
     assert v.efficiency_moe_rises_dense_falls(moe, flat).status == v.FAILS
+
+
+def test_fig3_summary_says_contradicted_or_not_shown():
+    moe, dense = forward_study(lambda b: hump(b, 32, 0.5, 0.4)), forward_study(lambda b: falling(b, 0.95, 0.006))
+    assert v.efficiency_moe_rises_dense_falls(moe, dense).summary == v.HOLDS
+    rising = v.efficiency_moe_rises_dense_falls(moe, moe).summary
+    assert rising.startswith("does not hold: the dense efficiency's fall contradicted by the data (gamma = 2, 3, 4)")
+    flat = v.efficiency_moe_rises_dense_falls(moe, forward_study(lambda b: np.full(len(b), 0.9))).summary
+    assert flat == "does not hold: the dense efficiency's fall not shown beyond noise (gamma = 2, 3, 4)"
+
+
+def test_fig3_from_a_smallest_batch_size_treats_both_models_alike():
+    """A kernel effect lifts both curves at B = 2 (as on the CPU): judged from B = 2, the dense model falls and
+    the MoE's rise, which rested on the low B = 1 point, is gone."""
+    spike = {1: 0.45, 2: 0.95}
+    dense = forward_study(piecewise({**spike, 100: 0.35}))
+    moe = forward_study(piecewise({**spike, 4: 0.9, 100: 0.5}))
+    everything = v.efficiency_moe_rises_dense_falls(moe, dense)
+    assert everything.status == v.FAILS and everything.numbers["moe_rises_then_falls"].all()
+    assert not everything.numbers["dense_falls_monotonically"].any()
+    from_two = v.efficiency_moe_rises_dense_falls(moe, dense, from_batch_size=2)
+    assert from_two.numbers["dense_falls_monotonically"].all() and not from_two.numbers["moe_rises_then_falls"].any()
+    assert "judged from B = 2" in from_two.sentence and (from_two.numbers["moe_first"] > 0.85).all()
 
 
 def test_fig3_unmeasurable():
@@ -237,6 +302,19 @@ def test_fig4_is_blind_to_the_sigma_adjustment():
 ])
 def test_fig4_fails(study):
     assert v.sparser_peaks_later_and_wider(study).status == v.FAILS
+
+
+def test_fig4_width_is_unmeasurable_when_the_densest_range_reaches_the_largest_batch_size():
+    """Broad humps stay above x/sqrt(2) to B = 100: no K's range can be shown wider than the densest K's."""
+    parts = [sweep({"speedup": lambda b: falling(b, 1.8, 0.006)}, 1, 0.01, seed=k, gamma=2, num_experts_per_tok=k)
+             for k in (1, 2)]
+    parts += [sweep({"speedup": lambda b, p=p: hump(b, p, 1.4, 0.3)}, 1, 0.01, seed=k, gamma=2, num_experts_per_tok=k)
+              for k, p in PEAKS.items()]
+    verdict = v.sparser_peaks_later_and_wider(pd.concat(parts, ignore_index=True))
+    shaped = verdict.numbers[verdict.numbers["role"] == "shaped"]
+    assert np.isinf(shaped["width_high"]).all() and not v.grows_beyond_noise(list(zip(shaped["width_low"],
+                                                                                      shaped["width_high"])))
+    assert verdict.status == v.UNMEASURABLE and "the wider range not measurable here (gamma = 2)" in verdict.summary
 
 
 def test_fig4_unmeasurable():
@@ -298,6 +376,18 @@ def test_fig6():
     late = e2e_study(lambda b: np.where(b < 60, 1.0, 2.0), lambda b: np.ones(len(b)))
     verdict = v.moe_above_dense(late, dense)
     assert verdict.status == v.FAILS and (verdict.numbers["crossover"] == 60).all()
+
+
+def test_fig6_fails_when_the_dense_speedup_rises():
+    """A dense pair below the MoE past B = 16 that first rises beyond noise: above the dense pair, but not Fig. 6."""
+    moe = e2e_study(lambda b: hump(b, 24), lambda b: hump(b, 24))
+    dense = e2e_study(lambda b: hump(b, 8, 0.9, 0.5), lambda b: hump(b, 8, 0.9, 0.5), runs=2)
+    verdict = v.moe_above_dense(moe, dense)
+    assert (verdict.numbers["below"] == 0).all() and (verdict.numbers["above"] > 6).all()
+    assert not verdict.numbers["dense_falls_monotonically"].any() and verdict.status == v.FAILS
+    assert verdict.summary == "does not hold: the dense speedup's fall contradicted by the data (gamma = 2, 3, 4)"
+    # judged from B = 12 the dense pair only falls
+    assert v.moe_above_dense(moe, dense, from_batch_size=12).status == v.HOLDS
 
 
 def test_fig6_unmeasurable():
@@ -369,6 +459,8 @@ def test_scorecard_reads_a_device_folder(tmp_path, monkeypatch):
         "Fig. 2": v.HOLDS, "Fig. 3": v.UNMEASURABLE, "Fig. 4": v.UNMEASURABLE, "Fig. 5": v.UNMEASURABLE,
         "Fig. 6": v.UNMEASURABLE, "Table 3": v.UNMEASURABLE}
     assert card.set_index("claim").loc["Fig. 6", "sentence"].endswith("no dense study on this device.")
+    assert card.set_index("claim").loc["Fig. 6", "summary"] == "not measurable here: no dense study on this device"
+    assert card.set_index("claim").loc["Fig. 2", "summary"] == v.HOLDS
     assert (card["measured_with"] == "weights not recorded").all()  # the sidecar above records no weights
 
 
