@@ -294,7 +294,7 @@ def _minimise(residual, jacobian, residual_and_jacobian, start: np.ndarray, lowe
 def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None, variant: str = "eq4",
                       stride: int | None = None, x0=None, begin: int = 0, draft=None,
                       bytes_per_parameter: float = 2.0, t_reject: float | None = None,
-                      verify_tokens: str = "gamma") -> FitResult:
+                      verify_tokens: str = "gamma", bounds=None) -> FitResult:
     """Fit Algorithm 1 to measured speedups with ``least_squares(method="trf")`` and Appendix C.2's bounds.
 
     Parameters
@@ -317,12 +317,19 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
         First row of the stride sample (only with ``stride``).
     verify_tokens : {"gamma", "gamma+1"}
         Tokens per sequence in the verification forward: Algorithm 1's ``gamma`` or vLLM's ``gamma + 1``.
+    bounds : (numpy.ndarray, numpy.ndarray), optional
+        ``(lower, upper)`` in :data:`PARAMETERS` order, as :func:`parameter_bounds` returns them (for a
+        result file: :func:`moesd.measurements.appendix_c2_bounds`), instead of ``model``, ``hardware``,
+        ``draft``, ``bytes_per_parameter`` and ``t_reject``.
 
     Returns
     -------
     FitResult
     """
     check_measurements(frame)
+    if bounds is not None and (model is not None or hardware is not None or draft is not None
+                               or t_reject is not None):
+        raise ValueError("give either bounds or model, hardware, draft and t_reject, not both")
     rp = float(as_array("rp", rp, low=0, low_open=True))
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
@@ -339,7 +346,12 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
         data = stride_sample(frame, stride, begin)
     if len(data) < len(PARAMETERS):
         raise ValueError(f"{len(data)} measurements cannot determine {len(PARAMETERS)} parameters")
-    lower, upper = parameter_bounds(model, hardware, draft, bytes_per_parameter, t_reject)
+    if bounds is None:
+        lower, upper = parameter_bounds(model, hardware, draft, bytes_per_parameter, t_reject)
+    else:
+        lower, upper = (np.array(side, dtype=float) for side in bounds)
+        if lower.shape != (len(PARAMETERS),) or upper.shape != lower.shape or (lower > upper).any():
+            raise ValueError(f"bounds must be two arrays of {len(PARAMETERS)} numbers with lower <= upper")
     if x0 is None:
         bias = np.sqrt(lower[0] * upper[0]) if 0 < lower[0] and np.isfinite(upper[0]) else 1.0
         start = _initial_guess(bias, lower, upper)

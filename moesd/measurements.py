@@ -345,14 +345,47 @@ def ridge_tokens_for(sidecar: dict) -> float:
         If the sidecar holds no measured roofline, names no dtype, a dtype moesd does not know, or
         two different dtypes for the sweep and its roofline.
     """
+    return ridge_point_for(sidecar) * _bytes_per_weight(sidecar, "the ridge point in tokens") / 2
+
+
+def _bytes_per_weight(sidecar: dict, purpose: str) -> int:
+    """Bytes per weight of a sweep's dtype (``settings.dtype``, else its roofline's), for ``purpose``."""
     from moesd.predict import DTYPE_BYTES, _check_dtype
 
-    rp = ridge_point_for(sidecar)
     dtypes = {_check_dtype(dtype) for dtype in (sidecar.get("settings", {}).get("dtype"),
                                                  sidecar.get("roofline_measurement", {}).get("settings", {})
                                                  .get("dtype")) if dtype is not None}
     if len(dtypes) != 1:
         raise ValueError("the sidecar names " + (f"two dtypes ({', '.join(sorted(dtypes))}) for the sweep and its "
                                                  "roofline" if dtypes else "no dtype (settings.dtype)")
-                         + ": the ridge point in tokens needs the bytes per weight")
-    return rp * DTYPE_BYTES[dtypes.pop()] / 2
+                         + f": {purpose} needs the bytes per weight")
+    return DTYPE_BYTES[dtypes.pop()]
+
+
+def appendix_c2_bounds(rows: pd.DataFrame, sidecar: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Appendix C.2's bounds of Algorithm 1 for the models and machine of a result file.
+
+    ``bias``, ``k2`` and ``draft_bias`` lie between the time to read the dense parameters, one
+    expert of every MoE layer and the whole draft at the machine's measured bandwidth
+    (:func:`measuring_hardware`) and 5 times that, counting the parameters of the models as the sweep
+    built them (its layers and width, ``settings``) at the bytes of its dtype; ``reject_bias`` and
+    ``reject_k`` lie below the largest measured rejection time (``rows["t_reject"]``, seconds). See
+    :func:`moesd.speedup_model.parameter_bounds`.
+
+    Returns
+    -------
+    (numpy.ndarray, numpy.ndarray)
+        ``(lower, upper)`` in :data:`moesd.speedup_model.PARAMETERS` order (seconds for the time-like ones).
+    """
+    from moesd.speedup_model import parameter_bounds
+    from moesd.zoo import get_model
+
+    settings = sidecar.get("settings", {})
+    if settings.get("weights", sidecar.get("weights")) != "random" and (settings.get("target_path")
+                                                                        or settings.get("draft_path")):
+        raise ValueError("the bounds count the parameters of moesd.zoo's models; this file measured models "
+                         "loaded from a path")
+    return parameter_bounds(get_model(settings["target"]), measuring_hardware(sidecar), get_model(settings["draft"]),
+                            _bytes_per_weight(sidecar, "the volume bounds"), float(rows["t_reject"].max()),
+                            layers=settings.get("layers"), draft_layers=settings.get("draft_layers"),
+                            width=settings.get("width") or 1.0)

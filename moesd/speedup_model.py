@@ -402,16 +402,46 @@ def compute_speedup(params, B, gamma, K, E, sigma, rp, variant: str = "eq4", ver
     return SpeedupInputs.build(B, gamma, K, E, sigma, rp, verify_tokens).speedup(params, variant)
 
 
+def printed_variant_ceiling(sigma, gamma):
+    """The largest speedup line 11's printed denominator can give: ``sigma (gamma + 1) / 2``.
+
+    With ``variant="printed"`` the denominator ``draft + ar + verify + reject`` holds ``ar`` and
+    ``verify``, and ``verify >= ar`` for every parameter set: the verification forward carries at least
+    as many tokens (``B gamma >= B``), and ``G``, ``N`` and the tokens per expert all grow with the
+    tokens. So ``sigma (gamma + 1) ar / denominator <= sigma (gamma + 1) / 2``, whatever the fit. A
+    measured speedup above it cannot be reproduced by that variant.
+
+    Parameters
+    ----------
+    sigma : array_like
+        sigma of Eq. 5, in [1/(gamma+1), 1].
+    gamma : array_like
+        Draft length (whole number >= 1).
+
+    Returns
+    -------
+    numpy.ndarray or float
+        The ceiling (dimensionless).
+    """
+    gamma = as_array("gamma", gamma, low=1, whole=True)
+    sigma = as_array("sigma", sigma, low=0, low_open=True, high=1)
+    return sigma * (gamma + 1) / 2
+
+
 def parameter_bounds(model=None, hardware=None, draft=None, bytes_per_parameter: float = 2.0,
-                     t_reject: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+                     t_reject: float | None = None, layers: int | None = None, draft_layers: int | None = None,
+                     width: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Bounds of Appendix C.2 as (lower, upper) arrays in :data:`PARAMETERS` order.
 
     With a target ``model`` (a :class:`moesd.zoo.ModelSpec`), a ``draft`` and ``hardware`` (a
     :class:`moesd.roofline.Hardware` or its name), ``bias``, ``k2`` and ``draft_bias`` lie between
     the time to read their parameters at peak bandwidth (dense part, one expert of every MoE layer,
-    the draft) and 5 times that (seconds). ``t_reject`` (the largest measured rejection time,
-    seconds) caps ``reject_bias`` and ``reject_k``. Without them those bounds are [0, inf). ``lam`` is
-    in [0.2, 1] and ``s`` in [1, 2] always; ``k1`` is kept above 0 (G's growth would vanish).
+    the draft) and 5 times that (seconds). ``layers``, ``draft_layers`` and ``width`` count the
+    parameters of a model cut to that many layers and scaled in width, as the sweeps build it
+    (:meth:`moesd.zoo.ModelSpec.parameter_counts`; default: the whole model). ``t_reject`` (the largest
+    measured rejection time, seconds) caps ``reject_bias`` and ``reject_k``. Without them those bounds
+    are [0, inf). ``lam`` is in [0.2, 1] and ``s`` in [1, 2] always; ``k1`` is kept above 0 (G's growth
+    would vanish).
     """
     if (model is None) != (hardware is None):
         raise ValueError("model and hardware must be given together (the volume bounds need both)")
@@ -425,12 +455,12 @@ def parameter_bounds(model=None, hardware=None, draft=None, bytes_per_parameter:
             if hardware not in HARDWARE:
                 raise ValueError(f"hardware must be one of {', '.join(HARDWARE)} or a Hardware, got {hardware!r}")
             hardware = HARDWARE[hardware]
-        counts = model.parameter_counts()
+        counts = model.parameter_counts(num_layers=layers, width=width)
         seconds = bytes_per_parameter / hardware.memory_bandwidth
         lower[0] = counts["dense"] * seconds
         lower[2] = counts["experts"] / model.num_experts * seconds
         if draft is not None:
-            lower[4] = draft.parameter_counts()["total"] * seconds
+            lower[4] = draft.parameter_counts(num_layers=draft_layers, width=width)["total"] * seconds
         for index in (0, 2, 4):
             upper[index] = 5 * lower[index] if lower[index] > 0 else np.inf
     if t_reject is not None:

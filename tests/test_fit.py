@@ -440,3 +440,33 @@ def test_ridge_point_in_tokens_is_the_ridge_point_times_bytes_over_two():
         ridge_tokens_for({"hardware": record, "settings": {"dtype": "int4"}})
     with pytest.raises(ValueError, match="no measured roofline"):
         ridge_tokens_for({"settings": {"dtype": "float32"}})
+
+
+def test_printed_variant_never_exceeds_its_ceiling():
+    """Line 11's denominator holds ar + verify with verify >= ar, so no parameters reach sigma (gamma + 1) / 2."""
+    from moesd.speedup_model import compute_speedup, printed_variant_ceiling
+
+    rng = np.random.default_rng(7)
+    B = np.array([1, 2, 4, 8, 16, 32, 64, 100] * 3)
+    gamma = np.repeat([1, 2, 4], 8)
+    sigma = np.repeat([0.6, 0.9, 1.0], 8)
+    ceiling = printed_variant_ceiling(sigma, gamma)
+    highest = 0.0
+    for _ in range(300):
+        times = rng.lognormal(-4, 2, 8) * (rng.random(8) < 0.8)  # some terms exactly zero
+        params = [*np.maximum(times, [0, 1e-12, 0, 0, 0, 0, 0, 0]), rng.uniform(0.2, 1), rng.uniform(1, 2)]
+        ratio = compute_speedup(params, B, gamma, K=8, E=64, sigma=sigma, rp=rng.uniform(1, 300),
+                                variant="printed") / ceiling
+        assert (ratio <= 1 + 1e-12).all()
+        highest = max(highest, ratio.max())
+    assert highest > 0.9  # the bound is approached (draft and reject near zero, verify near ar), not loose
+
+
+def test_printed_variant_ceiling_against_the_papers_peak():
+    """Table 2's 2.29x (sigma 0.90, gamma 4) lies above the printed variant's ceiling of 2.25."""
+    from moesd.speedup_model import printed_variant_ceiling
+
+    assert printed_variant_ceiling(0.90, 4) == pytest.approx(2.25)
+    assert printed_variant_ceiling([0.9, 1.0], [1, 3]).tolist() == pytest.approx([0.9, 2.0])
+    with pytest.raises(ValueError, match="gamma"):
+        printed_variant_ceiling(0.9, 0)

@@ -131,3 +131,35 @@ def test_summarize_and_the_read_side_need_no_torch():
             "load('forward'); print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+def test_appendix_c2_bounds_count_the_measured_models():
+    """The volume bounds of the shipped sparsity study: the cut models' parameters over the measured bandwidth."""
+    from moesd.measurements import appendix_c2_bounds, load, measuring_hardware
+    from moesd.speedup_model import PARAMETERS
+    from moesd.zoo import get_model
+
+    rows, sidecar = load("sparsity", "cpu")
+    lower, upper = appendix_c2_bounds(rows, sidecar)
+    settings = sidecar["settings"]
+    target = get_model(settings["target"]).parameter_counts(num_layers=settings["layers"], width=settings["width"])
+    seconds = 4 / measuring_hardware(sidecar).memory_bandwidth  # float32 weights
+    bound = dict(zip(PARAMETERS, zip(lower, upper)))
+    assert bound["bias"] == pytest.approx((target["dense"] * seconds, 5 * target["dense"] * seconds))
+    assert bound["k2"][0] == pytest.approx(target["experts"] / 64 * seconds)  # one of Qwen2-57B's 64 experts
+    assert bound["reject_k"] == (0, rows["t_reject"].max())
+    assert bound["lam"] == (0.2, 1.0)
+    whole = get_model(settings["target"]).parameter_counts()
+    assert whole["dense"] * seconds > 10 * bound["bias"][1]  # the whole model's bounds would not fit the cut one
+
+
+def test_fit_takes_bounds_or_a_model_not_both():
+    from moesd.fit import fit_speedup_model
+    from moesd.measurements import fitting_frame, load, ridge_tokens_for
+
+    rows, sidecar = load("sparsity", "cpu")
+    frame = fitting_frame(rows, sidecar)
+    with pytest.raises(ValueError, match="not both"):
+        fit_speedup_model(frame, ridge_tokens_for(sidecar), hardware="H100", bounds=(np.zeros(10), np.ones(10)))
+    with pytest.raises(ValueError, match="lower <= upper"):
+        fit_speedup_model(frame, ridge_tokens_for(sidecar), bounds=(np.ones(10), np.zeros(10)))
