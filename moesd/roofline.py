@@ -57,6 +57,10 @@ class Hardware:
         Peers of a full mesh of direct links that share ``interconnect_bandwidth`` equally (7 for
         eight MI300X); 0 where a switch (NVSwitch) or a shared bus gives each GPU the whole bandwidth
         whatever the group. In a mesh, a tensor-parallel group of ``p`` GPUs uses ``p - 1`` of the links.
+    gpus_per_node : int
+        GPUs that ``interconnect`` joins: one server board (an NVLink or Infinity Fabric domain, or
+        the PCIe slots of one server). :mod:`moesd.predict` prices tensor parallelism over this link
+        only, so it refuses a tensor-parallel group larger than this (default 1: no peers on record).
     bandwidth_fraction, flops_fraction : float
         Fractions of ``memory_bandwidth`` and of the tensor peaks that measured kernels achieve
         (1 for a record whose peaks were themselves measured).
@@ -75,6 +79,7 @@ class Hardware:
     interconnect_latency: float = 0.0
     interconnect: str = ""
     interconnect_peers: int = 0
+    gpus_per_node: int = 1
     bandwidth_fraction: float = 1.0
     flops_fraction: float = 1.0
     efficiency_source: str = ""
@@ -114,9 +119,11 @@ _ALLREDUCE_LATENCY = ("all-reduce latency: an assumed order of magnitude for sma
 _NVLINK_LATENCY, _PCIE_LATENCY = 10e-6, 25e-6
 
 
-def _nvlink(name: str, gb_per_s: float, source: str) -> dict:
-    return dict(interconnect_bandwidth=gb_per_s * _GIGA, interconnect_latency=_NVLINK_LATENCY,
-                interconnect=f"{name} {gb_per_s:g} GB/s ({source}); {_ALLREDUCE_LATENCY}")
+def _nvlink(name: str, gb_per_s: float, source: str, board: str) -> dict:
+    """An NVLink record of eight GPUs per node, ``board`` naming the 8-GPU server board that says so."""
+    return dict(interconnect_bandwidth=gb_per_s * _GIGA, interconnect_latency=_NVLINK_LATENCY, gpus_per_node=8,
+                interconnect=f"{name} {gb_per_s:g} GB/s ({source}); 8 GPUs per node ({board}); "
+                f"{_ALLREDUCE_LATENCY}")
 
 
 _AMPERE = dict(fp32_flops=19.5 * _TERA, bandwidth_fraction=1769 / 2039, flops_fraction=271.2 / 312,
@@ -133,29 +140,35 @@ HARDWARE = {
         Hardware("A800", 312 * _TERA, 2039 * _GIGA, 80 * _GIGA,
                  "NVIDIA A800 SXM4 80GB data sheet: BF16 tensor 312 TFLOPS (624 with sparsity), "
                  "HBM2e 2,039 GB/s, 80 GB (the A100 80GB SXM figures); FP32 19.5 TFLOPS",
-                 **_AMPERE, **_nvlink("NVLink", 400, "A800 SXM4 data sheet: NVLink 400 GB/s")),
+                 **_AMPERE, **_nvlink("NVLink", 400, "A800 SXM4 data sheet: NVLink 400 GB/s",
+                          "HGX A800 8-GPU board")),
         Hardware("A100", 312 * _TERA, 2039 * _GIGA, 80 * _GIGA,
                  "NVIDIA A100 data sheet, 80GB SXM: BF16 tensor 312 TFLOPS (624 with sparsity), "
                  "HBM2e 2,039 GB/s, 80 GB; FP32 19.5 TFLOPS",
-                 **_AMPERE, **_nvlink("NVLink 3", 600, "A100 data sheet, SXM: NVLink 600 GB/s")),
+                 **_AMPERE, **_nvlink("NVLink 3", 600, "A100 data sheet, SXM: NVLink 600 GB/s",
+                          "HGX A100 8-GPU board; the 16-GPU HGX A100 is not modelled")),
         Hardware("H800", 989.5 * _TERA, 3350 * _GIGA, 80 * _GIGA,
                  "NVIDIA H800 SXM5 data sheet: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
                  "FP8 3,958 with sparsity (1,979 dense), FP32 67 TFLOPS, HBM3 3.35 TB/s, 80 GB",
-                 **_HOPPER, **_nvlink("NVLink", 400, "H800 SXM5 data sheet: NVLink 400 GB/s")),
+                 **_HOPPER, **_nvlink("NVLink", 400, "H800 SXM5 data sheet: NVLink 400 GB/s",
+                          "HGX H800 8-GPU board")),
         Hardware("H20", 148 * _TERA, 4000 * _GIGA, 96 * _GIGA,
                  "NVIDIA HGX H20 specifications as published by resellers (no NVIDIA data sheet online): "
                  "BF16 tensor 148 TFLOPS dense, FP8 296 dense, FP32 44 TFLOPS, HBM3 4.0 TB/s, 96 GB",
                  **{**_HOPPER, "fp8_flops": 296 * _TERA, "fp32_flops": 44 * _TERA,
                     "efficiency_source": _HOPPER["efficiency_source"] + "; neither measured on an H20"},
-                 **_nvlink("NVLink 4", 900, "HGX H20 specifications: NVLink 900 GB/s")),
+                 **_nvlink("NVLink 4", 900, "HGX H20 specifications: NVLink 900 GB/s",
+                          "HGX H20 8-GPU board")),
         Hardware("H100", 989.5 * _TERA, 3350 * _GIGA, 80 * _GIGA,
                  "NVIDIA H100 data sheet, SXM5: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
                  "FP8 3,958 with sparsity (1,979 dense), FP32 67 TFLOPS, HBM3 3.35 TB/s, 80 GB",
-                 **_HOPPER, **_nvlink("NVLink 4", 900, "H100 data sheet, SXM: NVLink 900 GB/s")),
+                 **_HOPPER, **_nvlink("NVLink 4", 900, "H100 data sheet, SXM: NVLink 900 GB/s",
+                          "HGX H100 8-GPU board")),
         Hardware("H200", 989.5 * _TERA, 4800 * _GIGA, 141 * _GIGA,
                  "NVIDIA H200 data sheet, SXM: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
                  "FP8 3,958 with sparsity (1,979 dense), FP32 67 TFLOPS, HBM3e 4.8 TB/s, 141 GB",
-                 **_HOPPER, **_nvlink("NVLink 4", 900, "H200 data sheet, SXM: NVLink 900 GB/s")),
+                 **_HOPPER, **_nvlink("NVLink 4", 900, "H200 data sheet, SXM: NVLink 900 GB/s",
+                          "HGX H200 8-GPU board")),
         Hardware("L40", 181.05 * _TERA, 864 * _GIGA, 48 * _GIGA,
                  "NVIDIA L40 data sheet: BF16 tensor 362.1 TFLOPS with sparsity (181.05 dense), "
                  "FP8 724 with sparsity (362 dense), FP32 90.5 TFLOPS, GDDR6 864 GB/s, 48 GB",
@@ -164,15 +177,17 @@ HARDWARE = {
                  efficiency_source=_GPU_BENCHES + "gpu-l2-cache/l40.txt: L40 DRAM read 796 GB/s of 864 "
                  "(0.92); flops fraction assumed equal to the H100's (no L40 MAMF published)",
                  interconnect_bandwidth=64 * _GIGA, interconnect_latency=_PCIE_LATENCY,
-                 interconnect="PCIe Gen4 x16, 64 GB/s both directions (L40 data sheet: no NVLink); "
-                 + _ALLREDUCE_LATENCY),
+                 interconnect="PCIe Gen4 x16, 64 GB/s both directions (L40 data sheet: no NVLink); 8 GPUs per "
+                 "node (NVIDIA OVX servers hold eight L40s, as PCIe servers of eight GPUs do); "
+                 + _ALLREDUCE_LATENCY, gpus_per_node=8),
         Hardware("B200", 2250 * _TERA, 8000 * _GIGA, 180 * _GIGA,
                  "NVIDIA HGX B200 (1,000 W) specifications: BF16 tensor 4.5 PFLOPS with sparsity "
                  "(2.25 dense), FP8 9 PFLOPS with sparsity (4.5 dense), HBM3e 8 TB/s, 180 GB per GPU",
                  fp8_flops=4500 * _TERA, bandwidth_fraction=3888 / 4800, flops_fraction=1745 / 2250,
                  efficiency_source=_MAMF + "B200 SXM 1,745 of 2,250 TFLOPS (0.78); bandwidth fraction "
                  "assumed equal to the H200's (no B200 measurement found): " + _HOPPER_BANDWIDTH,
-                 **_nvlink("NVLink 5", 1800, "HGX B200 specifications: NVLink 1.8 TB/s per GPU")),
+                 **_nvlink("NVLink 5", 1800, "HGX B200 specifications: NVLink 1.8 TB/s per GPU",
+                          "HGX B200 8-GPU board")),
         Hardware("MI300X", 1307.4 * _TERA, 5300 * _GIGA, 192 * _GIGA,
                  "AMD Instinct MI300X data sheet: BF16 dense matrix 1,307.4 TFLOPS, FP8 2,614.9, "
                  "FP32 vector 163.4 TFLOPS, HBM3 5.3 TB/s, 192 GB",
@@ -182,8 +197,9 @@ HARDWARE = {
                  "assumed equal to the H200's (no MI300X measurement found): " + _HOPPER_BANDWIDTH,
                  interconnect_bandwidth=896 * _GIGA, interconnect_latency=_NVLINK_LATENCY, interconnect_peers=7,
                  interconnect="AMD Infinity Fabric, 7 links x 128 GB/s = 896 GB/s peer bandwidth (MI300X "
-                 "data sheet), a full mesh of eight: one 128 GB/s link to each peer, so a group of p GPUs "
-                 "has (p - 1) x 128 GB/s; " + _ALLREDUCE_LATENCY),
+                 "data sheet), a full mesh of eight (the AMD Instinct MI300X Platform: 8 GPUs per node): one "
+                 "128 GB/s link to each peer, so a group of p GPUs has (p - 1) x 128 GB/s; " + _ALLREDUCE_LATENCY,
+                 gpus_per_node=8),
         Hardware("CPU", 3.072 * _TERA, 307.2 * _GIGA, 256 * _GIGA,
                  "Illustrative server CPU socket, derived, not measured: 16 cores x 3.0 GHz x 64 "
                  "BF16 FLOP/cycle (AVX-512 BF16 dot products) = 3.07 TFLOP/s; 8 channels of "

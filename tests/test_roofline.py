@@ -153,6 +153,18 @@ def test_interconnects_of_the_specification():
     assert link["A100"] == 600 and link["B200"] == 1800
 
 
+def test_every_gpu_record_names_the_gpus_its_link_joins():
+    """Eight per node (HGX boards, the MI300X platform, an L40 server); a record without a link has one, as
+    does an old sidecar's record, so tensor parallelism needs a record that says how far its link reaches."""
+    for name, hw in HARDWARE.items():
+        if name == "CPU":
+            assert hw.gpus_per_node == 1 and not hw.interconnect_bandwidth
+            continue
+        assert hw.gpus_per_node == 8 and "8 GPUs per node" in hw.interconnect, name
+    old = {"name": "X", "peak_flops": 1e12, "memory_bandwidth": 1e11, "memory_bytes": 1e9, "source": "test"}
+    assert Hardware.from_dict(old).gpus_per_node == 1
+
+
 def test_every_gpu_record_cites_its_link_and_achieved_fractions():
     for name, hw in HARDWARE.items():
         if name == "CPU":
