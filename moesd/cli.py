@@ -15,6 +15,7 @@ import argparse
 import math
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ import pandas as pd
 from moesd._checks import UsageError, as_array, new_file, torch_device, usage_errors
 from moesd.experts import expected_active_experts, full_activation_threshold, sparsity, tokens_per_expert
 from moesd.roofline import HARDWARE
+from moesd.zoo import MODELS
 
 DEFAULT_TOKENS = [1, 2, 4, 8, 16, 32, 64, 100, 200, 400]
 
@@ -64,10 +66,17 @@ def _hardware(args: argparse.Namespace) -> None:
         "TB/s": hw.memory_bandwidth / 1e12,
         "GB": hw.memory_bytes / 1e9,
         "ridge point": hw.ridge_point,
+        "GPUs/node": hw.gpus_per_node,
     } for hw in HARDWARE.values()])
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(_HARDWARE_NOTE)
     if args.measure:
         _measured_hardware(args)
+
+
+_HARDWARE_NOTE = ("A100, A800, H100, H800, H200: the SXM parts (their data sheets' SXM figures); GPUs/node: the GPUs "
+                  "one NVLink or Infinity Fabric domain (L40: one PCIe server) joins, the largest --tp moesd "
+                  "predict prices; each record's sources: moesd.roofline.HARDWARE")
 
 
 def _measured_hardware(args: argparse.Namespace) -> None:
@@ -427,11 +436,28 @@ def _runs(chosen: pd.Series, best: pd.DataFrame) -> str:
     return "B = " + ", ".join(f"{sizes[a]}" if a == b else f"{sizes[a]}-{sizes[b]}" for a, b in zip(starts, ends))
 
 
-def _predict(args: argparse.Namespace) -> None:
-    from moesd.predict import (Efficiency, batch_range, best_gamma, memory_per_gpu, predict_sd, resolve_hardware,
-                               resolve_model)
-    from moesd.predict_paper import HOST_SECONDS_VLLM_V0
+SD_MARGIN = 0.05
+"""``moesd predict`` says SD is 'on' only where the best speedup exceeds 1 by more than this fraction, and
+'marginal' above 1 below it: a stated choice, smaller than the errors the book finds for the model."""
 
+
+def _plot_path(plot: str) -> Path:
+    """The file ``--plot`` names, as matplotlib writes it (``.png`` added to a name without a suffix);
+    UsageError for a suffix matplotlib cannot write."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(plot)
+    if not path.suffix:
+        return path.with_name(path.name + ".png")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise UsageError(f"--plot: matplotlib cannot write {path.suffix!r} files; use one of "
+                         f"{', '.join('.' + kind for kind in sorted(formats))}")
+    return path
+
+
+def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str, np.ndarray, dict]:
+    """The checked batch sizes, gammas, acceptance column and values, and options of ``moesd predict``."""
     batch, gammas = _integers(args.batch, "--batch"), _integers(args.gamma, "--gamma")
     for name, values in (("--batch", batch), ("--gamma", gammas)):
         if values.min() < 1:
@@ -442,62 +468,100 @@ def _predict(args: argparse.Namespace) -> None:
         column, values = "alpha", _numbers(args.alpha or "0.8", "--alpha")
         if ((values < 0) | (values > 1)).any():
             raise UsageError(f"--alpha must be in [0, 1], got {args.alpha}")
-        acceptance = dict(alpha=values)
     else:
         column, values = "sigma", _numbers(args.sigma, "--sigma")
         if ((values <= 0) | (values > 1)).any():
             raise UsageError(f"--sigma must be in (0, 1], got {args.sigma}")
         if (values[:, None] < 1 / (gammas[None, :] + 1)).any():
             raise UsageError(f"--sigma must be >= 1 / (gamma + 1) for every --gamma, got {args.sigma}")
-        acceptance = dict(sigma=values)
     for flag, value, low in (("--tp", args.tp, 1), ("--ep", args.ep, 1), ("--draft-tp", args.draft_tp, 1),
                              ("--context", args.context, 0)):
         if value < low:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
     if not (math.isfinite(args.host_ms) and args.host_ms >= 0):
         raise UsageError(f"--host-ms must be a finite number >= 0, got {args.host_ms}")
-    for flag, path in (("--csv", args.csv), ("--plot", args.plot)):
+    return batch, gammas, column, values, dict(tp=args.tp, draft_tp=args.draft_tp, context=args.context, ep=args.ep,
+                                               dtype=args.dtype)
+
+
+def _verdict(best: pd.DataFrame) -> str:
+    """Where the best speedups of ``best`` (one row per batch size) say SD is on, marginal or off."""
+    on = best.loc[best["speedup"] > 1 + SD_MARGIN, "batch_size"]
+    marginal = best.loc[(best["speedup"] > 1) & (best["speedup"] <= 1 + SD_MARGIN), "batch_size"]
+    if not len(on) and not len(marginal):
+        return "SD does not pay at any of these batch sizes: leave it off"
+    parts = [f"SD pays (best speedup > {1 + SD_MARGIN:g}) at {len(on)} of {len(best)} batch sizes"
+             + (f", {_runs(on, best)}" if len(on) else "")]
+    if len(marginal):
+        parts.append(f"marginal (1-{1 + SD_MARGIN:g}) at {_runs(marginal, best)}")
+    return "; ".join(parts)
+
+
+def _predict(args: argparse.Namespace) -> None:
+    from moesd.predict import (DTYPE_BYTES, Efficiency, batch_range, best_gamma, memory_fit, predict_sd,
+                               resolve_hardware, resolve_model, tensor_parallel_sizes)
+    from moesd.predict_paper import HOST_SECONDS_VLLM_V0
+
+    batch, gammas, column, values, options = _predict_options(args)
+    plot = _plot_path(args.plot) if args.plot else None
+    for flag, path in (("--csv", args.csv), ("--plot", plot)):
         if path and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{flag}: folder {Path(path).resolve().parent} does not exist")
         if path:
             new_file(flag, path, overwrite=True)
-    options = dict(tp=args.tp, draft_tp=args.draft_tp, context=args.context, ep=args.ep, dtype=args.dtype,
-                   efficiency=Efficiency(step_seconds=args.host_ms * 1e-3))
+
+    def predict(batch_sizes, acceptance, host_ms):
+        return predict_sd(args.target, args.draft, args.hardware, batch_sizes, gammas, **options,
+                          efficiency=Efficiency(step_seconds=host_ms * 1e-3), **{column: acceptance})
+
     try:  # one point checks what the options must satisfy together (ep divides E, an interconnect for tp...)
-        predict_sd(args.target, args.draft, args.hardware, batch[:1], gammas[:1], **options, **{column: values[:1]})
+        predict(batch[:1], values[:1], args.host_ms)
     except ValueError as error:  # name the command-line flag of the argument the package names
         message = str(error)
         first = message.split(" ", 1)[0].rstrip(":")
         flag = {"model": "--target/--draft", "hardware": "--hardware", "tp": "--tp", "draft_tp": "--draft-tp",
                 "ep": "--ep", "dtype": "--dtype", "context": "--context"}.get(first)
+        message = message.replace(" or a Hardware record", "")  # what a program, not the command line, may pass
         raise UsageError(f"{flag}: {message}" if flag else message) from None
-    frame = predict_sd(args.target, args.draft, args.hardware, batch, gammas, **options, **acceptance)
+    frame = predict(batch, values, args.host_ms)
     if args.csv:
         frame.to_csv(args.csv, index=False)
     hardware = resolve_hardware(args.hardware)
+    other_ms = 0.0 if args.host_ms else HOST_SECONDS_VLLM_V0 * 1e3  # the verdict says if it changes there
     print(f"{args.target} on {args.tp} x {hardware.name} (ep {args.ep}), draft {args.draft} on {args.draft_tp} "
           f"GPU(s), {args.dtype}, context {args.context} tokens; speedup of Eq. 4 predicted by moesd.predict "
           f"(roofline at achieved fractions of data-sheet peaks, host cost {args.host_ms:g} ms per forward pass"
-          + (f": where SD pays, an upper bound; --host-ms adds a serving engine's, e.g. {HOST_SECONDS_VLLM_V0 * 1e3:.1f} ms from "
+          + (f": where SD pays, an upper bound; --host-ms adds a serving engine's, e.g. {other_ms:.2g} ms from "
              "vLLM v0's own profile, moesd.predict_paper" if args.host_ms == 0 else "") + ")")
     target, draft = resolve_model(args.target), resolve_model(args.draft)
     if target.vocab_size != draft.vocab_size:
         print(f"note: the vocabularies differ ({target.vocab_size} against {draft.vocab_size} tokens); SD needs a "
               "draft that shares the target's tokenizer")
-    capacity = hardware.memory_bytes
-    fits = np.ones(len(batch), bool)
-    for role, model, gpus, ep, flag in (("target", args.target, args.tp, args.ep, "--tp"),
-                                        ("draft", args.draft, args.draft_tp, 1, "--draft-tp")):
-        held = memory_per_gpu(model, hardware, batch, args.context, gpus, ep, args.dtype)  # on GPUs of its own
-        fits &= held <= capacity
-        if held.max() > capacity:
+    elif target.hidden_size == draft.hidden_size and args.draft_tp < args.tp:
+        print(f"note: the draft shares the target's hidden size and vocabulary (an MTP head or a one-layer draft), "
+              f"which engines run on the target's GPUs; --draft-tp {args.tp} predicts that, --draft-tp "
+              f"{args.draft_tp} puts it on GPU(s) of its own")
+    fit = memory_fit(args.target, args.draft, hardware, batch, args.context, args.tp, args.draft_tp, args.ep,
+                     args.dtype)
+    fits = fit["fits"].to_numpy()
+    smaller = [name for name, size in DTYPE_BYTES.items() if size < DTYPE_BYTES[args.dtype]]
+    for role, model, gpus, flag in (("target", target, args.tp, "--tp"), ("draft", draft, args.draft_tp, "--draft-tp")):
+        held = fit[f"{role}_bytes"].to_numpy()
+        if held.max() > hardware.memory_bytes:
+            more = [tp for tp in tensor_parallel_sizes(model, hardware) if tp > gpus]
+            remedies = ([f"{flag} {' or '.join(map(str, more))}"] if more else []) \
+                + ([f"--dtype {' or '.join(smaller)}"] if smaller else []) \
+                + (["a shorter --context"] if args.context else [])
             print(f"does not fit: the {role}'s weights and KV cache need {held.max() / 1e9:.0f} GB per GPU at "
-                  f"B = {batch.max()} ({held.min() / 1e9:.0f} GB at B = {batch.min()}) on {gpus} GPU(s); one "
-                  f"{hardware.name} holds {capacity / 1e9:.0f} GB (more GPUs: {flag}; or a smaller --dtype).")
+                  f"B = {batch.max()}" + (f" ({held.min() / 1e9:.0f} GB at B = {batch.min()})" if len(batch) > 1 else "")
+                  + f" on {gpus} GPU(s); one {hardware.name} holds {hardware.memory_bytes / 1e9:.0f} GB "
+                  + (f" (try {'; '.join(remedies)})." if remedies else "."))
     if not fits.all():
-        print(f"Only B <= {batch[fits].max()} fits (activations and the engine's workspace not counted); the summary "
-              "below covers those." if fits.any() else "No batch size fits; the numbers below assume one did.")
+        print(f"Only B <= {batch[fits].max()} fits ({fits.sum()} of {len(batch)} batch sizes; activations and the "
+              "engine's workspace not counted); the summary below covers those." if fits.any()
+              else "No batch size fits; the numbers below assume one did.")
     judged = batch[fits] if fits.any() else batch
+    other = predict(judged, values, other_ms)
     for value in values:
         rows = frame[(frame[column] == value) & frame["batch_size"].isin(judged)]
         best = best_gamma(rows)
@@ -506,29 +570,40 @@ def _predict(args: argparse.Namespace) -> None:
             keep = {int(b) for b in best["batch_size"] if b & (b - 1) == 0} | {int(best["batch_size"].iloc[0]),
                                                                             int(best["batch_size"].iloc[-1])}
             shown = best[best["batch_size"].isin(keep)]
+        sd = np.select([shown["speedup"] > 1 + SD_MARGIN, shown["speedup"] > 1], ["on", "marginal"], "off")
         table = shown.assign(t_target_1=shown["t_target_1"] * 1e3, t_target_gamma=shown["t_target_gamma"] * 1e3,
-                             t_draft=shown["t_draft"] * 1e3, sd=np.where(shown["speedup"] > 1, "on", "off"))[
+                             t_draft=shown["t_draft"] * 1e3, sd=sd)[
             ["batch_size", "gamma", "speedup", "sd", "target_efficiency", "draft_term", "t_target_1",
              "t_target_gamma", "t_draft"]].rename(columns={
                 "gamma": "best gamma", "sd": "SD", "t_target_1": "T_T(B,1) ms", "t_target_gamma": "T_T(B,g+1) ms",
                 "t_draft": "T_D(B,1) ms"})
         low, high, peak, at = batch_range(rows)
-        pays = best.loc[best["speedup"] > 1, "batch_size"]
-        verdict = (f"SD pays (best speedup > 1) at {len(pays)} of {len(best)} batch sizes, {_runs(pays, best)}"
-                   if len(pays) else "SD does not pay at any of these batch sizes: leave it off")
-        print(f"\n{column} = {value:g}: {verdict}; peak speedup {peak:.2f}x at B = {at}, >= peak / sqrt(2) for "
-              f"{_span(low, high)}" + (" (rows shown: powers of two and the ends)" if shown is not best else ""))
+        verdict = _verdict(best)
+        alternative = best_gamma(other[other[column] == value])
+        on = alternative.loc[alternative["speedup"] > 1 + SD_MARGIN, "batch_size"]
+        if _verdict(alternative) != verdict:
+            verdict += (f" (this depends on the host cost: at --host-ms {other_ms:.2g} SD is on at "
+                        + (_runs(on, alternative) if len(on) else "no batch size") + ")")
+        band = f", the paper's x / sqrt(2) band (>= peak / sqrt(2) and > 1) {_span(low, high)}" if peak > 1 else ""
+        print(f"\n{column} = {value:g}: {verdict}; peak speedup {peak:.2f}x at B = {at}{band}"
+              + (" (rows shown: powers of two and the ends)" if shown is not best else ""))
         print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print("\nSD: on where the best gamma's speedup exceeds 1. draft_term: gamma T_D(B,1) / T_T(B,1), the draft's "
+    print(f"\nSD: on where the best gamma's speedup exceeds {1 + SD_MARGIN:g}, marginal where it exceeds 1 by less "
+          f"(a margin of {100 * SD_MARGIN:g} %), else off. draft_term: gamma T_D(B,1) / T_T(B,1), the draft's "
           "share of Eq. 4's denominator; target_efficiency: T_T(B,1) / T_T(B,gamma+1).")
-    if args.plot:
+    if plot:
+        import matplotlib.pyplot as plt
+
         from moesd.plots import speedup_heatmap
 
-        figure = speedup_heatmap(frame[frame[column] == values[0]],
-                                 title=f"{args.target} on {args.tp} x {hardware.name}, {column} {values[0]:g}")
-        figure.savefig(args.plot, dpi=150, bbox_inches="tight")
-    if args.csv or args.plot:
-        print("\n" + " and ".join(f"{path}" for path in (args.csv, args.plot) if path) + " written")
+        figure, axes = plt.subplots(len(values), 1, figsize=(6.4, 3.2 * len(values)), squeeze=False,
+                                    layout="constrained")
+        for value, ax in zip(values, axes[:, 0]):
+            speedup_heatmap(frame[(frame[column] == value) & frame["batch_size"].isin(judged)], ax=ax,
+                            title=f"{args.target} on {args.tp} x {hardware.name}, {column} {value:g}")
+        figure.savefig(plot, dpi=150, bbox_inches="tight")
+    if args.csv or plot:
+        print("\n" + " and ".join(f"{path}" for path in (args.csv, plot) if path) + " written")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -633,10 +708,15 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--stride", type=int, help="fit df[::stride] of the rows sorted by K, gamma, B")
     fit.set_defaults(run=_fit)
 
-    predict = commands.add_parser("predict", help="predict SD's speedup for a model on GPUs (moesd.predict)")
+    predict = commands.add_parser(
+        "predict", help="predict SD's speedup for a model on GPUs (moesd.predict)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=textwrap.fill("models (--target, --draft): " + ", ".join(MODELS), 100, break_on_hyphens=False) + "\n"
+        + textwrap.fill("hardware (--hardware, any case): " + ", ".join(HARDWARE), 100, break_on_hyphens=False) + "\n"
+        + textwrap.fill(_HARDWARE_NOTE + "; `moesd hardware` lists them.", 100, break_on_hyphens=False))
     predict.add_argument("--target", required=True, help="moesd.zoo name of the target, e.g. deepseek-v3")
     predict.add_argument("--draft", required=True, help="moesd.zoo name of the draft, e.g. deepseek-v3-mtp")
-    predict.add_argument("--hardware", required=True, help="moesd.roofline.HARDWARE name, e.g. H200")
+    predict.add_argument("--hardware", required=True, help="moesd.roofline.HARDWARE name, e.g. H200 (below)")
     predict.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of the target (default 1)")
     predict.add_argument("--ep", type=int, default=1, help="expert-parallel degree, dividing --tp (default 1)")
     predict.add_argument("--draft-tp", type=int, default=1,
@@ -653,7 +733,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="host cost of every forward pass of target and draft, ms (scheduling, input "
                          "preparation, sampling in a serving engine; default 0: the GPUs' work only)")
     predict.add_argument("--csv", help="write every predicted row to this CSV file")
-    predict.add_argument("--plot", help="write a heatmap of speedup over (B, gamma) to this image file")
+    predict.add_argument("--plot", help="write a heatmap of speedup over (B, gamma) to this image file (a suffix matplotlib writes, "
+                         ".png if none), one panel per --alpha or --sigma, over the batch sizes that fit")
     predict.set_defaults(run=_predict)
     return parser
 

@@ -222,6 +222,47 @@ def memory_per_gpu(model, hardware, batch_size, context, tp=1, ep=1, dtype="bf16
     return weights_per_gpu(model, dtype, tp) + step.bytes["kv_cache"]
 
 
+def memory_fit(target, draft, hardware, batch_size, context, tp=1, draft_tp=1, ep=1, dtype="bf16",
+               draft_dtype=None) -> pd.DataFrame:
+    """Whether target and draft fit their GPUs' memory at each batch size, placed as :func:`predict_sd` places them.
+
+    The target's weights and KV cache on each of its ``tp`` GPUs, and the draft's on each of its own
+    ``draft_tp`` GPUs (:func:`memory_per_gpu`), against ``hardware.memory_bytes``. Activations and the
+    serving engine's workspace are not counted, so a setup that fits here may still not fit.
+
+    Parameters
+    ----------
+    target, draft : str, ModelSpec or Architecture
+        The models.
+    hardware : str or Hardware
+        The GPU of both.
+    batch_size : array_like
+        Sequences ``B`` (>= 1).
+    context : array_like
+        Tokens in each sequence's KV cache (>= 0), broadcast against ``batch_size``.
+    tp, draft_tp, ep : int
+        GPUs of the target, of the draft, and the target's expert-parallel degree.
+    dtype, draft_dtype : str
+        Weight dtypes (the draft's defaults to ``dtype``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per broadcast ``(batch_size, context)``: ``target_bytes`` and ``draft_bytes`` per GPU
+        (bytes) and ``fits``, both at most the GPU's memory.
+    """
+    hardware = resolve_hardware(hardware)
+    B, context = np.broadcast_arrays(as_array("batch_size", batch_size, low=1, whole=True),
+                                     as_array("context", context, low=0, whole=True))
+    held = {"target_bytes": memory_per_gpu(target, hardware, B, context, tp, ep, dtype),
+            "draft_bytes": memory_per_gpu(draft, hardware, B, context, draft_tp, 1,
+                                          dtype if draft_dtype is None else draft_dtype)}
+    fits = (held["target_bytes"] <= hardware.memory_bytes) & (held["draft_bytes"] <= hardware.memory_bytes)
+    return pd.DataFrame({"batch_size": B.ravel(), "context": context.ravel(),
+                         **{name: np.ravel(value) for name, value in held.items()}, "fits": np.ravel(fits)}
+                        ).astype({"batch_size": int, "context": int})
+
+
 _DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float8_e4m3fn": "fp8"}
 """torch's names of the weight dtypes (as sweep sidecars record them)."""
 
@@ -404,12 +445,34 @@ def _parallelism(arch: Architecture, hardware: Hardware, tp, ep) -> tuple[int, i
         raise ValueError(f"ep must divide the routed experts of {arch.name} ({arch.num_experts}), got {ep}")
     if tp > 1 and not hardware.interconnect_bandwidth:
         raise ValueError(f"tp: hardware {hardware.name} has no interconnect on record, so tp must be 1")
+    valid = ", ".join(map(str, tensor_parallel_sizes(arch, hardware)))
+    if tp > hardware.gpus_per_node:
+        raise ValueError(f"tp must be at most {hardware.gpus_per_node}, the GPUs one {hardware.name} node joins "
+                         f"(tensor parallelism across nodes is not modelled): one of {valid} for {arch.name}, got {tp}")
     if arch.num_heads % tp:
-        raise ValueError(f"tp must divide the attention heads of {arch.name} ({arch.num_heads}), got {tp}")
+        raise ValueError(f"tp must divide the attention heads of {arch.name} ({arch.num_heads}), got {tp}; "
+                         f"on {hardware.name}: {valid}")
     if arch.num_kv_heads % tp and tp % arch.num_kv_heads:  # KV heads are split, or replicated below one per GPU
         raise ValueError(f"tp must divide, or be a multiple of, the KV heads of {arch.name} ({arch.num_kv_heads}), "
-                         f"got {tp}")
+                         f"got {tp}; on {hardware.name}: {valid}")
     return tp, ep
+
+
+def tensor_parallel_sizes(model, hardware) -> list[int]:
+    """The tensor-parallel sizes :func:`step_time` accepts for ``model`` on ``hardware``.
+
+    Those up to the GPUs one node joins (``Hardware.gpus_per_node``; 1 without an interconnect) that
+    divide the attention heads and divide, or are a multiple of, the KV heads.
+
+    Returns
+    -------
+    list of int
+        GPUs per tensor-parallel group, ascending (1 always among them).
+    """
+    arch, hardware = resolve_model(model), resolve_hardware(hardware)
+    most = hardware.gpus_per_node if hardware.interconnect_bandwidth else 1
+    return [tp for tp in range(1, most + 1)
+            if not arch.num_heads % tp and not (arch.num_kv_heads % tp and tp % arch.num_kv_heads)]
 
 
 def _routed_experts(arch: Architecture, hardware: Hardware, active, tokens, K, tp: int, ep: int, dtype: str,
@@ -745,9 +808,9 @@ def best_gamma(frame: pd.DataFrame, by=("batch_size",)) -> pd.DataFrame:
     return frame.loc[frame.groupby(by)["speedup"].idxmax()].reset_index(drop=True)
 
 
-def batch_range(frame: pd.DataFrame, fraction=2 ** -0.5) -> tuple[int, int, float, int]:
+def batch_range(frame: pd.DataFrame, fraction=2 ** -0.5) -> tuple[int | None, int | None, float, int]:
     """The run of batch sizes around the peak where the best speedup over gamma stays at or above ``fraction``
-    of its peak (the paper's x / sqrt(2)).
+    of its peak (the paper's x / sqrt(2) band) and above 1 (SD pays).
 
     The run is unbroken over the frame's batch sizes: it ends at the first batch size on either side of
     the peak that falls below, even if a farther one rises above again.
@@ -755,13 +818,17 @@ def batch_range(frame: pd.DataFrame, fraction=2 ** -0.5) -> tuple[int, int, floa
     Returns
     -------
     tuple
-        ``(lowest B, highest B, peak speedup, B of the peak)`` over the frame's batch sizes.
+        ``(lowest B, highest B, peak speedup, B of the peak)`` over the frame's batch sizes; the two ends
+        are None when the peak speedup is at most 1 (SD pays nowhere, so there is no band).
     """
     best = best_gamma(frame)
-    at = int(best["speedup"].to_numpy().argmax())
-    peak = float(best["speedup"].iloc[at])
-    below = np.flatnonzero(best["speedup"].to_numpy() < fraction * peak)
+    speedup = best["speedup"].to_numpy()
+    at = int(speedup.argmax())
+    peak = float(speedup[at])
+    sizes = best["batch_size"]
+    if peak <= 1:
+        return None, None, peak, int(sizes.iloc[at])
+    below = np.flatnonzero((speedup < fraction * peak) | (speedup <= 1))
     low = below[below < at].max() + 1 if (below < at).any() else 0
     high = below[below > at].min() - 1 if (below > at).any() else len(best) - 1
-    sizes = best["batch_size"]
     return int(sizes.iloc[low]), int(sizes.iloc[high]), peak, int(sizes.iloc[at])

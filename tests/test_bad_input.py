@@ -1077,7 +1077,9 @@ CLI_COMMANDS = [
         "--sigma and --alpha exclude each other"),
     cli("predict on 0 GPUs", _predict_argv("--tp", "0"), "--tp must be >= 1, got 0"),
     cli("predict with ep not dividing tp", _predict_argv("--tp", "4", "--ep", "3"), "--ep: ep must divide tp"),
-    cli("predict on an unknown GPU", _predict_argv()[:-1] + ["TPU"], "--hardware: hardware must be one of"),
+    cli("predict on an unknown GPU", _predict_argv()[:-1] + ["TPU"],
+        "--hardware: hardware must be one of ['A100', 'A800', 'B200', 'CPU', 'H100', 'H20', 'H200', 'H800', 'L40', "
+        "'MI300X'], got 'TPU'"),
     cli("predict of an unknown model", ["predict", "--target", "gpt-5", "--draft", "qwen3-0.6b", "--hardware", "H100"],
         "--target/--draft: model must be a moesd.zoo name (qwen2-57b-a14b, "),
     cli("predict in an unknown dtype", _predict_argv("--dtype", "int3"), "--dtype: dtype must be one of"),
@@ -1091,6 +1093,14 @@ CLI_COMMANDS = [
     cli("predict into a missing folder", lambda tmp: _predict_argv("--csv", str(tmp / "nowhere" / "p.csv")),
         "--csv: folder ", stops=(("moesd.predict", "predict_sd"),)),
     cli("predict with a negative context", _predict_argv("--context", "-1"), "--context must be >= 0, got -1"),
+    cli("predict into an image type matplotlib lacks", lambda tmp: _predict_argv("--plot", str(tmp / "x.xyz")),
+        "--plot: matplotlib cannot write '.xyz' files; use one of", stops=(("moesd.predict", "predict_sd"),)),
+    cli("predict across nodes", ["predict", "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware",
+                                 "H100", "--tp", "16"],
+        "--tp: tp must be at most 8, the GPUs one H100 node joins (tensor parallelism across nodes is not "
+        "modelled): one of 1, 2, 4, 8 for deepseek-v3, got 16"),
+    cli("predict with a tp the heads refuse", _predict_argv("--tp", "3"),
+        "--tp: tp must divide the attention heads of mixtral-8x7b (32), got 3; on H100: 1, 2, 4, 8"),
 ]
 
 

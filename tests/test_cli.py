@@ -18,6 +18,7 @@ def test_hardware_lists_ridge_points(capsys):
     main(["hardware"])
     out = capsys.readouterr().out
     assert "H200" in out and "206.1" in out
+    assert "GPUs/node" in out and "H100, H800, H200: the SXM parts" in out
 
 
 def test_bad_arguments_exit_with_usage(capsys):

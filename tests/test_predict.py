@@ -18,11 +18,13 @@ from moesd.predict import (
     batch_range,
     best_gamma,
     expert_gemm_time,
+    memory_fit,
     memory_per_gpu,
     predict_sd,
     rejection_time,
     one_layer_draft,
     step_time,
+    tensor_parallel_sizes,
     weights_per_gpu,
     zipf_popularity,
 )
@@ -295,6 +297,14 @@ def test_best_gamma_and_batch_range():
     # a dip below the threshold ends the run: best per B 1.5, 1.2, 2.0, 1.5, so B = 1 (1.5) lies beyond B = 2 (1.2)
     dip = pd.DataFrame({"batch_size": [1, 2, 3, 4], "gamma": [1] * 4, "speedup": [1.5, 1.2, 2.0, 1.5]})
     assert batch_range(dip) == (3, 4, 2.0, 3)
+
+
+def test_the_paper_band_stops_where_sd_stops_paying_and_is_absent_below_one():
+    """peak 1.3: 1.3 / sqrt(2) = 0.92, so B = 1 (0.95) and B = 4 (1.0) are within x / sqrt(2) but SD loses there."""
+    low = pd.DataFrame({"batch_size": [1, 2, 3, 4], "gamma": [1] * 4, "speedup": [0.95, 1.1, 1.3, 1.0]})
+    assert batch_range(low) == (2, 3, 1.3, 3)
+    never = low.assign(speedup=[0.5, 0.7, 0.9, 1.0])
+    assert batch_range(never) == (None, None, 1.0, 4)
 
 
 def test_a_grid_of_ten_thousand_points_is_one_call():
@@ -605,16 +615,130 @@ def test_hardware_is_found_by_name_in_any_case():
         resolve_hardware("h1000")
 
 
-def test_cli_lists_where_sd_pays_as_unbroken_runs(capsys, tmp_path):
-    """The verdict names every run of batch sizes where the best speedup exceeds 1, gaps included."""
-    from moesd.cli import main
+def test_cli_lists_where_sd_is_on_and_marginal_as_unbroken_runs(capsys, tmp_path):
+    """The verdict names every run of batch sizes where the best speedup exceeds 1 + SD_MARGIN ('on') and
+    where it exceeds 1 by less ('marginal'), gaps included; the SD column agrees row by row."""
+    from moesd.cli import SD_MARGIN, main
 
     out = tmp_path / "p.csv"
     main(["predict", "--target", "deepseek-v2-lite", "--draft", "qwen2-0.5b", "--hardware", "H100", "--alpha", "0.6",
-          "--csv", str(out)])
+          "--batch", "1-24", "--csv", str(out)])  # 24 rows: the table shows every one
+    printed = capsys.readouterr().out
     best = best_gamma(pd.read_csv(out))
-    pays = best.loc[best["speedup"] > 1, "batch_size"].to_numpy()
-    runs = np.split(pays, np.flatnonzero(np.diff(pays) > 1) + 1)
-    expected = ", ".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
-    assert len(runs) > 1  # this setup has a gap: a test of the listing, not of one range
-    assert f"at {len(pays)} of {len(best)} batch sizes, B = {expected};" in capsys.readouterr().out
+
+    def listed(sizes):
+        runs = np.split(sizes, np.flatnonzero(np.diff(sizes) > 1) + 1)
+        return runs, ", ".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+    on = best.loc[best["speedup"] > 1 + SD_MARGIN, "batch_size"].to_numpy()
+    marginal = best.loc[(best["speedup"] > 1) & (best["speedup"] <= 1 + SD_MARGIN), "batch_size"].to_numpy()
+    (_, on_text), (marginal_runs, marginal_text) = listed(on), listed(marginal)
+    assert len(marginal_runs) > 1 and len(on) and len(marginal)  # a gap: a test of the listing, not of one range
+    assert f"at {len(on)} of {len(best)} batch sizes, B = {on_text};" in printed
+    assert f"marginal (1-{1 + SD_MARGIN:g}) at B = {marginal_text} " in printed
+    rows = {int(line.split()[0]): line.split()[3] for line in printed.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)}
+    assert {b for b, sd in rows.items() if sd == "marginal"} == set(marginal.tolist())
+    assert {b for b, sd in rows.items() if sd == "on"} == set(on.tolist())
+
+
+def test_tensor_parallelism_stays_inside_one_node_and_the_error_lists_what_fits():
+    assert tensor_parallel_sizes("qwen3-30b-a3b", "H100") == [1, 2, 4, 8]
+    assert tensor_parallel_sizes("qwen2-0.5b", "H100") == [1, 2]  # 14 heads, 2 KV heads: 7 splits neither way
+    assert tensor_parallel_sizes("qwen3-30b-a3b", "CPU") == [1]
+    for tp in (16, 32):  # DeepSeek-V3's 128 heads divide; two nodes' GPUs are still not one NVLink domain
+        with pytest.raises(ValueError, match=r"^tp must be at most 8, .* one of 1, 2, 4, 8 for deepseek-v3, got"):
+            step_time("deepseek-v3", "H100", 1, 8, tp=tp)
+    with pytest.raises(ValueError, match=r"got 3; on H100: 1, 2, 4, 8$"):
+        step_time("qwen3-30b-a3b", "H100", 1, 8, tp=3)
+
+
+def test_memory_fit_places_target_and_draft_as_predict_sd_does():
+    fit = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", [1, 100, 1000], 4096, tp=8, draft_tp=1, dtype="fp8")
+    target = memory_per_gpu("deepseek-v3", "H200", [1, 100, 1000], 4096, tp=8, dtype="fp8")
+    draft = memory_per_gpu("deepseek-v3-mtp", "H200", [1, 100, 1000], 4096, tp=1, dtype="fp8")
+    np.testing.assert_array_equal(fit["target_bytes"], target)
+    np.testing.assert_array_equal(fit["draft_bytes"], draft)
+    capacity = HARDWARE["H200"].memory_bytes
+    assert fit["fits"].tolist() == ((target <= capacity) & (draft <= capacity)).tolist() == [True, True, False]
+    # a draft too large for its one GPU fails every batch size, whatever the target
+    assert not memory_fit("qwen3-30b-a3b", "deepseek-v3", "H100", [1, 2], 1024)["fits"].any()
+
+
+def _predict_cli(capsys, *args):
+    from moesd.cli import main
+
+    main(["predict", *args])
+    return capsys.readouterr().out
+
+
+def test_cli_suggests_only_what_exists_when_a_setup_does_not_fit(capsys):
+    printed = _predict_cli(capsys, "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200",
+                           "--tp", "8", "--draft-tp", "8", "--dtype", "fp8", "--batch", "1", "--context", "2000000")
+    line = next(line for line in printed.splitlines() if line.startswith("does not fit"))
+    assert "GB per GPU at B = 1 on 8 GPU(s)" in line  # one batch size: said once
+    assert "--tp" not in line and "--dtype" not in line and "a shorter --context" in line  # 8 GPUs, fp8: the limits
+    printed = _predict_cli(capsys, "--target", "qwen3-30b-a3b", "--draft", "qwen3-0.6b", "--hardware", "H100",
+                           "--batch", "1,256")
+    assert "(try --tp 2 or 4 or 8; --dtype fp8; a shorter --context)" in printed
+    assert "Only B <= 1 fits (1 of 2 batch sizes;" in printed
+
+
+def test_cli_says_where_sd_is_marginal_and_when_the_host_cost_decides(capsys):
+    """At the default host cost 0 qwen3-30b-a3b is on at B = 1-16; vLLM v0's host cost turns the smallest off."""
+    from moesd.cli import SD_MARGIN
+
+    printed = _predict_cli(capsys, "--target", "qwen3-30b-a3b", "--draft", "qwen3-0.6b", "--hardware", "H100",
+                           "--batch", "1-16")
+    verdict = next(line for line in printed.splitlines() if line.startswith("alpha = 0.8"))
+    assert f"SD pays (best speedup > {1 + SD_MARGIN:g}) at 16 of 16 batch sizes, B = 1-16" in verdict
+    assert re.search(r"this depends on the host cost: at --host-ms 3\.8 SD is on at B = \d+-16\)", verdict)
+    assert f"a margin of {100 * SD_MARGIN:g} %" in printed
+
+
+def test_cli_draws_no_band_where_sd_never_pays(capsys):
+    printed = _predict_cli(capsys, "--target", "mixtral-8x7b", "--draft", "qwen3-0.6b", "--hardware", "A800", "--tp",
+                           "2", "--batch", "1,32", "--alpha", "0")
+    assert "sqrt(2)" not in printed and "leave it off" in printed
+
+
+def test_cli_notes_an_mtp_draft_placed_off_the_target_gpus(capsys):
+    deepseek = ["--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200", "--tp", "8",
+                "--dtype", "fp8", "--batch", "1,64"]
+    assert "--draft-tp 8 predicts that" in _predict_cli(capsys, *deepseek)
+    assert "note:" not in _predict_cli(capsys, *deepseek, "--draft-tp", "8")
+
+
+def test_cli_plot_one_batch_size_a_panel_per_alpha_and_the_file_written(capsys, tmp_path):
+    import matplotlib.image
+
+    args = ["--target", "qwen3-30b-a3b", "--draft", "qwen3-0.6b", "--hardware", "H100", "--batch", "8"]
+    printed = _predict_cli(capsys, *args, "--plot", str(tmp_path / "noext"))
+    assert f"{tmp_path / 'noext.png'} written" in printed and (tmp_path / "noext.png").exists()
+    one = matplotlib.image.imread(tmp_path / "noext.png")
+    _predict_cli(capsys, *args, "--alpha", "0.6,0.8", "--plot", str(tmp_path / "two.png"))
+    two = matplotlib.image.imread(tmp_path / "two.png")
+    assert two.shape[0] > 1.5 * one.shape[0]  # two panels, one above the other
+
+
+def test_a_heatmap_of_one_batch_size_fills_its_cells():
+    import matplotlib.pyplot as plt
+
+    from moesd.plots import speedup_heatmap
+
+    frame = predict_sd("qwen3-30b-a3b", "qwen3-0.6b", "H100", 8, [1, 2, 3], alpha=0.8)
+    figure = speedup_heatmap(frame)
+    mesh = figure.axes[0].collections[0]
+    assert mesh.get_array().size == 3
+    low, high = figure.axes[0].get_xlim()
+    assert low < 8 < high and high / low > 1.5  # a cell of width, not a line
+    plt.close(figure)
+
+
+def test_cli_help_names_every_model_and_gpu(capsys):
+    from moesd.cli import main
+    from moesd.zoo import MODELS
+
+    with pytest.raises(SystemExit):
+        main(["predict", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(name in text for name in [*MODELS, *HARDWARE]) and "SXM" in text

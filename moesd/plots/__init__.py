@@ -84,9 +84,26 @@ def speedup_heatmap(frame, title: str = "", ax=None, vmax: float | None = None) 
     top = max(vmax or float(np.nanmax(grid.to_numpy())), 1.01)
     norm = TwoSlopeNorm(vmin=min(0.5, float(np.nanmin(grid.to_numpy()))), vcenter=1.0, vmax=top)
     batch, gammas = grid.columns.to_numpy(), grid.index.to_numpy()
-    mesh = ax.pcolormesh(batch, gammas, grid.to_numpy(), cmap="RdYlGn", norm=norm, shading="nearest")
-    ax.plot(batch, gammas[np.nanargmax(grid.to_numpy(), axis=0)], color="white", lw=1.5, label=r"best $\gamma$")
+    mesh = ax.pcolormesh(_edges(batch, log=True), _edges(gammas), grid.to_numpy(), cmap="RdYlGn", norm=norm,
+                         shading="flat")
+    ax.plot(batch, gammas[np.nanargmax(grid.to_numpy(), axis=0)], color="white", lw=1.5, label=r"best $\gamma$",
+            marker="o" if len(batch) == 1 else None)  # one batch size: a point, not a line
     ax.set(xscale="log", xlabel=r"batch size $B$", ylabel=r"draft length $\gamma$", title=title, yticks=gammas)
     ax.grid(False)
     figure.colorbar(mesh, ax=ax, label="predicted speedup")
     return figure
+
+
+def _edges(centres, log=False):
+    """Cell edges around sorted ``centres``: midpoints (geometric with ``log``), the outer cells as wide as
+    their neighbours, and a cell of one unit (a factor of 2 with ``log``) around a single centre."""
+    import numpy as np
+
+    x = np.log2(np.asarray(centres, dtype=float)) if log else np.asarray(centres, dtype=float)
+    if len(x) == 1:
+        inner, first, last = np.array([]), x[0] - 0.5, x[0] + 0.5
+    else:
+        inner = (x[1:] + x[:-1]) / 2
+        first, last = x[0] - (inner[0] - x[0]), x[-1] + (x[-1] - inner[-1])
+    edges = np.concatenate([[first], inner, [last]])
+    return 2 ** edges if log else edges
