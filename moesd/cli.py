@@ -539,8 +539,8 @@ def _predict(args: argparse.Namespace) -> None:
               "draft that shares the target's tokenizer")
     elif target.hidden_size == draft.hidden_size and args.draft_tp < args.tp:
         print(f"note: the draft shares the target's hidden size and vocabulary (an MTP head or a one-layer draft), "
-              f"which engines run on the target's GPUs; --draft-tp {args.tp} predicts that, --draft-tp "
-              f"{args.draft_tp} puts it on GPU(s) of its own")
+              f"which engines run on the target's GPUs: --draft-tp {args.tp} times that (its memory still "
+              f"checked on GPUs of its own), --draft-tp {args.draft_tp} times it on {args.draft_tp} GPU(s)")
     fit = memory_fit(args.target, args.draft, hardware, batch, args.context, args.tp, args.draft_tp, args.ep,
                      args.dtype)
     fits = fit["fits"].to_numpy()

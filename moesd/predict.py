@@ -223,12 +223,14 @@ def memory_per_gpu(model, hardware, batch_size, context, tp=1, ep=1, dtype="bf16
 
 
 def memory_fit(target, draft, hardware, batch_size, context, tp=1, draft_tp=1, ep=1, dtype="bf16",
-               draft_dtype=None) -> pd.DataFrame:
-    """Whether target and draft fit their GPUs' memory at each batch size, placed as :func:`predict_sd` places them.
+               draft_dtype=None, shared=False) -> pd.DataFrame:
+    """Whether target and draft fit their GPUs' memory at each batch size.
 
-    The target's weights and KV cache on each of its ``tp`` GPUs, and the draft's on each of its own
-    ``draft_tp`` GPUs (:func:`memory_per_gpu`), against ``hardware.memory_bytes``. Activations and the
-    serving engine's workspace are not counted, so a setup that fits here may still not fit.
+    The target's weights and KV cache on each of its ``tp`` GPUs, and the draft's on each of its
+    ``draft_tp`` GPUs (:func:`memory_per_gpu`), against ``hardware.memory_bytes``: on GPUs of its own, as
+    :func:`predict_sd` places it, or with ``shared`` on the target's, whose memory the two then share.
+    Activations and the serving engine's workspace are not counted, so a setup that fits here may
+    still not fit.
 
     Parameters
     ----------
@@ -244,20 +246,27 @@ def memory_fit(target, draft, hardware, batch_size, context, tp=1, draft_tp=1, e
         GPUs of the target, of the draft, and the target's expert-parallel degree.
     dtype, draft_dtype : str
         Weight dtypes (the draft's defaults to ``dtype``).
+    shared : bool, default False
+        The draft on the target's GPUs (``draft_tp`` must equal ``tp``), as serving engines run an MTP
+        head or a small draft.
 
     Returns
     -------
     pandas.DataFrame
         One row per broadcast ``(batch_size, context)``: ``target_bytes`` and ``draft_bytes`` per GPU
-        (bytes) and ``fits``, both at most the GPU's memory.
+        (bytes) and ``fits``: each at most the GPU's memory, or with ``shared`` their sum.
     """
     hardware = resolve_hardware(hardware)
+    if shared and draft_tp != tp:
+        raise ValueError(f"draft_tp must equal tp for a draft on the target's GPUs (shared), got {draft_tp} and {tp}")
     B, context = np.broadcast_arrays(as_array("batch_size", batch_size, low=1, whole=True),
                                      as_array("context", context, low=0, whole=True))
     held = {"target_bytes": memory_per_gpu(target, hardware, B, context, tp, ep, dtype),
             "draft_bytes": memory_per_gpu(draft, hardware, B, context, draft_tp, 1,
                                           dtype if draft_dtype is None else draft_dtype)}
-    fits = (held["target_bytes"] <= hardware.memory_bytes) & (held["draft_bytes"] <= hardware.memory_bytes)
+    capacity = hardware.memory_bytes
+    fits = (held["target_bytes"] + held["draft_bytes"] <= capacity if shared
+            else (held["target_bytes"] <= capacity) & (held["draft_bytes"] <= capacity))
     return pd.DataFrame({"batch_size": B.ravel(), "context": context.ravel(),
                          **{name: np.ravel(value) for name, value in held.items()}, "fits": np.ravel(fits)}
                         ).astype({"batch_size": int, "context": int})

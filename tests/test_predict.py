@@ -660,6 +660,13 @@ def test_memory_fit_places_target_and_draft_as_predict_sd_does():
     np.testing.assert_array_equal(fit["draft_bytes"], draft)
     capacity = HARDWARE["H200"].memory_bytes
     assert fit["fits"].tolist() == ((target <= capacity) & (draft <= capacity)).tolist() == [True, True, False]
+    together = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", [1, 100, 1000], 4096, tp=8, draft_tp=8,
+                          dtype="fp8", shared=True)
+    alone = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", [1, 100, 1000], 4096, tp=8, draft_tp=8, dtype="fp8")
+    assert together["fits"].tolist() == (together["target_bytes"] + together["draft_bytes"] <= capacity).tolist()
+    assert (together["fits"] <= alone["fits"]).all()  # sharing the GPUs' memory never fits more
+    with pytest.raises(ValueError, match="^draft_tp must equal tp"):
+        memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", 1, 4096, tp=8, draft_tp=1, shared=True)
     # a draft too large for its one GPU fails every batch size, whatever the target
     assert not memory_fit("qwen3-30b-a3b", "deepseek-v3", "H100", [1, 2], 1024)["fits"].any()
 
@@ -704,7 +711,7 @@ def test_cli_draws_no_band_where_sd_never_pays(capsys):
 def test_cli_notes_an_mtp_draft_placed_off_the_target_gpus(capsys):
     deepseek = ["--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200", "--tp", "8",
                 "--dtype", "fp8", "--batch", "1,64"]
-    assert "--draft-tp 8 predicts that" in _predict_cli(capsys, *deepseek)
+    assert "--draft-tp 8 times that" in _predict_cli(capsys, *deepseek)
     assert "note:" not in _predict_cli(capsys, *deepseek, "--draft-tp", "8")
 
 
