@@ -383,7 +383,16 @@ def _fit(args: argparse.Namespace) -> None:
         raise UsageError(f"--stride {args.stride} leaves {fitted} of {len(frame)} measurements to fit, fewer than "
                          f"the {len(PARAMETERS)} parameters of Algorithm 1; use a stride of at most "
                          f"{(len(frame) - 1) // (len(PARAMETERS) - 1)}")
-    result = fit_speedup_model(frame, rp, variant=args.variant, stride=args.stride, verify_tokens=args.verify_tokens)
+    bounds = None
+    if args.bounds == "appendix-c2":
+        from moesd.measurements import appendix_c2_bounds
+
+        try:
+            bounds = appendix_c2_bounds(rows, sidecar)
+        except (KeyError, ValueError) as error:
+            raise UsageError(f"{args.measurements}: --bounds appendix-c2: {error}") from None
+    result = fit_speedup_model(frame, rp, variant=args.variant, stride=args.stride, verify_tokens=args.verify_tokens,
+                               bounds=bounds)
     errors = held_out_errors(result, frame)
     verified = "B gamma" if args.verify_tokens == "gamma" else "B (gamma + 1)"
     print(f"{len(result.fitted)} of {len(frame)} measurements, variant {args.variant}, {verified} verified tokens; "
@@ -391,12 +400,14 @@ def _fit(args: argparse.Namespace) -> None:
           f"fit {result.fit_seconds:.3f} s")
     print(f"solver: {result.solver}, status {result.status} ({'converged' if result.status > 0 else 'NOT converged'}), "
           f"{result.nfev} evaluations: {result.message}")
-    bounds = result.on_bounds()
-    print("on bounds: " + (", ".join(f"{name} ({side})" for name, side in bounds.items()) if bounds else "none"))
+    ends = result.on_bounds()
+    print(f"bounds: {args.bounds}; on bounds: "
+          + (", ".join(f"{name} ({side})" for name, side in ends.items()) if ends else "none"))
     print(f"MSE fitted {result.mse:.4g}; over all {errors['mse_all']:.4g}; "
           + (f"held back ({errors['points']}): MAPE {errors['mape']:.4g} %, max error {errors['max_abs_error']:.4g}"
              if errors["points"] else "none held back (--stride holds some back)"))
-    print(pd.DataFrame({"fitted": result.params, "relative to bias": result.relative_params()})
+    fitted = "fitted (s; lam, s dimensionless)" if bounds is not None else "fitted"
+    print(pd.DataFrame({fitted: result.params, "relative to bias": result.relative_params()})
           .to_string(float_format=lambda v: f"{v:.4g}"))
 
 
@@ -706,6 +717,10 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--verify-tokens", default="gamma", choices=["gamma", "gamma+1"],
                      help="tokens per sequence verified: Algorithm 1's gamma or vLLM's gamma + 1")
     fit.add_argument("--stride", type=int, help="fit df[::stride] of the rows sorted by K, gamma, B")
+    fit.add_argument("--bounds", default="free", choices=["free", "appendix-c2"],
+                     help="free: time-like parameters in [0, inf), reported relative to bias (default); appendix-c2: "
+                          "the paper's volume bounds for the models and measured bandwidth of the sidecar, which "
+                          "make the parameters seconds (moesd.measurements.appendix_c2_bounds)")
     fit.set_defaults(run=_fit)
 
     predict = commands.add_parser(

@@ -381,8 +381,11 @@ def appendix_c2_bounds(rows: pd.DataFrame, sidecar: dict) -> tuple[np.ndarray, n
     from moesd.zoo import get_model
 
     settings = sidecar.get("settings", {})
-    if settings.get("weights", sidecar.get("weights")) != "random" and (settings.get("target_path")
-                                                                        or settings.get("draft_path")):
+    missing = [f"settings.{key}" for key in ("target", "draft") if not settings.get(key)]
+    missing += ["a t_reject column"] if "t_reject" not in rows.columns else []
+    if missing:
+        raise ValueError(f"the bounds need the models and the rejection times; the file has no {', '.join(missing)}")
+    if settings.get("target_path") or settings.get("draft_path"):
         raise ValueError("the bounds count the parameters of moesd.zoo's models; this file measured models "
                          "loaded from a path")
     return parameter_bounds(get_model(settings["target"]), measuring_hardware(sidecar), get_model(settings["draft"]),

@@ -93,3 +93,21 @@ def test_fit_without_a_measured_roofline_needs_hardware(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "ridge point 10 tokens (CPU data sheet, --hardware)" in out
     assert number_after(out, "max error") > 1e-4  # the data were made with a ridge point of 37
+
+
+def test_fit_with_appendix_c2_bounds(tmp_path, capsys):
+    """The paper's volume bounds make the fitted time-like parameters seconds within them."""
+    from moesd.measurements import appendix_c2_bounds, load, measurements_dir
+
+    path = measurements_dir() / "cpu" / "sparsity.csv"
+    assert main(["fit", str(path), "--stride", "11", "--bounds", "appendix-c2"]) == 0
+    out = capsys.readouterr().out
+    assert "bounds: appendix-c2; on bounds:" in out and "fitted (s; lam, s dimensionless)" in out
+    lower, upper = appendix_c2_bounds(*load("sparsity", "cpu"))
+    bias = number_after(out, "\nbias")
+    assert lower[0] * (1 - 1e-3) <= bias <= upper[0] * (1 + 1e-3)  # seconds, not the free fit's 1
+    synthetic = write_sweep(tmp_path)  # its sidecar names no draft and its rows hold no rejection times
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", str(synthetic), "--bounds", "appendix-c2"])
+    assert exit_.value.code == 2
+    assert "settings.draft, a t_reject column" in capsys.readouterr().err
