@@ -36,9 +36,9 @@ must cover that selection: at 2 standard errors 6-8 % of flat curves passed). It
 (no reversal beyond noise), added later without changing ``NOISE_Z``, lowers that to 1.2 % or less
 (1000 draws each; 2-3 % at 2 standard errors), while a hump 10 noise standard deviations high still
 passes in 98 % of 300 draws with one repeat and in all of them with two or more. A curve that truly
-falls (a straight fall, or flat up to B = 16 and falling after) is called non-monotone by :func:`falls_monotonically` in at most 5.5 % of draws (the
-flat-then-falling curve with one repeat; 2.3 % or less with three or more repeats; at 2.5 standard
-errors it is 8-13 %).
+falls (a straight fall, or flat up to B = 16 and falling after) is called non-monotone by
+:func:`falls_monotonically` in at most 5.5 % of draws (the flat-then-falling curve with one repeat;
+2.3 % or less with three or more repeats; at 2.5 standard errors it is 8-13 %).
 """
 
 from __future__ import annotations
