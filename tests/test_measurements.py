@@ -153,6 +153,24 @@ def test_appendix_c2_bounds_count_the_measured_models():
     assert whole["dense"] * seconds > 10 * bound["bias"][1]  # the whole model's bounds would not fit the cut one
 
 
+def test_appendix_c2_bounds_count_target_and_draft_layers_apart():
+    """The e2e study cuts the target to 4 layers and the draft to 3: each bound counts its own model's layers."""
+    from moesd.measurements import appendix_c2_bounds, load, measuring_hardware
+    from moesd.speedup_model import PARAMETERS
+    from moesd.zoo import get_model
+
+    rows, sidecar = load("e2e", "cpu")
+    settings = sidecar["settings"]
+    assert settings["layers"] != settings["draft_layers"]
+    bound = dict(zip(PARAMETERS, zip(*appendix_c2_bounds(rows, sidecar))))
+    seconds = 4 / measuring_hardware(sidecar).memory_bandwidth
+    target = get_model(settings["target"]).parameter_counts(num_layers=settings["layers"], width=settings["width"])
+    draft = get_model(settings["draft"]).parameter_counts(num_layers=settings["draft_layers"], width=settings["width"])
+    assert bound["bias"][0] == pytest.approx(target["dense"] * seconds)
+    assert bound["draft_bias"] == pytest.approx((draft["total"] * seconds, 5 * draft["total"] * seconds))
+    assert bound["reject_bias"] == (0, rows["t_reject"].max())
+
+
 def test_fit_takes_bounds_or_a_model_not_both():
     from moesd.fit import fit_speedup_model
     from moesd.measurements import fitting_frame, load, ridge_tokens_for
