@@ -256,13 +256,13 @@ def forward_target_efficiency(forward: pd.DataFrame, gammas=(2, 3, 4), role: str
     return pd.concat(parts).reset_index()
 
 
-def forward_speedup(forward: pd.DataFrame, sigma, gammas=(2, 3, 4)) -> pd.DataFrame:
+def forward_speedup(forward: pd.DataFrame, sigma, gammas=(2, 3, 4), per_repeat: bool = False) -> pd.DataFrame:
     """Eq. 4 evaluated from a forward study's stage times, per batch size and gamma.
 
     Within each repeat (``run``): ``T_T(B, 1)`` and ``T_T(B, gamma + 1)`` of the target (the verification
     scores ``gamma + 1`` positions per sequence, as in :func:`forward_target_efficiency`) and ``T_D(B, 1)``
-    of the draft go into :func:`moesd.speedup.speedup` with the given sigma and no rejection cost; the
-    result is summarised over repeats like :func:`forward_target_efficiency` (pairing a repeat's passes
+    of the draft go into :func:`moesd.speedup.speedup_terms` with the given sigma and no rejection cost;
+    the result is summarised over repeats like :func:`forward_target_efficiency` (pairing a repeat's passes
     cancels slow drifts of the machine). Every sequence is active in every round by construction, so
     this is the speedup of the steady-state protocol without its selection and bookkeeping time.
 
@@ -276,14 +276,19 @@ def forward_speedup(forward: pd.DataFrame, sigma, gammas=(2, 3, 4)) -> pd.DataFr
     gammas : sequence of int
         Draft lengths; the study must hold target passes of 1 and ``gamma + 1`` tokens per sequence and
         draft passes of 1.
+    per_repeat : bool
+        Return each repeat's values instead of their summary.
 
     Returns
     -------
     pandas.DataFrame
         Columns ``batch_size``, ``gamma``, ``sigma``, ``speedup`` (median over repeats), ``low`` and
         ``high`` (its quartiles), ``draft_term`` (median of ``gamma T_D(B, 1) / T_T(B, 1)``), ``runs``.
+        With ``per_repeat``: one row per repeat, batch size and gamma, columns ``run``, ``batch_size``,
+        ``gamma``, ``sigma``, ``speedup`` and Eq. 4's denominator terms ``verify``
+        (``T_T(B, gamma + 1) / T_T(B, 1)``) and ``draft`` (``gamma T_D(B, 1) / T_T(B, 1)``).
     """
-    from moesd.speedup import speedup
+    from moesd.speedup import speedup_terms
 
     passes = forward.pivot_table(index=["run", "batch_size"], columns=["role", "tokens"], values="seconds")
     parts = []
@@ -293,15 +298,19 @@ def forward_speedup(forward: pd.DataFrame, sigma, gammas=(2, 3, 4)) -> pd.DataFr
         if missing:
             raise ValueError(f"the forward study has no {' or '.join(missing)} tokens per sequence")
         value = float(sigma[gamma] if gamma in sigma else sigma[str(gamma)]) if isinstance(sigma, dict) else float(sigma)
-        t1, tv, td = (passes[column] for column in needed)
-        ok = t1.notna() & tv.notna() & td.notna()
-        ratio = pd.Series(speedup(value, gamma, t1[ok].to_numpy(), tv[ok].to_numpy(), td[ok].to_numpy()),
-                          index=t1[ok].index).groupby(level="batch_size")
-        draft = (gamma * td[ok] / t1[ok]).groupby(level="batch_size")
-        parts.append(pd.DataFrame({"gamma": gamma, "sigma": value, "speedup": ratio.median(),
-                                   "low": ratio.quantile(0.25), "high": ratio.quantile(0.75),
-                                   "draft_term": draft.median(), "runs": ratio.size()}))
-    return pd.concat(parts).reset_index()
+        complete = passes[needed].dropna()
+        terms = speedup_terms(value, gamma, *(complete[column].to_numpy() for column in needed))
+        parts.append(pd.DataFrame({"gamma": gamma, "sigma": value, "speedup": terms.speedup, "verify": terms.verify,
+                                   "draft": terms.draft}, index=complete.index).reset_index())
+    repeats = pd.concat(parts, ignore_index=True)
+    if per_repeat:
+        return repeats
+    by = repeats.groupby(["gamma", "batch_size"])
+    ratio = by["speedup"]
+    return pd.DataFrame({"sigma": by["sigma"].first(), "speedup": ratio.median(), "low": ratio.quantile(0.25),
+                         "high": ratio.quantile(0.75), "draft_term": by["draft"].median(),
+                         "runs": ratio.size()}).reset_index()[
+        ["batch_size", "gamma", "sigma", "speedup", "low", "high", "draft_term", "runs"]]
 
 
 def measuring_hardware(sidecar: dict) -> Hardware:

@@ -54,7 +54,8 @@ FAILS = "does not hold"
 UNMEASURABLE = "not measurable here"
 STATUSES = (HOLDS, FAILS, UNMEASURABLE)
 CONTRADICTED = "contradicted by the data"
-"""A part of a claim whose opposite the data show (a reversal beyond noise, a spread larger than the shape)."""
+"""A part of a claim whose opposite the data show (a reversal beyond noise, a fall from the smallest B where the
+claim says rise, a spread larger than the shape)."""
 NOT_SHOWN = "not shown beyond noise"
 """A part of a claim the data neither show nor contradict: the effect, if there, is within the noise margin."""
 
@@ -331,9 +332,20 @@ def _verdict(claim: str, statement: str, status: str, numbers, details: str, not
     return Verdict(claim, status, numbers, f"{claim} ({statement}): {status} - {details}.", summary)
 
 
-def _shape_outcome(shape: dict) -> str | None:
-    """:data:`CONTRADICTED` for a reversal beyond noise, :data:`NOT_SHOWN` for a rise or fall within it."""
-    return CONTRADICTED if not shape["unimodal"] else None if shape["rises_then_falls"] else NOT_SHOWN
+def _shape_outcome(shape: dict, c: Curve) -> str | None:
+    """Outcome of a rise then fall (:func:`rises_then_falls` of ``c``) that does not hold.
+
+    :data:`CONTRADICTED` for a reversal beyond noise, or for a curve whose peak region
+    (:func:`peak_region`) is its first or its last batch size alone: every other point lies below
+    that end beyond noise, so the curve falls from its first point where the claim says it rises
+    (or rises to its last where the claim says it falls), and no rise (fall) smaller than the noise
+    can hide between them. Else :data:`NOT_SHOWN`: the rise or the fall is within noise.
+    """
+    if shape["rises_then_falls"]:
+        return None
+    low, high = peak_region(c)
+    only_an_end = low == high and low in (c.batch_size[0], c.batch_size[-1])
+    return CONTRADICTED if not shape["unimodal"] or only_an_end else NOT_SHOWN
 
 
 def _fall_outcome(fall: dict) -> str | None:
@@ -466,8 +478,8 @@ def speedup_rises_then_falls(e2e: pd.DataFrame | None, from_batch_size=None) -> 
                      **{f"efficiency_{k}": value for k, value in efficiency_shape.items()}, **track,
                      "noise": speed.noise})
         notes += [(outcome, part, where) for outcome, part in (
-            (_shape_outcome(shape), "the speedup's rise then fall"),
-            (_shape_outcome(efficiency_shape), "the efficiency's rise then fall"),
+            (_shape_outcome(shape, speed), "the speedup's rise then fall"),
+            (_shape_outcome(efficiency_shape, efficiency), "the efficiency's rise then fall"),
             (_tracks_outcome(track), "the efficiency tracking the speedup")) if outcome]
         if status == FAILS:
             phrases.append(f"gamma = {gamma}: the speedup is {_shape_phrase(shape)}, "
@@ -542,7 +554,7 @@ def efficiency_moe_rises_dense_falls(forward: pd.DataFrame | None, dense_forward
             continue
         shape, fall = rises_then_falls(moe_curve), falls_monotonically(dense_curve)
         notes += [(outcome, part, f"gamma = {gamma}") for outcome, part in (
-            (_shape_outcome(shape), "the MoE efficiency's rise then fall"),
+            (_shape_outcome(shape, moe_curve), "the MoE efficiency's rise then fall"),
             (_fall_outcome(fall), "the dense efficiency's fall")) if outcome]
         status = HOLDS if shape["rises_then_falls"] and fall["falls_monotonically"] else FAILS
         rows.append({"gamma": gamma, "status": status, **{f"moe_{k}": v for k, v in shape.items()},
@@ -671,9 +683,14 @@ def shape_holds_across_settings(settings: pd.DataFrame | None) -> Verdict:
 
     * the speedup curve (mean over runs) :func:`rises_then_falls`, the noise from the runs;
     * the spread is small: the run-to-run range (largest minus smallest run) at a batch size,
-      typically (the median over batch sizes), is below the smaller of the curve's rise and fall.
-      Then a single run's deviation cannot typically undo the shape: each run on its own shows it,
-      which is what the paper's "tiny run-to-run variance" lets a reader see in its Fig. 5.
+      typically (the median over batch sizes), is below every part of the shape (the rise, the fall)
+      that exceeds its noise margin. Then a single run's deviation cannot typically undo what the
+      mean shows: each run on its own shows it, which is what the paper's "tiny run-to-run variance"
+      lets a reader see in its Fig. 5. A part within noise is not compared: it is smaller than the
+      noise, and so than a typical range of a few runs, and the first bullet already reports it as
+      not shown; a curve with no rise (peak at the smallest B) would otherwise fail the spread
+      against a rise of zero however tight its runs. With no part beyond noise the spread is not
+      judged (``small_spread`` None), and the curve fails on its shape.
 
     Holds when both hold for every setting and gamma; not measurable without the study, with fewer
     than two settings (nothing to hold *across*), fewer than two runs at every batch size (no
@@ -696,10 +713,12 @@ def shape_holds_across_settings(settings: pd.DataFrame | None) -> Verdict:
             continue
         shape = rises_then_falls(c)
         spread = float((runs.max() - runs.min()).median())
-        small = spread < min(shape["rise"], shape["fall"])
+        shown = [size for size, margin in ((shape["rise"], shape["rise_margin"]), (shape["fall"], shape["fall_margin"]))
+                 if size > margin]
+        small = spread < min(shown) if shown else None
         notes += [(outcome, part, where) for outcome, part in (
-            (_shape_outcome(shape), "the rise then fall"),
-            (None if small else CONTRADICTED, "the small run-to-run spread")) if outcome]
+            (_shape_outcome(shape, c), "the rise then fall"),
+            (CONTRADICTED if small is False else None, "the small run-to-run spread")) if outcome]
         status = HOLDS if shape["rises_then_falls"] and small else FAILS
         rows.append({"setting": setting, "gamma": gamma, "status": status, **shape, "run_range": spread,
                      "runs": int(runs.count().min()), "small_spread": small, "noise": c.noise})

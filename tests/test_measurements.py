@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from moesd.fit import sigma_adjusted_speedup
-from moesd.measurements import (MeasurementWarning, available, check_rows, fitting_frame,
+from moesd.measurements import (MeasurementWarning, available, check_rows, fitting_frame, forward_speedup,
                                 forward_target_efficiency, load, provenance, summarize)
 
 
@@ -25,6 +25,41 @@ def test_shipped_studies_load_with_provenance():
     assert provenance(forward).endswith("forward passes; moesd.bench")
     graphs = {**forward, "settings": {**forward["settings"], "cuda_graphs": True}}
     assert provenance(graphs).endswith("forward passes timed as CUDA graph replays; moesd.bench")
+
+
+def _forward_study():
+    """Target passes of 1 and 3 tokens and draft passes of 1, 4 runs with a drift, one draft pass missing."""
+    rows = [{"role": role, "batch_size": b, "tokens": s, "run": r,
+             "seconds": (base + 0.1 * s * b) * (1 + 0.05 * r) + 0.01 * (r % 2)}
+            for b in (1, 4) for r in range(4) for role, base, tokens in (("target", 1.0, (1, 3)), ("draft", 0.1, (1,)))
+            for s in tokens]
+    return pd.DataFrame([row for row in rows if not (row["role"] == "draft" and row["batch_size"] == 4 and row["run"] == 3)])
+
+
+def test_forward_speedup_per_repeat_is_eq4_of_each_runs_passes():
+    study = _forward_study()
+    repeats = forward_speedup(study, {"2": 0.9}, gammas=(2,), per_repeat=True)
+    assert list(repeats.columns) == ["run", "batch_size", "gamma", "sigma", "speedup", "verify", "draft"]
+    assert len(repeats) == 7  # 2 batch sizes x 4 runs, less the run without a draft pass
+    seconds = study.set_index(["role", "tokens", "run", "batch_size"])["seconds"]
+    for row in repeats.itertuples():
+        t1, tv, td = (seconds[(role, tokens, row.run, row.batch_size)]
+                      for role, tokens in (("target", 1), ("target", 3), ("draft", 1)))
+        assert (row.verify, row.draft) == pytest.approx((tv / t1, 2 * td / t1))
+        assert row.speedup == pytest.approx(0.9 * 3 / (tv / t1 + 2 * td / t1))
+
+
+def test_forward_speedup_summary_is_the_median_of_the_repeats():
+    study = _forward_study()
+    repeats = forward_speedup(study, 0.9, gammas=(2,), per_repeat=True)
+    table = forward_speedup(study, 0.9, gammas=(2,))
+    assert list(table.columns) == ["batch_size", "gamma", "sigma", "speedup", "low", "high", "draft_term", "runs"]
+    by = repeats.groupby("batch_size")
+    assert table["speedup"].tolist() == pytest.approx(by["speedup"].median().tolist())
+    assert table["low"].tolist() == pytest.approx(by["speedup"].quantile(0.25).tolist())
+    assert table["high"].tolist() == pytest.approx(by["speedup"].quantile(0.75).tolist())
+    assert table["draft_term"].tolist() == pytest.approx(by["draft"].median().tolist())
+    assert table["runs"].tolist() == [4, 3] and (table["gamma"] == 2).all() and (table["sigma"] == 0.9).all()
 
 
 def test_forward_target_efficiency():
