@@ -565,7 +565,7 @@ def _predict(args: argparse.Namespace) -> None:
                 + (["a shorter --context"] if args.context else [])
             print(f"does not fit: the {role}'s weights and KV cache need {held.max() / 1e9:.0f} GB per GPU at "
                   f"B = {batch.max()}" + (f" ({held.min() / 1e9:.0f} GB at B = {batch.min()})" if len(batch) > 1 else "")
-                  + f" on {gpus} GPU(s); one {hardware.name} holds {hardware.memory_bytes / 1e9:.0f} GB "
+                  + f" on {gpus} GPU(s); one {hardware.name} holds {hardware.memory_bytes / 1e9:.0f} GB"
                   + (f" (try {'; '.join(remedies)})." if remedies else "."))
     if not fits.all():
         print(f"Only B <= {batch[fits].max()} fits ({fits.sum()} of {len(batch)} batch sizes; activations and the "

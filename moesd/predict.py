@@ -452,16 +452,18 @@ def _parallelism(arch: Architecture, hardware: Hardware, tp, ep) -> tuple[int, i
         raise ValueError(f"ep must divide tp, got ep={ep}, tp={tp}")
     if ep > 1 and (not arch.num_experts or arch.num_experts % ep):
         raise ValueError(f"ep must divide the routed experts of {arch.name} ({arch.num_experts}), got {ep}")
-    if tp > 1 and not hardware.interconnect_bandwidth:
-        raise ValueError(f"tp: hardware {hardware.name} has no interconnect on record, so tp must be 1")
-    valid = ", ".join(map(str, tensor_parallel_sizes(arch, hardware)))
-    if tp > hardware.gpus_per_node:
-        raise ValueError(f"tp must be at most {hardware.gpus_per_node}, the GPUs one {hardware.name} node joins "
-                         f"(tensor parallelism across nodes is not modelled): one of {valid} for {arch.name}, got {tp}")
-    if arch.num_heads % tp:
-        raise ValueError(f"tp must divide the attention heads of {arch.name} ({arch.num_heads}), got {tp}; "
-                         f"on {hardware.name}: {valid}")
-    if arch.num_kv_heads % tp and tp % arch.num_kv_heads:  # KV heads are split, or replicated below one per GPU
+    sizes = tensor_parallel_sizes(arch, hardware)
+    if tp not in sizes:  # one rule, tensor_parallel_sizes's; the checks below only say which part fails
+        valid = ", ".join(map(str, sizes))
+        if not hardware.interconnect_bandwidth:
+            raise ValueError(f"tp: hardware {hardware.name} has no interconnect on record, so tp must be 1")
+        if tp > hardware.gpus_per_node:
+            raise ValueError(f"tp must be at most {hardware.gpus_per_node}, the GPUs one {hardware.name} node joins "
+                             f"(tensor parallelism across nodes is not modelled): one of {valid} for {arch.name}, "
+                             f"got {tp}")
+        if arch.num_heads % tp:
+            raise ValueError(f"tp must divide the attention heads of {arch.name} ({arch.num_heads}), got {tp}; "
+                             f"on {hardware.name}: {valid}")
         raise ValueError(f"tp must divide, or be a multiple of, the KV heads of {arch.name} ({arch.num_kv_heads}), "
                          f"got {tp}; on {hardware.name}: {valid}")
     return tp, ep

@@ -652,6 +652,21 @@ def test_tensor_parallelism_stays_inside_one_node_and_the_error_lists_what_fits(
         step_time("qwen3-30b-a3b", "H100", 1, 8, tp=3)
 
 
+def test_step_time_accepts_exactly_the_tensor_parallel_sizes_listed():
+    """Every model of the zoo on every hardware: tp is refused, with a reason, iff tensor_parallel_sizes omits it."""
+    from moesd.zoo import MODELS
+
+    for model in MODELS:
+        for name, hardware in HARDWARE.items():
+            sizes = tensor_parallel_sizes(model, name)
+            for tp in range(1, max(hardware.gpus_per_node, 1) + 2):
+                if tp in sizes:
+                    step_time(model, name, 1, 1, tp=tp)
+                else:
+                    with pytest.raises(ValueError, match=r"^tp(: hardware .* has no interconnect| must) "):
+                        step_time(model, name, 1, 1, tp=tp)
+
+
 def test_memory_fit_places_target_and_draft_as_predict_sd_does():
     fit = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", [1, 100, 1000], 4096, tp=8, draft_tp=1, dtype="fp8")
     target = memory_per_gpu("deepseek-v3", "H200", [1, 100, 1000], 4096, tp=8, dtype="fp8")
@@ -682,11 +697,16 @@ def test_cli_suggests_only_what_exists_when_a_setup_does_not_fit(capsys):
     printed = _predict_cli(capsys, "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200",
                            "--tp", "8", "--draft-tp", "8", "--dtype", "fp8", "--batch", "1", "--context", "2000000")
     line = next(line for line in printed.splitlines() if line.startswith("does not fit"))
-    assert "GB per GPU at B = 1 on 8 GPU(s)" in line  # one batch size: said once
-    assert "--tp" not in line and "--dtype" not in line and "a shorter --context" in line  # 8 GPUs, fp8: the limits
+    assert "GB per GPU at B = 1 on 8 GPU(s); one H200 holds 141 GB (try a shorter --context)." in line  # B said once
+    assert line.endswith("GB (try a shorter --context).")  # 8 GPUs, fp8: the limits; a context remains
+    printed = _predict_cli(capsys, "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H100",
+                           "--tp", "8", "--draft-tp", "8", "--dtype", "fp8", "--batch", "1", "--context", "0")
+    line = next(line for line in printed.splitlines() if line.startswith("does not fit"))
+    assert line.endswith(" on 8 GPU(s); one H100 holds 80 GB.")  # nothing left to try
     printed = _predict_cli(capsys, "--target", "qwen3-30b-a3b", "--draft", "qwen3-0.6b", "--hardware", "H100",
                            "--batch", "1,256")
-    assert "(try --tp 2 or 4 or 8; --dtype fp8; a shorter --context)" in printed
+    line = next(line for line in printed.splitlines() if line.startswith("does not fit"))
+    assert line.endswith(" on 1 GPU(s); one H100 holds 80 GB (try --tp 2 or 4 or 8; --dtype fp8; a shorter --context).")
     assert "Only B <= 1 fits (1 of 2 batch sizes;" in printed
 
 
