@@ -46,6 +46,7 @@ gathers one weight copy per token and would read an expert as many times as it h
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import io
@@ -70,6 +71,7 @@ from moesd._checks import UsageError, torch_device, writable_folder
 from moesd._files import atomic_write
 from moesd.hardware import measured_roofline
 from moesd.measurements import NULLABLE_COLUMNS, measurements_dir
+from moesd.router_control import RoutingControl, distinct_experts, set_top_k
 from moesd.sd import DecodeStats, SpeculativeDecoder, generate_autoregressive
 from moesd.speedup import alpha_from_sigma, speedup
 from moesd.sweeps import (BATCH_SIZES, DTYPES, FORWARD_STUDIES, PAPER_SIGMA, STUDIES, SweepConfig,  # noqa: F401
@@ -454,15 +456,17 @@ class GraphStep:
     Three eager runs on a side stream come first (the warm-up PyTorch's documentation of
     ``torch.cuda.graph`` asks for), then the capture and one untimed replay (the first launch of a
     graph also uploads it). The rewind runs eagerly before each replay, outside the graph, so a
-    timed replay holds the forward's kernels only.
+    timed replay holds the forward's kernels only. A study captures each forward once and replays it
+    in every repeat; all graphs share one memory pool (they are replayed one at a time, and what one
+    replay leaves in the pool, the logits included, is never read).
     """
 
-    _side_stream = None
+    _side_stream = _pool = None
 
     def __init__(self, model, cache, new: torch.Tensor, context: int):
         self.cache, self.context = cache, context
         if GraphStep._side_stream is None:
-            GraphStep._side_stream = torch.cuda.Stream()
+            GraphStep._side_stream, GraphStep._pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
         side = GraphStep._side_stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -471,7 +475,7 @@ class GraphStep:
         torch.cuda.current_stream().wait_stream(side)
         rewind(cache, context)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, pool=GraphStep._pool):
             self.logits = static_forward(model, cache, new, context)
         self.prepare()
         self.graph.replay()
@@ -487,9 +491,34 @@ class GraphStep:
 
 # ---- Studies --------------------------------------------------------------------------------------
 
+def _routing_control(config: SweepConfig, target, keep: int):
+    """The study's :class:`~moesd.router_control.RoutingControl` on an MoE target (None for a dense one)."""
+    if config.routing is None:
+        return None
+    return RoutingControl(target, config.routing, keep)
+
+
+class _Models:
+    """A study's target and draft, built once and set to each K in turn (:func:`~moesd.router_control.set_top_k`)."""
+
+    def __init__(self, config: SweepConfig):
+        self.config, self.target, self.draft = config, None, None
+
+    def at(self, top_k):
+        if self.target is None:
+            _release_memory(self.config.device)
+            self.target, self.draft = build_models(self.config, self.config.top_k_values[0])
+        if top_k is not None:
+            set_top_k(self.target, top_k)
+        return self.target, self.draft
+
+
 @torch.no_grad()
 def run_forward_study(config: SweepConfig, result: ResultFile, progress: bool = True) -> None:
-    """T_T(B, s) and T_D(B, s) for every K, B and s in {1} and {gamma, gamma + 1} of ``config.gammas``."""
+    """T_T(B, s) and T_D(B, s) for every K, B and s in {1} and {gamma, gamma + 1} of ``config.gammas``.
+
+    Each target row records ``activated_experts``, the distinct experts per MoE layer of its forward.
+    """
     sizes = sorted({1, *config.gammas, *(g + 1 for g in config.gammas)})
     points = [(role, batch, tokens) for role in ("target", "draft") for batch in config.batch_sizes
               for tokens in sizes]
@@ -497,41 +526,52 @@ def run_forward_study(config: SweepConfig, result: ResultFile, progress: bool = 
     orders = [rng.permutation(len(points)) for _ in range(config.repeats)]
     keys = [dict(num_experts_per_tok=k, run=run, role=role, batch_size=batch, tokens=tokens)
             for k in config.top_k_values for run in range(config.repeats) for role, batch, tokens in points]
+    models = _Models(config)
     with tqdm(total=len(keys), desc=f"{config.study} study", disable=not progress) as bar:
         for top_k in config.top_k_values:
             if result.done([key for key in keys if key["num_experts_per_tok"] == top_k]):
                 bar.update(len(points) * config.repeats)
                 continue
-            models = caches = target = draft = None  # the previous K's models and caches, before building the next
+            caches = graphs = None  # the previous K's, before the next are made
             _release_memory(config.device)
-            target, draft = build_models(config, top_k)
-            models = {"target": target, "draft": draft}
-            caches = {(role, batch): filled_cache(model, batch, config.context, config.device,
-                                                   max(sizes) if config.cuda_graphs else None)
-                      for role, model in models.items() for batch in config.batch_sizes}
+            target, draft = models.at(top_k)
+            control = _routing_control(config, target, keep=1)
+            with control or contextlib.nullcontext():
+                roles = {"target": target, "draft": draft}
+                caches = {(role, batch): filled_cache(model, batch, config.context, config.device,
+                                                       max(sizes) if config.cuda_graphs else None)
+                          for role, model in roles.items() for batch in config.batch_sizes}
+                graphs = {}
 
-            def one(role, batch, tokens):
-                model, cache = models[role], caches[role, batch]
-                new = _random_ids(batch, tokens, model.config.vocab_size, tokens, config.device)
-                positions = torch.arange(config.context, config.context + tokens, device=config.device)
-                if config.cuda_graphs:
-                    step = GraphStep(model, cache, new, config.context)
-                    step.prepare()
-                    return timer(step.replay)
-                seconds = timer(lambda: model(input_ids=new, position_ids=positions.expand(batch, -1),
-                                              past_key_values=cache, use_cache=True))
-                cache.crop(-tokens)  # drop the timed tokens (crop takes a negative count)
-                return seconds
+                def one(role, batch, tokens) -> dict:
+                    model, cache = roles[role], caches[role, batch]
+                    new = _random_ids(batch, tokens, model.config.vocab_size, tokens, config.device)
+                    positions = torch.arange(config.context, config.context + tokens, device=config.device)
+                    if config.cuda_graphs:
+                        if (role, batch, tokens) not in graphs:
+                            step = GraphStep(model, cache, new, config.context)
+                            routed = control.forwards[-1] if control and role == "target" else None
+                            graphs[role, batch, tokens] = step, routed  # the capture's ids, rewritten by each replay
+                        step, routed = graphs[role, batch, tokens]
+                        step.prepare()
+                        seconds = timer(step.replay)
+                    else:
+                        seconds = timer(lambda: model(input_ids=new, position_ids=positions.expand(batch, -1),
+                                                      past_key_values=cache, use_cache=True))
+                        cache.crop(-tokens)  # drop the timed tokens (crop takes a negative count)
+                        routed = control.forwards[-1] if control and role == "target" else None
+                    experts = None if routed is None else distinct_experts(routed, control.num_experts)
+                    return {"context": config.context, "seconds": seconds, "activated_experts": experts}
 
-            for point in points[:: max(1, len(points) // 8)] * config.warmup:
-                one(*point)
-            for run, order in enumerate(orders):
-                for index in order:
-                    role, batch, tokens = points[index]
-                    key = dict(num_experts_per_tok=top_k, run=run, role=role, batch_size=batch, tokens=tokens)
-                    bar.update()
-                    if not result.done([key]):
-                        result.add([{**key, "context": config.context, "seconds": one(role, batch, tokens)}])
+                for point in points[:: max(1, len(points) // 8)] * config.warmup:
+                    one(*point)
+                for run, order in enumerate(orders):
+                    for index in order:
+                        role, batch, tokens = points[index]
+                        key = dict(num_experts_per_tok=top_k, run=run, role=role, batch_size=batch, tokens=tokens)
+                        bar.update()
+                        if not result.done([key]):
+                            result.add([{**key, **one(role, batch, tokens)}])
     result.finish(keys)
 
 
@@ -561,37 +601,43 @@ def run_e2e_study(config: SweepConfig, result: ResultFile, progress: bool = True
     points = [(top_k, run, batch) for top_k in config.top_k_values for run in range(config.repeats)
               for batch in config.batch_sizes]
     every = [v for top_k, run, batch in points for v in _variants(config, batch, top_k, run)]
+    models = _Models(config)
     with tqdm(total=len(points), desc=f"{config.study} study", disable=not progress) as bar:
         for top_k in config.top_k_values:
             if result.done([v for v in every if v["num_experts_per_tok"] == top_k]):
                 bar.update(len(config.batch_sizes) * config.repeats)
                 continue
-            decoders = target = draft = None  # the previous K's models, before building the next
-            _release_memory(config.device)
-            target, draft = build_models(config, top_k)
+            target, draft = models.at(top_k)
             decoders = {gamma: SpeculativeDecoder(target, draft, gamma) for gamma in config.gammas}
-            for _ in range(config.warmup):
-                ids = _random_ids(config.batch_sizes[0], config.context, target.config.vocab_size, 0, config.device)
-                time_autoregressive(target, ids, 2, 1)
-                for decoder in decoders.values():
-                    time_speculative(decoder, ids, 2, 1, alpha=0.5, seed=0)
-            for run in range(config.repeats):
-                for index in rng.permutation(len(config.batch_sizes)):
-                    batch = config.batch_sizes[index]
-                    bar.update()
-                    variants = _variants(config, batch, top_k, run)
-                    if result.done(variants):
-                        continue
-                    ids = _random_ids(batch, config.context, target.config.vocab_size,
-                                      int(np.random.SeedSequence([config.seed, run, batch]).generate_state(1)[0]),
+            control = _routing_control(config, target, keep=config.rounds)  # the timed window's forwards
+            with control or contextlib.nullcontext():
+                for _ in range(config.warmup):
+                    ids = _random_ids(config.batch_sizes[0], config.context, target.config.vocab_size, 0,
                                       config.device)
-                    result.add(_measure_point(target, decoders, ids, variants, config, rng))
+                    time_autoregressive(target, ids, 2, 1)
+                    for decoder in decoders.values():
+                        time_speculative(decoder, ids, 2, 1, alpha=0.5, seed=0)
+                for run in range(config.repeats):
+                    for index in rng.permutation(len(config.batch_sizes)):
+                        batch = config.batch_sizes[index]
+                        bar.update()
+                        variants = _variants(config, batch, top_k, run)
+                        if result.done(variants):
+                            continue
+                        ids = _random_ids(batch, config.context, target.config.vocab_size,
+                                          int(np.random.SeedSequence([config.seed, run, batch]).generate_state(1)[0]),
+                                          config.device)
+                        result.add(_measure_point(target, decoders, ids, variants, config, rng, control))
     result.finish(every)
 
 
-def _measure_point(target, decoders, ids, variants, config, rng) -> list[dict]:
-    """One AR run and one SD run per variant on the same prompts, in a random order; a row per variant."""
-    windows = {}
+def _measure_point(target, decoders, ids, variants, config, rng, control=None) -> list[dict]:
+    """One AR run and one SD run per variant on the same prompts, in a random order; a row per variant.
+
+    With an MoE target (``control``), each row also records the distinct experts per MoE layer of the
+    timed window's AR steps (``activated_experts_1``) and verifications (``activated_experts_gamma``).
+    """
+    windows, experts = {}, {}
     for index in rng.permutation(len(variants) + 1):
         if index == len(variants):
             windows["ar"] = time_autoregressive(target, ids, config.rounds, config.warmup_rounds)
@@ -599,7 +645,11 @@ def _measure_point(target, decoders, ids, variants, config, rng) -> list[dict]:
             variant = variants[index]
             windows[index] = time_speculative(decoders[variant["gamma"]], ids, config.rounds,
                                               config.warmup_rounds, variant["alpha"], variant["seed"])
-    return [{**variant, **steady_state_row(windows["ar"], windows[index])} for index, variant in enumerate(variants)]
+        # the target's last ``rounds`` forwards: the window's AR steps or verifications (the draft has no hook)
+        experts["ar" if index == len(variants) else index] = control.mean_distinct() if control else None
+    return [{**variant, **steady_state_row(windows["ar"], windows[index]),
+             "activated_experts_1": experts["ar"], "activated_experts_gamma": experts[index]}
+            for index, variant in enumerate(variants)]
 
 
 def run_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False, progress: bool = True) -> Path:

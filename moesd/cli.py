@@ -223,7 +223,7 @@ def _sweep(args: argparse.Namespace) -> None:
     given = {name: value for name, value in {
         "target": args.target, "draft": args.draft, "weights": args.weights, "layers": args.layers,
         "draft_layers": args.draft_layers, "width": args.width, "batch_sizes": args.batch_sizes,
-        "gammas": args.gammas, "top_ks": args.top_ks, "context": args.context, "rounds": args.rounds,
+        "gammas": args.gammas, "top_ks": args.top_ks, "routing": args.routing, "context": args.context, "rounds": args.rounds,
         "warmup_rounds": args.warmup_rounds, "repeats": args.repeats, "dtype": args.dtype,
         "device": args.device, "target_path": args.target_path, "draft_path": args.draft_path,
         "cuda_graphs": args.cuda_graphs or None}.items()
@@ -238,6 +238,7 @@ def _sweep(args: argparse.Namespace) -> None:
         raise UsageError(_as_option(str(error))) from None
     if args.engine != "vllm" and (args.tp, args.draft_tp) != (1, 1):
         raise UsageError("--tp and --draft-tp apply only with --engine vllm")
+
     from moesd.bench import check_sweep, run_sweep  # torch: after the settings are checked
 
     with usage_errors():  # device, --out-dir and an existing result file, before any model is built
@@ -689,6 +690,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sequences per batch (default: the preset's; for most studies the paper's 19 from 1 to 100)")
     sweep.add_argument("--gammas", type=int, nargs="+", help="draft lengths (default: the preset's, e.g. 2 3 4)")
     sweep.add_argument("--top-ks", type=int, nargs="+", help="experts per token of an MoE target")
+    sweep.add_argument("--routing", choices=["uniform", "model"],
+                       help="how an MoE target routes: each token's experts drawn uniformly (Eq. 8; the default "
+                            "with random weights) or by its own router (the default with pretrained weights)")
     sweep.add_argument("--sigma", nargs="+", help="one sigma per gamma for synthetic acceptance, or 'real'")
     sweep.add_argument("--context", type=int, help="prompt tokens per sequence")
     sweep.add_argument("--rounds", type=int, help="timed SD rounds and AR steps per point (default 32)")

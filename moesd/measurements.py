@@ -28,8 +28,10 @@ SPEEDUP_TOLERANCE = 0.02
 TIME_COLUMNS = ("seconds", "t_ar", "t_sd", "t_target_1", "t_target_gamma", "t_draft", "t_reject")
 """Columns in seconds, which must be > 0."""
 
-NULLABLE_COLUMNS = ("num_experts_per_tok", "sigma_target", "alpha")
-"""Columns that may be empty (dense targets have no K; real acceptance has no target sigma)."""
+NULLABLE_COLUMNS = ("num_experts_per_tok", "sigma_target", "alpha", "activated_experts", "activated_experts_1",
+                    "activated_experts_gamma")
+"""Columns that may be empty (dense targets have no K and no experts, nor draft rows; real acceptance has no
+target sigma)."""
 
 ENGINE_UNMEASURED = {"vllm": ("t_target_1", "t_target_gamma", "t_draft", "t_reject", "speedup_eq4",
                               "target_efficiency")}

@@ -39,9 +39,15 @@ PAPER_SIGMA = {2: 0.95, 3: 0.93, 4: 0.90}
 """sigma of Qwen2-57B-A14B with Qwen2-0.5B on HumanEval at temperature 0 on 2xH800, 4xA800 and 4xL40
 (paper, Table 2; Table 1's 2xA800 row prints 0.94, 0.93, 0.91)."""
 
+GPU_BATCH_SIZES = (1, 4, 8, 16, 24, 32, 48, 60, 80, 100)
+"""Batch sizes of the GPU preset's end-to-end studies: 10 of the paper's 19, spread over 1-100."""
+
 STUDIES = ("forward", "e2e", "sparsity", "dense", "dense_forward", "settings")
 FORWARD_STUDIES = ("forward", "dense_forward")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+ROUTINGS = ("uniform", "model")
+"""How a sweep's MoE target routes: ``uniform`` (each token's K experts drawn uniformly, Eq. 8) or
+``model`` (its own router); :mod:`moesd.router_control` installs it."""
 
 
 def paper_workloads(gammas=(2, 3, 4)) -> tuple:
@@ -93,6 +99,10 @@ class SweepConfig:
         Batch sizes B and draft lengths gamma (the forward study times s in {1, gamma, gamma + 1}).
     top_ks : tuple of int, optional
         Experts per token K of the target (MoE targets only); default the checkpoint's.
+    routing : str, optional
+        How an MoE target routes (:data:`ROUTINGS`): ``"uniform"`` (each
+        token's K experts drawn uniformly, Eq. 8's assumption; the default with random weights) or
+        ``"model"`` (its own router; the default with pretrained weights). None for a dense target.
     sigma : dict, "real" or None
         Target sigma per gamma for synthetic acceptance (alpha from Eq. 5 inverted), or ``"real"``
         for real greedy acceptance (pretrained weights). ``None`` takes the study's default: the
@@ -133,6 +143,7 @@ class SweepConfig:
     batch_sizes: tuple = BATCH_SIZES
     gammas: tuple = (2, 3, 4)
     top_ks: tuple | None = None
+    routing: str | None = None
     sigma: dict | str | None = None
     workloads: tuple | None = None
     context: int = 16
@@ -170,6 +181,7 @@ class SweepConfig:
             if max(self.top_ks) > target.num_experts:
                 raise UsageError(f"top_ks must lie in [1, {target.num_experts}] (E of {target.name}), "
                                  f"got {max(self.top_ks)}")
+        self._check_routing(target)
         if not isinstance(self.cuda_graphs, bool):
             raise UsageError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
         if self.cuda_graphs and (self.study not in FORWARD_STUDIES or not self.device.startswith("cuda")):
@@ -202,6 +214,16 @@ class SweepConfig:
             if getattr(self, name) is not None:
                 setattr(self, name, _whole(name, getattr(self, name), 1, spec.num_layers))
 
+    def _check_routing(self, target) -> None:
+        if not target.is_moe:
+            if self.routing is not None:
+                raise UsageError(f"routing applies to MoE targets; {target.name} is dense")
+            return
+        if self.routing is None:
+            self.routing = "model" if self.weights == "pretrained" else "uniform"
+        if self.routing not in ROUTINGS:
+            raise UsageError(f"routing must be one of {', '.join(ROUTINGS)}, got {self.routing!r}")
+
     def _check_acceptance(self) -> None:
         if self.study == "settings":
             if self.sigma is not None:
@@ -219,6 +241,9 @@ class SweepConfig:
         if self.sigma == "real":
             if self.weights == "random":
                 raise UsageError("random weights accept almost nothing: give sigma for synthetic acceptance")
+            if self.routing == "uniform":
+                raise UsageError("uniform routing draws the target's experts at random, so its tokens are not the "
+                                 "model's and real acceptance means nothing: use routing 'model' or give sigma")
             return
         self.sigma = self._sigma_per_gamma(self.sigma, "sigma")
 
@@ -315,10 +340,14 @@ def preset_settings(study: str, name: str = "cpu") -> dict:
     if study == "settings":
         settings.update(gammas=(4,), batch_sizes=(1, 8, 24, 48, 100))
     if name == "gpu":
-        settings.update(dtype="bfloat16", device="cuda", context=64,
-                        repeats={"forward": 10, "dense_forward": 10, "sparsity": 1, "settings": 5}.get(study, 3))
+        settings.update(dtype="bfloat16", device="cuda", context=64, repeats=5)
         if study not in FORWARD_STUDIES:
-            settings.update(rounds=64, warmup_rounds=3)
+            settings.update(batch_sizes=GPU_BATCH_SIZES, rounds=24, warmup_rounds=2,
+                            repeats={"sparsity": 1}.get(study, 2))
+        if study == "sparsity":
+            settings.update(top_ks=(1, 2, 4, 8), batch_sizes=(1, 8, 24, 48, 100))
+        if study == "settings":
+            settings.update(batch_sizes=(1, 8, 24, 48, 100))
         return settings
     settings.update(layers=4, draft_layers=2 if dense else 3, width=1 / 8, dtype="float32", device="cpu")
     if study in FORWARD_STUDIES:
@@ -363,8 +392,12 @@ def preset(study: str, name: str = "cpu") -> SweepConfig:
     draft term of Eq. 4.
 
     ``"gpu"``: the real shapes in bf16 on CUDA with random weights (Qwen2-57B-A14B needs about
-    115 GB: it fits one H200; pass ``layers`` for a smaller GPU), 64 timed rounds after 3 warm-up
-    rounds, 64-token prompts.
+    115 GB: it fits one H200; pass ``layers`` for a smaller GPU) and 64-token prompts, sized so that
+    every study fits one 15-minute lease of a GPU together (``tools/gpu_run.py``): the forward
+    studies over the paper's 19 batch sizes with 5 repeats; the end-to-end studies over
+    :data:`GPU_BATCH_SIZES` (10 of the paper's, spread over 1-100) with 24 timed rounds after 2
+    warm-up rounds and 2 repeats; the sparsity study at K = 1, 2, 4, 8 and gamma 2, 4 over B = 1,
+    8, 24, 48, 100, one repeat.
     """
     return SweepConfig(**preset_settings(study, name))
 

@@ -351,9 +351,13 @@ class VllmResultFile(ResultFile):
 
 
 def check_config(config: SweepConfig) -> None:
-    """Refuse what this engine does not run: forward and settings studies, synthetic acceptance on a CPU."""
+    """Refuse what this engine does not run: forward and settings studies, synthetic acceptance on a CPU,
+    routing other than the model's own."""
     if config.study in FORWARD_STUDIES or config.study == "settings":
         raise UsageError(f"the vLLM engine runs the e2e, sparsity and dense studies, not {config.study}")
+    if config.routing not in (None, "model"):
+        raise UsageError(f"the vLLM engine routes with the model's own router, not {config.routing!r}: "
+                         "use routing 'model' (--routing model)")
     if config.sigma != "real" and not config.device.startswith("cuda"):
         raise UsageError("synthetic acceptance is not available with vLLM on a CPU (its CPU rejection sampler "
                          "refuses it: 'Synthetic acceptance not supported with CPU sampling'); use sigma='real' "

@@ -3,7 +3,6 @@
 import json
 import os
 import stat
-import weakref
 
 import numpy as np
 import pandas as pd
@@ -67,22 +66,25 @@ def test_windows_with_an_idle_sequence_are_refused():
 
 
 def test_forward_study_writes_every_point_and_honours_top_ks(tmp_path, monkeypatch):
-    built, real_build, earlier = [], bench.build_models, []
+    built, real_build = [], bench.build_models
 
     def recording_build(config, top_k=None):
-        # the previous K's models must be gone before the next are built (on a GPU both would not fit)
-        assert all(model() is None for model in earlier), "the previous K's models are still held"
-        models = real_build(config, top_k)
-        built.append(models[0].config.num_experts_per_tok)
-        earlier.extend(weakref.ref(model) for model in models)
-        return models
+        built.append(top_k)
+        return real_build(config, top_k)
 
     monkeypatch.setattr(bench, "build_models", recording_build)
     path = run_sweep(SweepConfig("forward", **{**TINY, "top_ks": (2, 4)}), tmp_path, progress=False)
     frame = pd.read_csv(path)
-    assert built == [2, 4] and sorted(frame["num_experts_per_tok"].unique()) == [2, 4]
+    assert built == [2] and sorted(frame["num_experts_per_tok"].unique()) == [2, 4]  # built once, K set in place
     assert len(frame) == 2 * 2 * 2 * 4 * 2  # K x roles x batch sizes x s in {1, 2, 3, 4} x repeats
     assert set(frame["tokens"]) == {1, 2, 3, 4} and (frame["seconds"] > 0).all()
+    target = frame[frame["role"] == "target"]
+    assert frame.loc[frame["role"] == "draft", "activated_experts"].isna().all()
+    # uniform routing: a token activates exactly K experts; B s tokens at most B s K of the 64
+    one_token = target[target["batch_size"] * target["tokens"] == 1]
+    assert (one_token["activated_experts"] == one_token["num_experts_per_tok"]).all()
+    assert (target["activated_experts"] <= np.minimum(64, target["batch_size"] * target["tokens"]
+                                                      * target["num_experts_per_tok"])).all()
     sidecar = json.loads(path.with_suffix(".json").read_text())
     assert sidecar["complete"] and sidecar["settings"]["top_ks"] == [2, 4] and sidecar["acceptance"] == {"mode": "none"}
     assert {"device", "torch", "transformers", "commit", "date", "command", "hardware"} <= set(sidecar)
@@ -190,8 +192,13 @@ def test_e2e_rows_follow_the_protocol(tmp_path):
     assert len(frame) == 2 * 2 * 2
     schema = {"run", "batch_size", "gamma", "num_experts_per_tok", "context", "seed", "sigma_target", "alpha",
               "warmup_rounds", "rounds", "ar_steps", "t_ar", "t_sd", "t_target_1", "t_target_gamma", "t_draft",
-              "t_reject", "sigma", "accept_length", "speedup", "speedup_eq4", "target_efficiency"}
+              "t_reject", "sigma", "accept_length", "speedup", "speedup_eq4", "target_efficiency",
+              "activated_experts_1", "activated_experts_gamma"}
     assert set(frame.columns) == schema
+    # uniform routing (the default with random weights): the window's experts per layer, N(B) and N(B (gamma + 1))
+    assert (frame["activated_experts_1"] <= 8 * frame["batch_size"]).all()
+    assert (frame["activated_experts_gamma"] <= np.minimum(64, 8 * frame["batch_size"] * (frame["gamma"] + 1))).all()
+    assert (frame.loc[frame["batch_size"] == 1, "activated_experts_1"] == 8).all()  # K distinct experts a token
     assert (frame["rounds"] == 2).all() and (frame["ar_steps"] == 2).all() and (frame["warmup_rounds"] == 1).all()
     assert frame["speedup"].to_numpy() == pytest.approx((frame["t_ar"] / frame["t_sd"]).to_numpy())
     assert frame["speedup_eq4"].to_numpy() == pytest.approx(frame["speedup"].to_numpy(), rel=1e-9)

@@ -7,8 +7,11 @@ times with :func:`moesd.bench.static_step`). This probe builds a 2-layer random-
 Qwen2-57B-A14B shape, fills a cache of 64 tokens, and for B in (1, 32) and s in (1, 5) times the
 forward of s new tokens over the dynamic cache (what the eager forward study times), over a rewound
 static cache, and on CUDA as a graph replay (medians of 20, CUDA events); it prints the largest
-differences of their logits, or the first error of a failed capture, and exits 1 if the logits
-disagree or the capture failed. On the CPU it runs the two eager forwards.
+differences of their logits, or the first error of a failed capture. On CUDA it then captures the
+forward again under uniform routing (:mod:`moesd.router_control`, the studies' default), whose
+experts are drawn inside the graph, and checks that two replays draw different experts. It exits 1
+if the logits disagree, a capture failed or replays repeat their draws. On the CPU it runs the two
+eager forwards.
 
 Run: python3 tools/cuda_graph_probe.py [--device cuda] [--layers 2]
 """
@@ -23,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from moesd.bench import GraphStep, Timer, filled_cache, rewind, static_forward, static_step  # noqa: E402
+from moesd.router_control import RoutingControl, distinct_experts  # noqa: E402
 from moesd.zoo import get_model  # noqa: E402
 
 CONTEXT = 64
@@ -79,6 +83,20 @@ def probe(model, batch: int, tokens: int, device: torch.device, repeats: int = 2
     except Exception as error:  # noqa: BLE001 - the probe's job is to report why capture fails
         row["graph ms"] = None
         row["capture error"] = root_cause(error)
+        return row
+    try:  # uniform routing (the studies' default) draws its experts inside the graph: each replay afresh?
+        with RoutingControl(model, "uniform") as control:
+            step = GraphStep(model, cache, new, CONTEXT)
+            routed, draws = control.forwards[-1], []
+            for _ in range(2):
+                step.prepare()
+                step.replay()
+                draws.append(torch.cat([ids.flatten() for ids in routed]).clone())
+            row["uniform graph ms"] = median_ms(step.replay, timer, repeats, before=step.prepare)
+            row["uniform experts"] = distinct_experts(routed, control.num_experts)
+            row["uniform redraws"] = not torch.equal(*draws)
+    except Exception as error:  # noqa: BLE001
+        row["capture error"] = "uniform routing: " + root_cause(error)
     return row
 
 
@@ -101,7 +119,7 @@ def main(argv=None) -> int:
             row = probe(model, batch, tokens, device, args.repeats)
             scale = TOLERANCE[dtype]
             failed |= not row["static - dynamic logits"] <= scale or "capture error" in row \
-                or not row.get("graph - static logits", 0.0) <= scale
+                or not row.get("graph - static logits", 0.0) <= scale or not row.get("uniform redraws", True)
             print("  ".join(f"{k} {v:.1e}" if "logits" in k else f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                             for k, v in row.items()),
                   flush=True)

@@ -1,0 +1,141 @@
+"""Routing under control in a timing sweep: who picks each token's experts, and how many were activated.
+
+A sweep's MoE target routes its tokens one of two ways (``SweepConfig.routing``):
+
+* ``"uniform"``: each token's K experts are K distinct experts drawn uniformly at random,
+  independently of every other token, with equal weights 1/K: the assumption of Eq. 8, under which
+  a forward of ``t`` tokens activates ``N(t) = E (1 - (1 - K/E)^t)`` experts per layer on average.
+  The model's router still runs (its cost belongs to a step); only its choice is replaced.
+* ``"model"``: the model's own router. With random weights it is far from uniform (a few experts
+  take most tokens), so it activates fewer experts than Eq. 8 says.
+
+:class:`RoutingControl` installs the choice on the routers of a model and keeps the expert ids of its
+most recent forwards as device tensors: no copy and no host synchronisation inside a forward, so a
+timed forward, or one captured as a CUDA graph, is the same forward. :func:`distinct_experts` counts
+afterwards the distinct experts each MoE layer activated: N(t) measured, not assumed. Under a CUDA
+graph the hooks run only at capture; the tensors recorded then are the graph's own outputs, which
+every replay overwrites with that replay's ids.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from moesd.capture import moe_layers
+from moesd.sweeps import ROUTINGS
+
+
+def num_experts(model) -> int:
+    """E, the routed experts per MoE layer, from a Transformers MoE config."""
+    config = model.config
+    for name in ("num_experts", "n_routed_experts", "num_local_experts"):
+        value = getattr(config, name, None)
+        if value:
+            return int(value)
+    raise ValueError(f"this {config.model_type} config names no number of routed experts")
+
+
+def set_top_k(model, top_k: int) -> None:
+    """Route every token of ``model`` to ``top_k`` experts from now on (K of Eq. 8), in place.
+
+    The weights do not depend on K, so this gives the model that building it with ``top_k`` would
+    give (the same seed gives the same weights): a sweep over K builds its models once.
+
+    Raises
+    ------
+    ValueError
+        If ``top_k`` is not in [1, E] or a router keeps no ``top_k``.
+    """
+    experts = num_experts(model)
+    if isinstance(top_k, bool) or int(top_k) != top_k or not 1 <= top_k <= experts:
+        raise ValueError(f"top_k must be a whole number in [1, {experts}] (E of this model), got {top_k!r}")
+    for index, router in moe_layers(model).items():
+        if not hasattr(router, "top_k"):
+            raise ValueError(f"the router of layer {index} ({type(router).__name__}) keeps no top_k")
+        router.top_k = int(top_k)
+    model.config.num_experts_per_tok = int(top_k)
+
+
+class RoutingControl:
+    """Context manager: route ``model`` as ``routing`` says and keep the expert ids of its last forwards.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        An MoE causal LM (:func:`moesd.capture.moe_layers` finds its routers).
+    routing : str
+        One of :data:`ROUTINGS`.
+    keep : int
+        Forwards whose ids are kept (the most recent; older ones are released).
+
+    Attributes
+    ----------
+    forwards : collections.deque of list of torch.Tensor
+        Per forward, the (tokens, K) expert ids of every MoE layer, in layer order, on the model's device.
+    """
+
+    def __init__(self, model, routing: str, keep: int = 1):
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+        if isinstance(keep, bool) or int(keep) != keep or keep < 1:
+            raise ValueError(f"keep must be a whole number >= 1, got {keep!r}")
+        self.routers = moe_layers(model)
+        self.first_layer = min(self.routers)
+        self.routing, self.num_experts = routing, num_experts(model)
+        self.forwards: deque = deque(maxlen=int(keep))
+        self._handles = []
+
+    def _hook(self, index: int):
+        def route(module, inputs, output):
+            if not (isinstance(output, tuple) and len(output) == 3):
+                raise TypeError(f"{type(module).__name__} returns {type(output).__name__}, not the "
+                                "(logits, weights, expert ids) this module replaces")
+            logits, weights, ids = output
+            if self.routing == "uniform":
+                draws = torch.rand(ids.shape[0], self.num_experts, device=ids.device)
+                ids = draws.topk(ids.shape[-1], dim=-1).indices  # K distinct experts, each subset equally likely
+                weights = torch.full_like(weights, 1.0 / ids.shape[-1])
+            if index == self.first_layer:
+                self.forwards.append([])
+            self.forwards[-1].append(ids)
+            return logits, weights, ids
+        return route
+
+    def __enter__(self) -> "RoutingControl":
+        self._handles = [router.register_forward_hook(self._hook(index)) for index, router in self.routers.items()]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def mean_distinct(self, forwards=None) -> float:
+        """Mean of :func:`distinct_experts` over ``forwards`` (default: every kept forward)."""
+        forwards = list(self.forwards if forwards is None else forwards)
+        if not forwards:
+            raise ValueError("no forward has been recorded")
+        return sum(distinct_experts(forward, self.num_experts) for forward in forwards) / len(forwards)
+
+
+def distinct_experts(forward: list, num_experts: int) -> float:
+    """Distinct experts activated per MoE layer in one forward, averaged over its layers (N(t) measured).
+
+    Parameters
+    ----------
+    forward : list of torch.Tensor
+        The (tokens, K) expert ids of every MoE layer of one forward.
+    num_experts : int
+        E.
+
+    Returns
+    -------
+    float
+        Experts, in [1, min(tokens K, E)].
+    """
+    ids = torch.stack([layer.reshape(-1) for layer in forward]).long()
+    hit = torch.zeros(ids.shape[0], num_experts, dtype=torch.bool, device=ids.device)
+    hit.scatter_(1, ids, True)
+    return float(hit.sum(dim=1, dtype=torch.float64).mean())
