@@ -457,16 +457,17 @@ class GraphStep:
     ``torch.cuda.graph`` asks for), then the capture and one untimed replay (the first launch of a
     graph also uploads it). The rewind runs eagerly before each replay, outside the graph, so a
     timed replay holds the forward's kernels only. A study captures each forward once and replays it
-    in every repeat; all graphs share one memory pool (they are replayed one at a time, and what one
-    replay leaves in the pool, the logits included, is never read).
+    in every repeat, its graphs sharing the memory pool of the first (``pool``: another live graph's
+    :attr:`pool`; they are replayed one at a time, and what one replay leaves in the pool, the logits
+    included, is never read). A pool lives as long as a graph that uses it.
     """
 
-    _side_stream = _pool = None
+    _side_stream = None
 
-    def __init__(self, model, cache, new: torch.Tensor, context: int):
+    def __init__(self, model, cache, new: torch.Tensor, context: int, pool=None):
         self.cache, self.context = cache, context
         if GraphStep._side_stream is None:
-            GraphStep._side_stream, GraphStep._pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
+            GraphStep._side_stream = torch.cuda.Stream()
         side = GraphStep._side_stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -475,8 +476,9 @@ class GraphStep:
         torch.cuda.current_stream().wait_stream(side)
         rewind(cache, context)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=GraphStep._pool):
+        with torch.cuda.graph(self.graph, pool=pool):
             self.logits = static_forward(model, cache, new, context)
+        self.pool = self.graph.pool()
         self.prepare()
         self.graph.replay()
         torch.cuda.synchronize()
@@ -541,7 +543,7 @@ def run_forward_study(config: SweepConfig, result: ResultFile, progress: bool = 
                 caches = {(role, batch): filled_cache(model, batch, config.context, config.device,
                                                        max(sizes) if config.cuda_graphs else None)
                           for role, model in roles.items() for batch in config.batch_sizes}
-                graphs = {}
+                graphs = {}  # this K's graphs, sharing the memory pool of the first
 
                 def one(role, batch, tokens) -> dict:
                     model, cache = roles[role], caches[role, batch]
@@ -549,7 +551,8 @@ def run_forward_study(config: SweepConfig, result: ResultFile, progress: bool = 
                     positions = torch.arange(config.context, config.context + tokens, device=config.device)
                     if config.cuda_graphs:
                         if (role, batch, tokens) not in graphs:
-                            step = GraphStep(model, cache, new, config.context)
+                            pool = next(iter(graphs.values()))[0].pool if graphs else None
+                            step = GraphStep(model, cache, new, config.context, pool)
                             routed = control.forwards[-1] if control and role == "target" else None
                             graphs[role, batch, tokens] = step, routed  # the capture's ids, rewritten by each replay
                         step, routed = graphs[role, batch, tokens]

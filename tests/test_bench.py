@@ -129,9 +129,10 @@ def test_the_cuda_graph_forward_study_replays_a_captured_static_step(tmp_path, m
     captured = []
 
     class EagerGraph:
-        def __init__(self, model, cache, new, context):
+        def __init__(self, model, cache, new, context, pool=None):
             self.run = lambda: bench.static_forward(model, cache, new, context)
-            self.cache, self.context = cache, context
+            self.cache, self.context, self.pool = cache, context, object()
+            assert pool is None if not captured else pool is not None  # the first graph's pool, shared
             captured.append(new.shape)
 
         def prepare(self):
@@ -145,7 +146,7 @@ def test_the_cuda_graph_forward_study_replays_a_captured_static_step(tmp_path, m
     config.cuda_graphs = True  # refused on a CPU device (tested below); the plumbing runs the same here
     path = run_sweep(config, tmp_path, progress=False)
     frame = pd.read_csv(path)
-    assert len(frame) == 2 * 2 * 4 == len(captured) and (frame["seconds"] > 0).all()
+    assert len(frame) == 2 * 2 * 4 == len(captured) and (frame["seconds"] > 0).all()  # one capture a point
     assert sorted(set(captured)) == [(b, s) for b in (1, 3) for s in (1, 2, 3, 4)]
     assert json.loads(path.with_suffix(".json").read_text())["settings"]["cuda_graphs"] is True
 
