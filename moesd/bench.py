@@ -107,9 +107,9 @@ def environment(config: SweepConfig) -> dict:
         "device": name, "device_memory_bytes": memory, "driver": driver, "cuda": torch.version.cuda,
         "cpu_threads": torch.get_num_threads(), "python": platform.python_version(),
         "torch": torch.__version__, "transformers": _version("transformers"),
-        # a copy of the repository without .git (the GPU machine's) names its commit in MOESD_COMMIT
-        "commit": (_command(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent)
-                   or os.environ.get("MOESD_COMMIT")),
+        # MOESD_COMMIT names the commit of a copy whose .git is missing or stale (the GPU machine's was stale)
+        "commit": (os.environ.get("MOESD_COMMIT")
+                   or _command(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent)),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": _invocation(sys.argv), "weights": config.weights, "acceptance": acceptance,
         "protocol": "forward passes" if config.study in FORWARD_STUDIES else "steady state",

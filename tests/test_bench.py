@@ -91,9 +91,10 @@ def test_forward_study_writes_every_point_and_honours_top_ks(tmp_path, monkeypat
 
 
 def test_the_sidecar_names_commit_command_and_experts_kernel_truthfully(monkeypatch):
-    """Without .git (the GPU machine's copy) the commit comes from MOESD_COMMIT; a dense target has no experts kernel."""
+    """MOESD_COMMIT names the commit even where a .git answers (the GPU machine's copy carried a stale one);
+    a dense target has no experts kernel."""
     monkeypatch.setattr(bench, "measured_roofline", lambda device, dtype: type("R", (), {"sidecar_entries": dict})())
-    monkeypatch.setattr(bench, "_command", lambda arguments, cwd=None: None)  # no git, no nvidia-smi
+    monkeypatch.setattr(bench, "_command", lambda arguments, cwd=None: "ea8025e" if arguments[0] == "git" else None)
     monkeypatch.setenv("MOESD_COMMIT", "0123abc")
     monkeypatch.setattr(bench.sys, "argv", ["-c", "sweep", "dense_forward", "--preset", "gpu"])
     dense = bench.environment(SweepConfig("dense_forward", target="opt-30b", draft="opt-350m", layers=1, draft_layers=1,
