@@ -178,3 +178,39 @@ def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dt
         held_out_batch_sizes=tuple(sorted(held_out)),
         train_mape=float(error[~table["held_out"]].mean()), held_out_mape=float(error[table["held_out"]].mean()),
         table=table[["batch_size", "tokens", "context", "measured", "predicted", "held_out"]])
+
+
+def predicted_forward_study(forward_frame: pd.DataFrame, sidecar: dict, role: str = "target") -> pd.DataFrame:
+    """The predictor against a measured forward study, with nothing fitted: :func:`step_time` per point.
+
+    The model is the sweep's shape (:func:`measured_shapes`), the device its measured roofline
+    (:func:`measured_device`), the engine what the sweep ran (CUDA graph replays or eager launches,
+    grouped expert GEMMs on CUDA or Hugging Face's expert loop), with :class:`Efficiency`'s defaults.
+
+    Parameters
+    ----------
+    forward_frame : pandas.DataFrame
+        A forward study's rows (``role``, ``batch_size``, ``tokens``, ``context``, ``seconds``).
+    sidecar : dict
+        Its sidecar.
+    role : {"target", "draft"}
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``batch_size``, ``tokens``, ``measured`` and ``predicted`` (seconds; measured: the median over
+        repeats) and ``ratio`` (predicted / measured).
+    """
+    settings = sidecar.get("settings", {})
+    rows = forward_frame[forward_frame["role"] == role]
+    if rows.empty:
+        raise ValueError(f"role: no rows of role {role!r} in forward_frame")
+    table = rows.groupby(["batch_size", "tokens", "context"], as_index=False)["seconds"].median()
+    target, draft = measured_shapes(sidecar)
+    dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}[settings.get("dtype", "float32")]
+    predicted = step_time(target if role == "target" else draft, measured_device(sidecar),
+                          table["tokens"].to_numpy(), table["batch_size"].to_numpy(), table["context"].to_numpy(),
+                          dtype=dtype, cuda_graphs=bool(settings.get("cuda_graphs")),
+                          grouped_experts=sidecar.get("experts_implementation") == "grouped_mm").total
+    return pd.DataFrame({"batch_size": table["batch_size"], "tokens": table["tokens"], "measured": table["seconds"],
+                         "predicted": predicted, "ratio": predicted / table["seconds"].to_numpy()})

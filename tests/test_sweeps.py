@@ -1,6 +1,7 @@
 """Sizing a GPU sweep to the GPU (moesd.sweeps.layers_that_fit) and the GPU run script's plan (tools/gpu_run.py)."""
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,7 @@ def test_cached_tokens_of_the_gpu_presets():
     forward = SweepConfig(**preset_settings("forward", "gpu"))
     assert cached_tokens(forward) == sum(forward.batch_sizes) * (64 + 5)  # every B at once, room for s = 5
     e2e = SweepConfig(**preset_settings("e2e", "gpu"))
-    assert cached_tokens(e2e) == 100 * (64 + (3 + 64 + 1) * 5)  # the largest batch after every round at gamma 4
+    assert cached_tokens(e2e) == 100 * (64 + (2 + 24 + 1) * 5)  # the largest batch after every round at gamma 4
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
@@ -91,30 +92,30 @@ def test_gpu_labels_follow_the_driver_names():
 
 
 def test_the_gpu_run_plan_without_a_gpu(tmp_path):
-    """--dry-run prints the sweeps a stage would run; without OUT or a GPU the script says what is missing."""
-    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    """--dry-run prints the plan of one call; without OUT or a GPU the script says what is missing."""
+    (tmp_path / "data" / "measurements").mkdir(parents=True)  # no GPU files yet
+    shutil.copytree(ROOT / "data" / "paper", tmp_path / "data" / "paper")  # the settings study's workloads
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "HF_HUB_OFFLINE": "1", "MOESD_DATA": str(tmp_path / "data")}
 
     def gpu_run(*arguments, **changes):
         return subprocess.run([sys.executable, "tools/gpu_run.py", *arguments], cwd=ROOT, env={**env, **changes},
                               capture_output=True, text=True)
 
-    plans = {stage: gpu_run(stage, "--dry-run") for stage in ("forward", "e2e", "dense_forward", "forward_graphs")}
-    assert all(plan.returncode == 0 for plan in plans.values()), [plan.stderr for plan in plans.values()]
-    layers = {stage: int(re.search(r"--layers (\d+)", plan.stdout).group(1)) for stage, plan in plans.items()}
-    assert layers["forward"] == layers["e2e"] == layers["forward_graphs"] < 28  # one count for the MoE pair on an H100
-    assert layers["dense_forward"] < 48  # the OPT pair's KV cache takes memory too
-    assert plans["forward"].stdout.splitlines()[0].endswith(f"--out-dir {tmp_path}/h100")
-    assert plans["forward_graphs"].stdout.rstrip().splitlines()[0].endswith(f"--out-dir {tmp_path}/h100-graphs --cuda-graphs")
-    plan = gpu_run("env", "--dry-run")
+    plan = gpu_run("--dry-run", "--work", str(tmp_path / "work"))
     assert plan.returncode == 0, plan.stderr
-    assert plan.stdout.count("$ sweep ") == 5 and "hardware --measure --device cuda --dtype bfloat16" in plan.stdout
-    assert "sweep forward --cuda-graphs" in plan.stdout and "sweep dense_forward --cuda-graphs" in plan.stdout
-    assert "cuda_graph_probe.py" in plan.stdout and not (tmp_path / "h100" / "cuda_graphs.txt").exists()
-    several = gpu_run("env", "forward", "forward_graphs", "--dry-run")  # 3 + 2 + 2 files and the log: 8
-    assert several.returncode == 0 and several.stdout.count("$ sweep ") == 7, several.stderr
-    assert several.stdout.count(f"--layers {layers['forward']} --draft-layers ") == 2
-    too_many = gpu_run("env", "forward", "forward_graphs", "e2e", "--dry-run")
-    assert too_many.returncode != 0 and "would write 10 files" in too_many.stderr
+    sweeps = [line for line in plan.stdout.splitlines() if line.startswith("$ sweep ")]
+    assert [line.split()[2] for line in sweeps] == ["forward", "dense_forward", "e2e", "sparsity"]  # the plan's order
+    assert "hardware --measure --device cuda --dtype bfloat16" in plan.stdout and "cuda_graph_probe.py" in plan.stdout
+    layers = {line.split()[2]: int(re.search(r"--layers (\d+)", line).group(1)) for line in sweeps}
+    assert layers["forward"] == layers["e2e"] == layers["sparsity"] == 28  # all of Qwen2-57B-A14B on an H200
+    assert layers["dense_forward"] < 48  # the OPT pair's KV cache takes memory too
+    assert all(line.split("--out-dir ")[1].split()[0] == str(tmp_path / "work" / "h200") for line in sweeps)
+    assert "--cuda-graphs" in sweeps[0] and "--cuda-graphs" not in sweeps[2]  # graphs for forward studies only
+    assert not (tmp_path / "gpu_results.tar.gz").exists()  # a dry run writes nothing
+    some = gpu_run("e2e", "--dry-run", "--work", str(tmp_path / "work"))
+    assert some.returncode == 0 and some.stdout.count("$ sweep ") == 1, some.stderr
+    unknown = gpu_run("e2e", "bogus", "--dry-run")
+    assert unknown.returncode != 0 and "unknown stage bogus" in unknown.stderr
     refused = gpu_run("e2e", OUT="")
     assert refused.returncode != 0 and "OUT is not set" in refused.stderr
     refused = gpu_run("e2e", CUDA_VISIBLE_DEVICES="")  # no GPU here, or none visible
@@ -137,32 +138,31 @@ def test_gpu_run_resumes_from_the_data_folder(tmp_path):
     """A stage resumes with the layers of the committed partial file, skips a complete one, refuses another GPU's."""
     import json
 
-    data, out = tmp_path / "data", tmp_path / "out"
-    (data / "measurements" / "h100").mkdir(parents=True)
-    out.mkdir()
-    sidecar = data / "measurements" / "h100" / "forward.json"
-    env = {"PATH": "/usr/bin:/bin", "OUT": str(out), "HF_HUB_OFFLINE": "1", "MOESD_DATA": str(data)}
+    data, work = tmp_path / "data", tmp_path / "work"
+    (data / "measurements" / "h200").mkdir(parents=True)
+    shutil.copytree(ROOT / "data" / "paper", data / "paper")
+    sidecar = data / "measurements" / "h200" / "forward.json"
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "HF_HUB_OFFLINE": "1", "MOESD_DATA": str(data)}
 
-    def plan(**fields):
-        sidecar.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "complete": False,
-                                       "settings": {"layers": 12}, **fields}))
+    def plan(*stages, **fields):
+        sidecar.write_text(json.dumps({"device": "NVIDIA H200", "complete": False, "settings": {"layers": 12},
+                                       **fields}))
         sidecar.with_suffix(".csv").write_text("run,role\n")
-        return subprocess.run([sys.executable, "tools/gpu_run.py", "forward", "--dry-run"], cwd=ROOT, env=env,
-                              capture_output=True, text=True)
+        shutil.rmtree(work, ignore_errors=True)
+        return subprocess.run([sys.executable, "tools/gpu_run.py", *(stages or ("forward",)), "--dry-run", "--work",
+                               str(work)], cwd=ROOT, env=env, capture_output=True, text=True)
 
     partial = plan()
-    assert partial.returncode == 0 and "--layers 12 --draft-layers 10 " in partial.stdout, partial.stderr  # 24 x 12/28
-    assert (out / "h100" / "forward.json").exists() and (out / "h100" / "forward.csv").exists()
+    assert partial.returncode == 0 and "--layers 12 --draft-layers 24 " in partial.stdout, partial.stderr
+    assert (work / "h200" / "forward.json").exists() and (work / "h200" / "forward.csv").exists()
     complete = plan(complete=True)
     assert complete.returncode == 0 and "is complete; nothing to measure" in complete.stdout
-    other = plan(device="NVIDIA H100 PCIe")
-    assert other.returncode != 0 and "was measured on 'NVIDIA H100 PCIe'" in other.stderr
-    plan(settings={"layers": 12, "draft_layers": 5})
-    sibling = subprocess.run([sys.executable, "tools/gpu_run.py", "e2e", "sparsity", "dense_forward", "--dry-run"],
-                             cwd=ROOT, env=env, capture_output=True, text=True)  # forward.json measured the MoE pair
-    lines = [line for line in sibling.stdout.splitlines() if line.startswith("$ sweep")]
-    assert all("--layers 12 --draft-layers 5 " in line for line in lines[:2]), sibling.stdout
-    assert "--layers 12 " not in lines[2]  # the dense pair is sized on its own
+    other = plan(device="NVIDIA H200 NVL")
+    assert other.returncode != 0 and "was measured on 'NVIDIA H200 NVL'" in other.stderr
+    sibling = plan("e2e", "sparsity", "dense_forward", settings={"layers": 12, "draft_layers": 5})
+    lines = {line.split()[2]: line for line in sibling.stdout.splitlines() if line.startswith("$ sweep")}
+    assert all("--layers 12 --draft-layers 5 " in lines[s] for s in ("e2e", "sparsity")), sibling.stdout  # the pair's
+    assert "--layers 12 " not in lines["dense_forward"]  # the dense pair is sized on its own
 
 
 @pytest.mark.parametrize("target, draft", [("qwen2-57b-a14b", "qwen2-0.5b"), ("opt-30b", "opt-350m")])

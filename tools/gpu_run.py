@@ -79,13 +79,28 @@ def gpu() -> tuple[str, str, float]:
     return name, gpu_label(name), float(free)
 
 
-def pair_layers(study: str, free: float) -> tuple[int, int]:
-    """Target and draft layers for every study of the study's model pair (the fewest that any of them fits)."""
+def pair_studies(study: str) -> list[str]:
+    """The studies whose GPU preset measures the same model pair as ``study`` (its target)."""
     target = preset_settings(study, "gpu")["target"]
-    configs = [SweepConfig(**preset_settings(other, "gpu")) for other in STUDIES
-               if preset_settings(other, "gpu")["target"] == target]
+    return [other for other in STUDIES if preset_settings(other, "gpu")["target"] == target]
+
+
+def pair_layers(study: str, free: float, folders: list) -> tuple[int, int]:
+    """Target and draft layers for every study of the study's model pair.
+
+    Those of a result file of the pair in ``folders`` (so that every study of a pair describes one
+    model), else the fewest that any study of the pair fits in ``free`` bytes.
+    """
+    for folder in folders:
+        for other in pair_studies(study):
+            path = Path(folder) / f"{other}.json"
+            if path.exists():
+                settings = json.loads(path.read_text()).get("settings", {})
+                if settings.get("layers") and settings.get("draft_layers"):
+                    return settings["layers"], settings["draft_layers"]
+    configs = [SweepConfig(**preset_settings(other, "gpu")) for other in pair_studies(study)]
     layers = min(layers_that_fit(c.target, c.draft, free, cached_tokens=cached_tokens(c)) for c in configs)
-    return layers, proportional_draft_layers(target, configs[0].draft, layers)
+    return layers, proportional_draft_layers(configs[0].target, configs[0].draft, layers)
 
 
 def resume_from_repository(study: str, label: str, folder: Path, name: str) -> dict:
@@ -175,12 +190,13 @@ def measure_environment(folder: Path, log, deadline: float, dry_run: bool) -> bo
 def measure_study(study: str, folder: Path, name: str, layers: tuple[int, int], graphs: bool, log,
                   deadline: float, dry_run: bool) -> int:
     """A study stage: resume or start ``moesd sweep <study> --preset gpu`` into ``folder``."""
-    sidecar = {} if dry_run else resume_from_repository(study, folder.name, folder, name)
+    sidecar = resume_from_repository(study, folder.name, folder, name)
     if sidecar.get("complete"):
-        print(f"{study}: complete already; nothing to measure")
+        print(f"{study}: {measurements_dir() / folder.name / study}.csv is complete; nothing to measure")
         return 0
     settings = sidecar.get("settings", {})
-    target_layers, draft_layers = (settings["layers"], settings["draft_layers"]) if settings.get("layers") else layers
+    target_layers, draft_layers = ((settings["layers"], settings.get("draft_layers") or layers[1])
+                                   if settings.get("layers") else layers)
     graphs = settings.get("cuda_graphs", graphs) if study in ("forward", "dense_forward") else False
     command = MOESD + ["sweep", study, "--preset", "gpu", "--layers", str(target_layers), "--draft-layers",
                        str(draft_layers), "--out-dir", folder] + (["--cuda-graphs"] if graphs else [])
@@ -200,12 +216,12 @@ def measure_study(study: str, folder: Path, name: str, layers: tuple[int, int], 
     return status
 
 
-def pack(out: Path) -> None:
-    """``$OUT/gpu_results.tar.gz`` of everything under :data:`WORK`, and the log beside it."""
+def pack(work: Path, out: Path) -> None:
+    """``$OUT/gpu_results.tar.gz`` of everything under ``work``, and the log beside it."""
     with tarfile.open(out / ".gpu_results.tar.gz", "w:gz") as archive:
-        archive.add(WORK, arcname=".")
+        archive.add(work, arcname=".")
     (out / ".gpu_results.tar.gz").replace(out / "gpu_results.tar.gz")
-    shutil.copy(WORK / "gpu_run.log", out / "gpu_run.log")
+    shutil.copy(work / "gpu_run.log", out / "gpu_run.log")
 
 
 def main(argv=None) -> int:
@@ -213,6 +229,7 @@ def main(argv=None) -> int:
     parser.add_argument("stages", nargs="*", metavar="stage",
                         help=f"stages to run, in the plan's order (default: {' '.join(STAGES)})")
     parser.add_argument("--seconds", type=float, default=540.0, help="the call's budget (default 540)")
+    parser.add_argument("--work", default=str(WORK), help=f"where the results are written (default {WORK})")
     parser.add_argument("--dry-run", action="store_true", help="print the commands without running them")
     args = parser.parse_args(argv)
     unknown = [stage for stage in args.stages if stage not in STAGES]
@@ -224,10 +241,11 @@ def main(argv=None) -> int:
         raise SystemExit("gpu_run: OUT is not set (run it through the device tool, or pass --dry-run)")
     out = Path(os.environ.get("OUT") or "/tmp/gpu_run")
     name, label, free = ("NVIDIA H200", "h200", 140 * 2**30) if args.dry_run else gpu()
-    folder = WORK / label
+    work = Path(args.work)
+    folder = work / label
     folder.mkdir(parents=True, exist_ok=True)
     graphs, failed = False, []
-    with open(WORK / "gpu_run.log", "a") as log:
+    with open(work / "gpu_run.log", "a") as log:
         for stage in (stage for stage in STAGES if stage in (args.stages or STAGES)):
             left = deadline - time.monotonic()
             if left < LAST_STAGE_SECONDS and not args.dry_run:
@@ -239,13 +257,13 @@ def main(argv=None) -> int:
                 graphs = measure_environment(folder, log, stage_deadline, args.dry_run)
                 status = 0
             else:
-                status = measure_study(stage, folder, name, pair_layers(stage, free), graphs, log, stage_deadline,
-                                       args.dry_run)
+                layers = pair_layers(stage, free, [measurements_dir() / label, folder])
+                status = measure_study(stage, folder, name, layers, graphs, log, stage_deadline, args.dry_run)
             if status not in (0, 124):
                 failed.append(stage)
             if not args.dry_run:
                 log.flush()
-                pack(out)
+                pack(work, out)
     print(f"[{time.monotonic() - start:.0f} s] done" + (f"; failed: {', '.join(failed)} (see gpu_run.log)"
                                                         if failed else ""))
     return 1 if failed else 0
