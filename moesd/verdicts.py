@@ -1,9 +1,19 @@
 """Verdicts on the paper's measured claims, computed from this project's measurements.
 
 One function per claim (Figs. 2-6 and Table 3 of the paper). Each returns a :class:`Verdict`: the
-status (:data:`HOLDS`, :data:`FAILS` or :data:`UNMEASURABLE`), the numbers behind it (a DataFrame)
-and one sentence that states it with those numbers, for a chapter to print. :func:`scorecard` runs
-every claim on one device folder of ``data/measurements/``.
+status, the numbers behind it (a DataFrame), its parts that do not hold with the smallest effect
+the study could have detected for each, and one sentence that states it with those numbers, for a
+chapter to print. :func:`scorecard` runs every claim on one device folder of ``data/measurements/``.
+
+A claim is made of parts (a rise, a fall, an ordering...). Each part is shown by the data, or
+:data:`CONTRADICTED` by them (its opposite is beyond noise), or :data:`NOT_SHOWN` (within noise
+either way), or not measurable. The claim :data:`HOLDS` when every part is shown, **does not hold**
+(:data:`FAILS`) when some part is contradicted, is :data:`INCONCLUSIVE` when no part is contradicted
+and some part is within noise (then the *smallest detectable effect* of that part, the size the
+effect would have needed to count, says what the study could have shown), and is
+:data:`UNMEASURABLE` when a part lacks the data. The inconclusive status and the detectable effects
+were added on 2026-11-26, before the studies at real widths were measured; the criteria that decide
+each part did not change.
 
 The criteria were written before the re-measured data existed, and no threshold was chosen by
 looking at measured data. Every threshold is a multiple of the measurement noise, estimated as
@@ -51,8 +61,10 @@ import pandas as pd
 
 HOLDS = "holds"
 FAILS = "does not hold"
+INCONCLUSIVE = "inconclusive"
+"""No part of the claim is contradicted by the data, and some part is within noise: the study could not tell."""
 UNMEASURABLE = "not measurable here"
-STATUSES = (HOLDS, FAILS, UNMEASURABLE)
+STATUSES = (HOLDS, FAILS, INCONCLUSIVE, UNMEASURABLE)
 CONTRADICTED = "contradicted by the data"
 """A part of a claim whose opposite the data show (a reversal beyond noise, a fall from the smallest B where the
 claim says rise, a spread larger than the shape)."""
@@ -93,7 +105,12 @@ class Verdict:
         The verdict in one sentence, with its numbers.
     summary : str
         The verdict in one short line: the status, and which parts of the claim are
-        :data:`CONTRADICTED` and which :data:`NOT_SHOWN`, where (e.g. at which gamma).
+        :data:`CONTRADICTED` and which :data:`NOT_SHOWN`, where (e.g. at which gamma), with the
+        smallest detectable effect of the parts not shown.
+    parts : pandas.DataFrame
+        One row per part that does not hold, where: ``outcome`` (:data:`CONTRADICTED`,
+        :data:`NOT_SHOWN` or :data:`UNMEASURABLE`), ``part``, ``where``, ``detectable`` (for a part not
+        shown: the smallest effect the study could have shown, in ``unit``; else NaN) and ``unit``.
     """
 
     claim: str
@@ -101,6 +118,7 @@ class Verdict:
     numbers: pd.DataFrame
     sentence: str
     summary: str
+    parts: pd.DataFrame = None
 
 
 @dataclass(frozen=True)
@@ -283,21 +301,46 @@ def growth_status(intervals) -> tuple[str, str | None]:
     :data:`FAILS` (:data:`CONTRADICTED`) on a reversal beyond noise; else :data:`UNMEASURABLE` when the
     first interval has no upper bound (a range that may reach past the largest batch size measured
     cannot be shown narrower than another); else :data:`HOLDS` when :func:`grows_beyond_noise`, and
-    :data:`FAILS` (:data:`NOT_SHOWN`) when the overall growth is within noise.
+    :data:`INCONCLUSIVE` (:data:`NOT_SHOWN`) when the overall growth is within noise.
     """
     if reverses_beyond_noise(intervals):
         return FAILS, CONTRADICTED
     if math.isinf(intervals[0][1]):
         return UNMEASURABLE, UNMEASURABLE
-    return (HOLDS, None) if grows_beyond_noise(intervals) else (FAILS, NOT_SHOWN)
+    return (HOLDS, None) if grows_beyond_noise(intervals) else (INCONCLUSIVE, NOT_SHOWN)
+
+
+def growth_detectable(intervals) -> float:
+    """The smallest growth from the first to the last interval that :func:`grows_beyond_noise` could show.
+
+    The last interval must lie wholly above the first: a true growth of the centres must exceed the
+    first interval's upper half-width plus the last one's lower half-width, taken here as half of
+    each interval's width (the same unit as the intervals).
+    """
+    (first_low, first_high), (last_low, last_high) = intervals[0], intervals[-1]
+    return float((first_high - first_low) / 2 + (last_high - last_low) / 2)
 
 
 def combine(statuses) -> str:
-    """A claim made of parts: fails if any part fails, else unmeasurable if any part is, else holds."""
+    """A claim made of parts: fails if any part fails, else inconclusive if any part is, else unmeasurable if any
+    part is, else holds."""
     statuses = list(statuses)
-    if FAILS in statuses:
-        return FAILS
+    for status in (FAILS, INCONCLUSIVE):
+        if status in statuses:
+            return status
     if UNMEASURABLE in statuses or not statuses:
+        return UNMEASURABLE
+    return HOLDS
+
+
+def status_of(outcomes) -> str:
+    """The status of a row of parts from their outcomes (None for a part shown by the data)."""
+    outcomes = list(outcomes)
+    if CONTRADICTED in outcomes:
+        return FAILS
+    if NOT_SHOWN in outcomes:
+        return INCONCLUSIVE
+    if UNMEASURABLE in outcomes:
         return UNMEASURABLE
     return HOLDS
 
@@ -307,29 +350,42 @@ def _fmt(x, whole: bool = False) -> str:
     return f"{x:.0f}" if whole else f"{x:.2f}"
 
 
+PART_COLUMNS = ("outcome", "part", "where", "detectable", "unit")
+"""Columns of :attr:`Verdict.parts`."""
+
+
 def _verdict(claim: str, statement: str, status: str, numbers, details: str, notes=()) -> Verdict:
     """A Verdict whose sentence reads ``claim (statement): status - details.``
 
-    ``notes`` are ``(outcome, part, where)`` triples for the parts that do not hold (outcome
-    :data:`CONTRADICTED`, :data:`NOT_SHOWN` or :data:`UNMEASURABLE`); the summary lists them, grouped
-    by part, contradicted parts first (places that all read ``gamma = g`` are listed as
-    ``gamma = 2, 3``). Without notes the summary is the status, with ``details`` when the claim does
-    not hold.
+    ``notes`` are ``(outcome, part, where)`` or ``(outcome, part, where, detectable, unit)`` tuples for the
+    parts that do not hold (outcome :data:`CONTRADICTED`, :data:`NOT_SHOWN` or :data:`UNMEASURABLE`;
+    ``detectable`` the smallest effect a part not shown needed, in ``unit``); the summary lists them,
+    grouped by part, contradicted parts first (places that all read ``gamma = g`` are listed as
+    ``gamma = 2, 3``), with the range of the detectable effects of the parts not shown. Without notes
+    the summary is the status, with ``details`` when the claim does not hold.
     """
     numbers = numbers if isinstance(numbers, pd.DataFrame) else pd.DataFrame(numbers)
+    parts = pd.DataFrame([(*note, *(None, "")[len(note) - 3:]) for note in notes], columns=list(PART_COLUMNS))
+    parts["detectable"] = parts["detectable"].astype(float)
     grouped = {}
-    for outcome, part, where in notes:
-        grouped.setdefault((outcome, part), []).append(str(where))
+    for note in parts.itertuples(index=False):
+        grouped.setdefault((note.outcome, note.part), []).append(note)
     order = (CONTRADICTED, NOT_SHOWN, UNMEASURABLE)
-    def places(wheres):
-        prefix = "gamma = "
-        if all(w.startswith(prefix) and "," not in w for w in wheres):
-            return prefix + ", ".join(w[len(prefix):] for w in wheres)
-        return "; ".join(wheres)
-    parts = [f"{part} {outcome} ({places(wheres)})"
-             for (outcome, part), wheres in sorted(grouped.items(), key=lambda item: order.index(item[0][0]))]
-    summary = f"{status}: {'; '.join(parts)}" if parts else status if status == HOLDS else f"{status}: {details}"
-    return Verdict(claim, status, numbers, f"{claim} ({statement}): {status} - {details}.", summary)
+
+    def places(group):
+        wheres, prefix = [str(n.where) for n in group], "gamma = "
+        text = (prefix + ", ".join(w[len(prefix):] for w in wheres)
+                if all(w.startswith(prefix) and "," not in w for w in wheres) else "; ".join(wheres))
+        sizes = [n.detectable for n in group if np.isfinite(n.detectable)]
+        if sizes:
+            unit = group[0].unit
+            text += f"; detectable from {_span(sizes, whole=unit == 'B')}{' ' + unit if unit else ''}"
+        return text
+    phrases = [f"{part} {outcome} ({places(group)})"
+               for (outcome, part), group in sorted(grouped.items(), key=lambda item: order.index(item[0][0]))]
+    summary = (f"{status}: {'; '.join(phrases)}" if phrases else status if status == HOLDS
+               else f"{status}: {details}")
+    return Verdict(claim, status, numbers, f"{claim} ({statement}): {status} - {details}.", summary, parts)
 
 
 def _shape_outcome(shape: dict, c: Curve) -> str | None:
@@ -346,6 +402,14 @@ def _shape_outcome(shape: dict, c: Curve) -> str | None:
     low, high = peak_region(c)
     only_an_end = low == high and low in (c.batch_size[0], c.batch_size[-1])
     return CONTRADICTED if not shape["unimodal"] or only_an_end else NOT_SHOWN
+
+
+def _shape_detectable(shape: dict) -> float:
+    """The smallest rise or fall a curve that does not show a rise then fall needed: the margin of its
+    rise or fall within noise (the larger, when both are)."""
+    margins = [margin for size, margin in ((shape["rise"], shape["rise_margin"]), (shape["fall"], shape["fall_margin"]))
+               if size <= margin]
+    return float(max(margins)) if margins else float("nan")
 
 
 def _fall_outcome(fall: dict) -> str | None:
@@ -424,9 +488,23 @@ def tracks(leader: Curve, follower: Curve) -> dict:
     correlation, p_value = float(result.statistic), float(result.pvalue)
     (lead_lo, lead_hi), (follow_lo, follow_hi) = peak_region(leader), peak_region(follower)
     overlap = lead_lo <= follow_hi and follow_lo <= lead_hi
-    return {"rank_correlation": correlation, "p_value": p_value, "follower_peak_low": follow_lo,
+    return {"rank_correlation": correlation, "p_value": p_value,
+            "detectable_correlation": spearman_detectable(len(common)), "follower_peak_low": follow_lo,
             "follower_peak_high": follow_hi, "leader_peak_low": lead_lo, "leader_peak_high": lead_hi,
             "tracks": bool(p_value < 0.05 and overlap)}
+
+
+def spearman_detectable(points: int, level: float = 0.05) -> float:
+    """The smallest rank correlation of ``points`` pairs that the one-sided test of :func:`tracks` calls positive.
+
+    Inverts scipy's t approximation, ``t = r sqrt((n - 2) / (1 - r^2))``, at the ``level`` quantile.
+    """
+    from scipy.stats import t as student
+
+    if points < 3:
+        return float("nan")
+    critical = float(student.ppf(1 - level, points - 2))
+    return critical / math.sqrt(points - 2 + critical ** 2)
 
 
 def _tracks_outcome(track: dict) -> str | None:
@@ -472,16 +550,18 @@ def speedup_rises_then_falls(e2e: pd.DataFrame | None, from_batch_size=None) -> 
             continue
         shape, efficiency_shape = rises_then_falls(speed), rises_then_falls(efficiency)
         track = tracks(speed, efficiency)
-        status = HOLDS if shape["rises_then_falls"] and efficiency_shape["rises_then_falls"] and track["tracks"] \
-            else FAILS
+        parts = ((_shape_outcome(shape, speed), "the speedup's rise then fall", _shape_detectable(shape), ""),
+                 (_shape_outcome(efficiency_shape, efficiency), "the efficiency's rise then fall",
+                  _shape_detectable(efficiency_shape), ""),
+                 (_tracks_outcome(track), "the efficiency tracking the speedup", track["detectable_correlation"],
+                  "rank correlation"))
+        status = status_of(outcome for outcome, *_ in parts)
         rows.append({"gamma": gamma, "status": status, **shape,
                      **{f"efficiency_{k}": value for k, value in efficiency_shape.items()}, **track,
                      "noise": speed.noise})
-        notes += [(outcome, part, where) for outcome, part in (
-            (_shape_outcome(shape, speed), "the speedup's rise then fall"),
-            (_shape_outcome(efficiency_shape, efficiency), "the efficiency's rise then fall"),
-            (_tracks_outcome(track), "the efficiency tracking the speedup")) if outcome]
-        if status == FAILS:
+        notes += [(outcome, part, where, detectable if outcome == NOT_SHOWN else None, unit)
+                  for outcome, part, detectable, unit in parts if outcome]
+        if status != HOLDS:
             phrases.append(f"gamma = {gamma}: the speedup is {_shape_phrase(shape)}, "
                            f"{'rising then falling' if shape['rises_then_falls'] else 'not rising then falling'}; "
                            f"target efficiency is {_shape_phrase(efficiency_shape)}, "
@@ -553,14 +633,15 @@ def efficiency_moe_rises_dense_falls(forward: pd.DataFrame | None, dense_forward
             notes.append((UNMEASURABLE, "the curves", f"gamma = {gamma}"))
             continue
         shape, fall = rises_then_falls(moe_curve), falls_monotonically(dense_curve)
-        notes += [(outcome, part, f"gamma = {gamma}") for outcome, part in (
-            (_shape_outcome(shape, moe_curve), "the MoE efficiency's rise then fall"),
-            (_fall_outcome(fall), "the dense efficiency's fall")) if outcome]
-        status = HOLDS if shape["rises_then_falls"] and fall["falls_monotonically"] else FAILS
+        parts = ((_shape_outcome(shape, moe_curve), "the MoE efficiency's rise then fall", _shape_detectable(shape)),
+                 (_fall_outcome(fall), "the dense efficiency's fall", fall["fall_margin"]))
+        notes += [(outcome, part, f"gamma = {gamma}", detectable if outcome == NOT_SHOWN else None, "")
+                  for outcome, part, detectable in parts if outcome]
+        status = status_of(outcome for outcome, *_ in parts)
         rows.append({"gamma": gamma, "status": status, **{f"moe_{k}": v for k, v in shape.items()},
                      **{f"dense_{k}": v for k, v in fall.items()}, "noise": moe_curve.noise,
                      "dense_noise": dense_curve.noise})
-        if status == FAILS:
+        if status != HOLDS:
             phrases.append(f"gamma = {gamma}: MoE {_shape_phrase(shape)}, "
                            f"{'rising then falling' if shape['rises_then_falls'] else 'not rising then falling'}; "
                            f"dense {_fall_phrase(fall)}, "
@@ -621,26 +702,27 @@ def sparser_peaks_later_and_wider(sparsity: pd.DataFrame | None, monotone_ks=(1,
         rows += [{"gamma": gamma, **row} for row in gamma_rows]
         statuses.append(status)
         phrases.append(f"gamma = {gamma}: {phrase}")
-        notes += [(outcome, part, f"gamma = {gamma}") for outcome, part in gamma_notes]
+        notes += [(outcome, part, f"gamma = {gamma}", *rest) for outcome, part, *rest in gamma_notes]
     return _verdict(claim, statement, combine(statuses), rows, _join(*phrases, _noise_phrase(rows)), notes)
 
 
 def _sparsity_at_gamma(curves: dict, monotone_ks) -> tuple[list, str, str, list]:
     """Rows, status, phrase and summary notes of :func:`sparser_peaks_later_and_wider` for one gamma's K -> Curve.
 
-    Notes are ``(outcome, part)`` pairs: the caller names the gamma.
+    Notes are ``(outcome, part, detectable, unit)`` tuples: the caller names the gamma.
     """
     rows, parts, phrases, notes = [], [], [], []
     for k in monotone_ks:
         if k not in curves:
             parts.append(UNMEASURABLE)
             phrases.append(f"no K = {k} curve of {MIN_BATCH_SIZES}+ batch sizes")
-            notes.append((UNMEASURABLE, f"K = {k}'s monotone fall"))
+            notes.append((UNMEASURABLE, f"K = {k}'s monotone fall", None, ""))
             continue
         fall = falls_monotonically(curves[k])
-        parts.append(HOLDS if fall["falls_monotonically"] else FAILS)
+        parts.append(status_of([_fall_outcome(fall)]))
         if _fall_outcome(fall):
-            notes.append((_fall_outcome(fall), f"K = {k}'s monotone fall"))
+            notes.append((_fall_outcome(fall), f"K = {k}'s monotone fall",
+                          fall["fall_margin"] if _fall_outcome(fall) == NOT_SHOWN else None, ""))
         rows.append({"K": k, "role": "monotone", **fall, "noise": curves[k].noise})
         phrases.append(f"K = {k} {_fall_phrase(fall)} "
                        f"{'falls monotonically' if fall['falls_monotonically'] else 'does not fall monotonically'}")
@@ -648,7 +730,7 @@ def _sparsity_at_gamma(curves: dict, monotone_ks) -> tuple[list, str, str, list]
     if len(shaped) < 2:
         parts.append(UNMEASURABLE)
         phrases.append(f"fewer than two K outside {list(monotone_ks)}")
-        notes.append((UNMEASURABLE, "the peak and range ordering"))
+        notes.append((UNMEASURABLE, "the peak and range ordering", None, ""))
         return rows, combine(parts), ", ".join(phrases), notes
     peaks, widths = [], []
     for k in shaped:
@@ -664,11 +746,13 @@ def _sparsity_at_gamma(curves: dict, monotone_ks) -> tuple[list, str, str, list]
                      "reaches_largest_B": bool((c.value[c.peak_index:] >= level).all()), "noise": c.noise})
     (later, later_outcome), (wider, wider_outcome) = growth_status(peaks), growth_status(widths)
     parts += [later, wider]
-    notes += [(outcome, part) for outcome, part in ((later_outcome, "the later peak"),
-                                                    (wider_outcome, "the wider range")) if outcome]
+    notes += [(outcome, part, detectable if outcome == NOT_SHOWN else None, "B")
+              for outcome, part, detectable in ((later_outcome, "the later peak", growth_detectable(peaks)),
+                                                (wider_outcome, "the wider range", growth_detectable(widths)))
+              if outcome]
     listing = ", ".join(f"K = {k} peak within B = {_span(p, whole=True)}, width {_span(w, whole=True)}"
                         for k, p, w in zip(shaped, peaks, widths)).replace("-inf", " or more")
-    widening = {HOLDS: "widens beyond noise", FAILS: "does not widen beyond noise",
+    widening = {HOLDS: "widens beyond noise", FAILS: "narrows beyond noise", INCONCLUSIVE: "does not widen beyond noise",
                 UNMEASURABLE: f"cannot be shown wider (the K = {shaped[0]} range may reach past the largest B)"}
     phrases.append(f"{listing}: the peak {'moves' if later == HOLDS else 'does not move'} to larger B beyond noise "
                    f"and the range {widening[wider]} as K falls")
@@ -716,10 +800,11 @@ def shape_holds_across_settings(settings: pd.DataFrame | None) -> Verdict:
         shown = [size for size, margin in ((shape["rise"], shape["rise_margin"]), (shape["fall"], shape["fall_margin"]))
                  if size > margin]
         small = spread < min(shown) if shown else None
-        notes += [(outcome, part, where) for outcome, part in (
-            (_shape_outcome(shape, c), "the rise then fall"),
-            (CONTRADICTED if small is False else None, "the small run-to-run spread")) if outcome]
-        status = HOLDS if shape["rises_then_falls"] and small else FAILS
+        parts = ((_shape_outcome(shape, c), "the rise then fall", _shape_detectable(shape)),
+                 (CONTRADICTED if small is False else None, "the small run-to-run spread", None))
+        notes += [(outcome, part, where, detectable if outcome == NOT_SHOWN else None, "")
+                  for outcome, part, detectable in parts if outcome]
+        status = status_of(outcome for outcome, *_ in parts)
         rows.append({"setting": setting, "gamma": gamma, "status": status, **shape, "run_range": spread,
                      "runs": int(runs.count().min()), "small_spread": small, "noise": c.noise})
         if status != HOLDS:
@@ -784,16 +869,17 @@ def moe_above_dense(e2e: pd.DataFrame | None, dense: pd.DataFrame | None, beyond
         crossover = float(common[staying[0]]) if len(staying) else float("nan")
         fall = falls_monotonically(den)
         is_above = below == 0 and above > late.sum() / 2
-        status = HOLDS if is_above and fall["falls_monotonically"] else FAILS
+        above_outcome = CONTRADICTED if below else None if is_above else NOT_SHOWN
+        status = status_of([above_outcome, _fall_outcome(fall)])
         rows.append({"gamma": gamma, "status": status, "batch_sizes": int(late.sum()), "above": above,
                      "below": below, "median_difference": float(np.median(difference[late])),
                      "median_margin": float(np.median(margin[late])), "crossover": crossover,
                      **{f"dense_{k}": value for k, value in fall.items()},
                      "moe_noise": moe.noise, "dense_noise": den.noise})
-        above_outcome = CONTRADICTED if below else None if is_above else NOT_SHOWN
-        notes += [(outcome, part, where) for outcome, part in (
-            (above_outcome, "the MoE above the dense pair"), (_fall_outcome(fall), "the dense speedup's fall"))
-            if outcome]
+        notes += [(outcome, part, where, detectable if outcome == NOT_SHOWN else None, "")
+                  for outcome, part, detectable in (
+                      (above_outcome, "the MoE above the dense pair", float(np.median(margin[late]))),
+                      (_fall_outcome(fall), "the dense speedup's fall", fall["fall_margin"])) if outcome]
         phrases.append(f"gamma = {gamma}: above beyond noise at {above} and below at {below} of {int(late.sum())} "
                        f"batch sizes (median difference {_fmt(np.median(difference[late]))}, median margin "
                        f"{_fmt(np.median(margin[late]))}), MoE above from B = "
@@ -859,10 +945,12 @@ def poor_coverage_worst_fits(robustness: pd.DataFrame | None, batch_sizes=None, 
     worst = used.loc[used["mse"].idxmax()]
     scatter = 1.4826 * float((well["mse"] - well["mse"].median()).abs().median())
     excess = float(poor["mse"].median() - well["mse"].median())
-    status = HOLDS if bool(worst["poor"]) and excess > NOISE_Z * scatter else FAILS
-    notes = [(outcome, part, f"m > {parameters}") for outcome, part in (
-        (None if worst["poor"] else CONTRADICTED, "the worst fit covering poorly"),
-        (None if excess > NOISE_Z * scatter else NOT_SHOWN, "the poorly covering samples' larger error")) if outcome]
+    parts = ((None if worst["poor"] else CONTRADICTED, "the worst fit covering poorly", None),
+             (None if excess > NOISE_Z * scatter else NOT_SHOWN, "the poorly covering samples' larger error",
+              NOISE_Z * scatter))
+    status = status_of(outcome for outcome, *_ in parts)
+    notes = [(outcome, part, f"m > {parameters}", detectable if outcome == NOT_SHOWN else None, "MSE")
+             for outcome, part, detectable in parts if outcome]
     details = (f"the worst fit (m = {int(worst['m'])}, MSE {worst['mse']:.3g}) leaves out {int(worst['gap'])} "
                f"consecutive batch sizes ({'poor' if worst['poor'] else 'even'} coverage); poorly covering samples "
                f"(m = {', '.join(str(int(m)) for m in poor['m'])}) have median MSE {poor['mse'].median():.3g} against "

@@ -138,7 +138,9 @@ def test_grows_beyond_noise_and_combine():
     assert not v.grows_beyond_noise([(8, 16), (12, 24), (14, 20)])  # overall growth within noise
     assert not v.grows_beyond_noise([(8, 16), (40, 48), (20, 24), (60, 80)])  # a reversal beyond noise
     assert v.growth_status([(8, 16), (12, 24), (32, 48)]) == (v.HOLDS, None)
-    assert v.growth_status([(8, 16), (12, 24), (14, 20)]) == (v.FAILS, v.NOT_SHOWN)
+    assert v.growth_status([(8, 16), (12, 24), (14, 20)]) == (v.INCONCLUSIVE, v.NOT_SHOWN)
+    # to be shown, the last interval's centre had to move by the two half-widths: (16 - 8) / 2 + (20 - 14) / 2
+    assert v.growth_detectable([(8, 16), (12, 24), (14, 20)]) == 7
     assert v.growth_status([(8, 16), (40, 48), (20, 24), (60, 80)]) == (v.FAILS, v.CONTRADICTED)
     # a first range without an upper bound cannot be outgrown (grows_beyond_noise would say FAILS) ...
     assert not v.grows_beyond_noise([(60, np.inf), (70, np.inf), (90, np.inf)])
@@ -148,7 +150,26 @@ def test_grows_beyond_noise_and_combine():
     assert v.combine([v.HOLDS, v.HOLDS]) == v.HOLDS
     assert v.combine([v.HOLDS, v.UNMEASURABLE]) == v.UNMEASURABLE
     assert v.combine([v.UNMEASURABLE, v.FAILS]) == v.FAILS
+    assert v.combine([v.INCONCLUSIVE, v.UNMEASURABLE, v.HOLDS]) == v.INCONCLUSIVE
+    assert v.combine([v.INCONCLUSIVE, v.FAILS]) == v.FAILS
     assert v.combine([]) == v.UNMEASURABLE
+    assert v.status_of([None, None]) == v.HOLDS and v.status_of([v.NOT_SHOWN, None]) == v.INCONCLUSIVE
+    assert v.status_of([v.NOT_SHOWN, v.CONTRADICTED]) == v.FAILS and v.status_of([v.UNMEASURABLE]) == v.UNMEASURABLE
+
+
+def test_the_detectable_rank_correlation_is_where_the_test_turns():
+    """spearman_detectable inverts the test tracks() applies: a correlation just above it passes, just below fails."""
+    from scipy.stats import spearmanr
+
+    for points in (5, 10, 19):
+        r = v.spearman_detectable(points)
+        # build pairs with a rank correlation near r: the p-value at r is the level
+        t = r * np.sqrt((points - 2) / (1 - r ** 2))
+        from scipy.stats import t as student
+        assert student.sf(t, points - 2) == pytest.approx(0.05, rel=1e-9)
+        assert 0 < r < 1 and (points == 5 or r < v.spearman_detectable(points - 1))
+        x = np.arange(points, dtype=float)
+        assert spearmanr(x, x, alternative="greater").pvalue < 0.05  # a perfect correlation is always shown
 
 
 # --- Fig. 2 ----------------------------------------------------------------------------------------------
@@ -177,8 +198,15 @@ def test_fig2_fails_when_efficiency_never_rises():
     never_rises = piecewise({1: 0.95, 16: 0.95, 100: 0.45})
     verdict = v.speedup_rises_then_falls(e2e_study(lambda b: hump(b, 16), never_rises))
     assert verdict.numbers["tracks"].all() and verdict.numbers["rises_then_falls"].all()
-    assert not verdict.numbers["efficiency_rises_then_falls"].any() and verdict.status == v.FAILS
-    assert verdict.summary == "does not hold: the efficiency's rise then fall not shown beyond noise (gamma = 2, 3, 4)"
+    assert not verdict.numbers["efficiency_rises_then_falls"].any() and verdict.status == v.INCONCLUSIVE
+    assert verdict.summary.startswith("inconclusive: the efficiency's rise then fall not shown beyond noise "
+                                      "(gamma = 2, 3, 4; detectable from ")
+    # the smallest detectable rise is the margin of the rise that stayed within it
+    parts = verdict.parts.set_index("where")
+    numbers = verdict.numbers.set_index("gamma")
+    for gamma in (2, 3, 4):
+        assert parts.loc[f"gamma = {gamma}", "detectable"] == pytest.approx(numbers.loc[gamma, "efficiency_rise_margin"])
+        assert numbers.loc[gamma, "efficiency_rise"] <= numbers.loc[gamma, "efficiency_rise_margin"]
 
 
 @pytest.mark.parametrize("speedup, noise, outcome", [
@@ -188,7 +216,10 @@ def test_fig2_fails_when_efficiency_never_rises():
 ])
 def test_fig2_summary_says_a_curve_that_only_falls_contradicts_the_rise(speedup, noise, outcome):
     verdict = v.speedup_rises_then_falls(e2e_study(speedup, lambda b: hump(b, 20, 0.6, 0.3), noise=noise))
-    assert f"the speedup's rise then fall {outcome} (gamma = 2, 3, 4)" in verdict.summary
+    assert f"the speedup's rise then fall {outcome} (gamma = 2, 3, 4" in verdict.summary
+    assert verdict.status != v.HOLDS and (outcome == v.NOT_SHOWN or verdict.status == v.FAILS)
+    shown = verdict.parts[verdict.parts["part"] == "the speedup's rise then fall"]
+    assert shown["detectable"].notna().all() == (outcome == v.NOT_SHOWN)  # a size only for what noise could hide
 
 
 def test_fig2_unmeasurable():
@@ -196,9 +227,11 @@ def test_fig2_unmeasurable():
     few = e2e_study(lambda b: hump(b, 2), lambda b: hump(b, 2), grid=GRID[:4])
     verdict = v.speedup_rises_then_falls(few)
     assert verdict.status == v.UNMEASURABLE and "fewer than 5 batch sizes" in verdict.sentence
-    # a failing gamma outweighs an unmeasurable one
+    # an inconclusive gamma outweighs an unmeasurable one, and a failing one both
     mixed = pd.concat([few, e2e_study(falling, falling, gammas=(5,))])
-    assert v.speedup_rises_then_falls(mixed).status == v.FAILS
+    assert v.speedup_rises_then_falls(mixed).status == v.INCONCLUSIVE
+    contradicted = e2e_study(lambda b: falling(b, 2.0, 0.01), falling, gammas=(6,), noise=0.002)
+    assert v.speedup_rises_then_falls(pd.concat([few, mixed, contradicted])).status == v.FAILS
 
 
 # --- Fig. 3 ----------------------------------------------------------------------------------------------
@@ -230,12 +263,16 @@ def test_fig3():
     moe, dense = forward_study(lambda b: hump(b, 32, 0.5, 0.4)), forward_study(lambda b: falling(b, 0.95, 0.006))
     verdict = v.efficiency_moe_rises_dense_falls(moe, dense)
     assert verdict.status == v.HOLDS and verdict.numbers["gamma"].tolist() == [2, 3, 4]
-    # dense that also rises then falls, MoE that only falls: both fail
+    # a dense model that rises then falls contradicts the claim
     assert v.efficiency_moe_rises_dense_falls(moe, moe).status == v.FAILS
-    assert v.efficiency_moe_rises_dense_falls(dense, dense).status == v.FAILS
-    # dense flat within noise: the claim is that it falls
+    # an MoE that only falls, but within noise over its first steps: a rise could hide there
+    only_falls = v.efficiency_moe_rises_dense_falls(dense, dense)
+    assert only_falls.status == v.INCONCLUSIVE and "the MoE efficiency's rise then fall not shown" in only_falls.summary
+    # dense flat within noise: the claim is that it falls, and these data cannot tell
     flat = forward_study(lambda b: np.full(len(b), 0.9))
-    assert v.efficiency_moe_rises_dense_falls(moe, flat).status == v.FAILS
+    verdict = v.efficiency_moe_rises_dense_falls(moe, flat)
+    assert verdict.status == v.INCONCLUSIVE
+    assert (verdict.parts["detectable"].to_numpy() == pytest.approx(verdict.numbers["dense_fall_margin"].to_numpy()))
 
 
 def test_fig3_summary_says_contradicted_or_not_shown():
@@ -244,7 +281,8 @@ def test_fig3_summary_says_contradicted_or_not_shown():
     rising = v.efficiency_moe_rises_dense_falls(moe, moe).summary
     assert rising.startswith("does not hold: the dense efficiency's fall contradicted by the data (gamma = 2, 3, 4)")
     flat = v.efficiency_moe_rises_dense_falls(moe, forward_study(lambda b: np.full(len(b), 0.9))).summary
-    assert flat == "does not hold: the dense efficiency's fall not shown beyond noise (gamma = 2, 3, 4)"
+    assert flat.startswith("inconclusive: the dense efficiency's fall not shown beyond noise (gamma = 2, 3, 4; "
+                           "detectable from 0.0")
 
 
 def test_fig3_from_a_smallest_batch_size_treats_both_models_alike():
@@ -310,12 +348,19 @@ def test_fig4_is_blind_to_the_sigma_adjustment():
 
 @pytest.mark.parametrize("study", [
     sparsity_study(peaks={4: 12, 8: 20, 16: 32, 32: 48}),          # denser K peaks later
-    sparsity_study(peaks={4: 24, 8: 24, 16: 24, 32: 24}),          # the peak does not move
     sparsity_study(monotone=()).assign(num_experts_per_tok=lambda f: f["num_experts_per_tok"].replace(
         {4: 1, 8: 2, 16: 16, 32: 32})),                             # K = 1, 2 rise then fall
 ])
 def test_fig4_fails(study):
     assert v.sparser_peaks_later_and_wider(study).status == v.FAILS
+
+
+def test_fig4_is_inconclusive_when_the_peak_does_not_move_beyond_noise():
+    verdict = v.sparser_peaks_later_and_wider(sparsity_study(peaks={4: 24, 8: 24, 16: 24, 32: 24}))
+    assert verdict.status == v.INCONCLUSIVE
+    later = verdict.parts[verdict.parts["part"] == "the later peak"]
+    assert (later["outcome"] == v.NOT_SHOWN).all() and (later["unit"] == "B").all() and (later["detectable"] > 0).all()
+    assert "the later peak not shown beyond noise (gamma = 2, 4; detectable from " in verdict.summary
 
 
 def test_fig4_width_is_unmeasurable_when_the_densest_range_reaches_the_largest_batch_size():
@@ -363,7 +408,7 @@ def test_fig5():
     assert "8 of 8" in verdict.sentence
     one_flat = dict(zip(SETTINGS, [lambda b: hump(b, 24)] * 3 + [lambda b: np.full(len(b), 1.2)]))
     verdict = v.shape_holds_across_settings(settings_study(one_flat))
-    assert verdict.status == v.FAILS and "mtbench, T=1" in verdict.sentence
+    assert verdict.status == v.INCONCLUSIVE and "mtbench, T=1" in verdict.sentence
     # runs that disagree by a steady offset: each run keeps the shape but the spread is not small
     spread = v.shape_holds_across_settings(settings_study(run_offset=0.12))
     assert spread.status == v.FAILS and not spread.numbers["small_spread"].all()
@@ -462,7 +507,8 @@ def test_table3_fails_when_a_well_covered_sample_fits_worst():
     worst_well = table.assign(mse=np.where(table["m"] == 228, 9.0, table["mse"]))
     assert v.poor_coverage_worst_fits(worst_well).status == v.FAILS
     coverage_irrelevant = table.assign(mse=np.where(table["m"] == 12, 9.0, 1.5 + 0.1 * np.sin(table["m"])))
-    assert v.poor_coverage_worst_fits(coverage_irrelevant).status == v.FAILS  # one outlier is not "the fits"
+    irrelevant = v.poor_coverage_worst_fits(coverage_irrelevant)  # one outlier is not "the fits"
+    assert irrelevant.status == v.INCONCLUSIVE and (irrelevant.parts["unit"] == "MSE").all()
 
 
 def test_table3_unmeasurable():
