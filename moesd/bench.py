@@ -105,7 +105,7 @@ def environment(config: SweepConfig) -> dict:
                       "alpha": {str(g): float(alpha_from_sigma(s, g)) for g, s in config.sigma.items()}}
     return {
         "device": name, "device_memory_bytes": memory, "driver": driver, "cuda": torch.version.cuda,
-        "cpu_threads": torch.get_num_threads(), "python": platform.python_version(),
+        "cpu_threads": torch.get_num_threads(), "load_average": _load_average(), "python": platform.python_version(),
         "torch": torch.__version__, "transformers": _version("transformers"),
         # MOESD_COMMIT names the commit of a copy whose .git is missing or stale (the GPU machine's was stale)
         "commit": (os.environ.get("MOESD_COMMIT")
@@ -138,6 +138,14 @@ def _version(package: str) -> str | None:
     try:
         return version(package)
     except PackageNotFoundError:
+        return None
+
+
+def _load_average() -> list | None:
+    """The machine's load averages over 1, 5 and 15 minutes (None where the system keeps none)."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except OSError:
         return None
 
 
@@ -275,10 +283,14 @@ class ResultFile:
         self._write_sidecar(True)
 
     def _write_sidecar(self, complete: bool) -> None:
+        from moesd.regime import measured_streaming_share
+
+        sidecar = {**self.environment, "settings": self.config.settings(), "complete": complete,
+                   "rows": len(self.rows), "load_average_now": _load_average(),
+                   **({"earlier_runs": self.earlier_runs} if self.earlier_runs else {})}
+        share = measured_streaming_share(pd.DataFrame(list(self.rows.values())), sidecar)
         with atomic_write(self.sidecar, "w") as file:
-            json.dump({**self.environment, "settings": self.config.settings(), "complete": complete,
-                       "rows": len(self.rows), **({"earlier_runs": self.earlier_runs} if self.earlier_runs else {})},
-                      file, indent=2)
+            json.dump({**sidecar, **({"streaming_share": share} if share else {})}, file, indent=2)
 
 
 EARLIER_RUN_FIELDS = ("date", "commit", "command", "device", "driver", "cuda", "torch", "transformers", "rows")
@@ -305,8 +317,9 @@ def build_models(config: SweepConfig, top_k: int | None = None):
         target = target_spec.load(config.target_path, dtype=dtype, device=config.device, **changes)
         draft = draft_spec.load(config.draft_path, dtype=dtype, device=config.device)
         return target, draft
+    vocab = {} if config.vocab_size is None else {"vocab_size": config.vocab_size}
     target = target_spec.random_model(config.layers, top_k, config.width, seed=config.seed, dtype=dtype,
-                                      device=config.device)
+                                      device=config.device, **vocab)
     draft = draft_spec.random_model(config.draft_layers, None, config.width, seed=config.seed + 1,
                                     dtype=dtype, device=config.device, vocab_size=target.config.vocab_size)
     return target, draft
@@ -497,6 +510,10 @@ def _routing_control(config: SweepConfig, target, keep: int):
     """The study's :class:`~moesd.router_control.RoutingControl` on an MoE target (None for a dense one)."""
     if config.routing is None:
         return None
+    if config.routing == "trace":
+        from moesd.traces import RoutingTrace
+
+        return RoutingControl(target, "trace", keep, trace=RoutingTrace.load(config.routing_trace))
     return RoutingControl(target, config.routing, keep)
 
 

@@ -51,7 +51,8 @@ class Calibration:
 def measured_shapes(sidecar: dict) -> tuple[Architecture, Architecture]:
     """The target's and draft's shapes of a ``moesd sweep`` (scaled by its layers and width settings).
 
-    The draft shares the target's vocabulary, as :func:`moesd.bench.build_models` builds it.
+    The draft shares the target's vocabulary, as :func:`moesd.bench.build_models` builds it (the
+    sweep's ``vocab_size`` when it set one).
     """
     settings = sidecar.get("settings", {})
     missing = [k for k in ("target", "draft", "layers", "draft_layers", "width") if k not in settings]
@@ -59,6 +60,10 @@ def measured_shapes(sidecar: dict) -> tuple[Architecture, Architecture]:
         raise ValueError(f"sidecar: settings lack {', '.join(missing)}")
     target_spec, draft_spec = get_model(settings["target"]), get_model(settings["draft"])
     target = target_spec.architecture(settings["layers"], width=settings["width"])
+    if settings.get("vocab_size"):  # a vocabulary cut apart from the width (moesd.zoo.depth_scaled_vocab)
+        target = Architecture.from_config(target_spec.name, target_spec.model_type,
+                                          {**target_spec.config_dict(settings["layers"], width=settings["width"]),
+                                           "vocab_size": settings["vocab_size"]})
     draft_config = {**draft_spec.config_dict(settings["draft_layers"], width=settings["width"]),
                     "vocab_size": target.vocab_size}
     return target, Architecture.from_config(draft_spec.name, draft_spec.model_type, draft_config)

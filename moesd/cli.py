@@ -44,9 +44,13 @@ def _theory(args: argparse.Namespace) -> None:
 
 
 def _hardware(args: argparse.Namespace) -> None:
+    if args.regime:
+        _regime(args)
+        return
     if not args.measure:
         given = [flag for flag, value in (("--device", args.device), ("--dtype", args.dtype),
-                                          ("--threads", args.threads), ("--json", args.json)) if value is not None]
+                                          ("--threads", args.threads), ("--json", args.json),
+                                          ("--overwrite", args.overwrite or None)) if value is not None]
         if given:
             raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only with --measure")
     else:
@@ -57,7 +61,7 @@ def _hardware(args: argparse.Namespace) -> None:
         if args.json is not None and not Path(args.json).resolve().parent.is_dir():
             raise UsageError(f"--json: folder {Path(args.json).resolve().parent} does not exist")
         if args.json is not None:
-            new_file("--json", args.json, overwrite=True)
+            new_file("--json", args.json, overwrite=args.overwrite)
         if args.device is not None:
             torch_device("--device", args.device)
     table = pd.DataFrame([{
@@ -72,6 +76,32 @@ def _hardware(args: argparse.Namespace) -> None:
     print(_HARDWARE_NOTE)
     if args.measure:
         _measured_hardware(args)
+
+
+def _regime(args: argparse.Namespace) -> None:
+    import json
+
+    from moesd.regime import MIN_STREAMING_SHARE, regime_check
+
+    if args.measure or args.device not in (None, "cpu") or args.dtype is not None:
+        raise UsageError("--regime measures the CPU in float32 and bfloat16; leave out --measure, --device and --dtype")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    if args.json is not None:
+        new_file("--json", args.json, overwrite=args.overwrite)
+    check = regime_check(threads=args.threads)
+    design = check.design()
+    print(f"\nstreaming share of a B = 1 step (need {MIN_STREAMING_SHARE:g}), {check.settings['threads']} thread(s):")
+    print(check.steps.assign(step_ms=1e3 * check.steps["step_seconds"], GB=check.steps["bytes"] / 1e9)
+          [["model", "dtype", "layers", "vocab_size", "GB", "step_ms", "streaming_share"]]
+          .to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    for row in design.itertuples():
+        print(f"{row.model}: {row.dtype} streams {row.streaming_share:.2f} of its step"
+              + ("" if row.in_regime else f", below {MIN_STREAMING_SHARE:g}: not the paper's regime"))
+    if args.json is not None:
+        with open(args.json, "w") as file:
+            json.dump(check.as_dict(), file, indent=1)
+        print(f"-> {args.json}")
 
 
 _HARDWARE_NOTE = ("A100, A800, H100, H800, H200: the SXM parts (their data sheets' SXM figures); GPUs/node: the GPUs "
@@ -639,7 +669,12 @@ def build_parser() -> argparse.ArgumentParser:
     hardware.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                           help="with --measure: GEMM type (default float32)")
     hardware.add_argument("--threads", type=int, help="with --measure: torch threads (default: torch's)")
-    hardware.add_argument("--json", help="with --measure: write the record and curves to this JSON file")
+    hardware.add_argument("--json", help="with --measure or --regime: write what was measured to this JSON file")
+    hardware.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
+    hardware.add_argument("--regime", action="store_true",
+                          help="measure whether this CPU can run the studies in the paper's regime: real expert "
+                               "projections against M, per-expert dispatch and the streaming share of a B = 1 step "
+                               "(moesd.regime)")
     hardware.set_defaults(run=_hardware)
 
     trace = commands.add_parser("trace", help="capture expert routing of a MoE model (Hugging Face or vLLM)")

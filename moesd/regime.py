@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pandas as pd
+
 from moesd.calibrate import measured_shapes
 from moesd.measurements import measuring_hardware
 from moesd.predict import step_time
@@ -96,3 +98,224 @@ def streaming_share(sidecar: dict, step_seconds: float, batch_size: int = 1, tok
     moved = step_bytes(sidecar, batch_size, tokens)
     return StreamingShare(share=moved / bandwidth / step_seconds, bytes=moved, bandwidth=bandwidth,
                           step_seconds=float(step_seconds))
+
+
+# ---- The regime check: can this machine run a study in the paper's regime? --------------------------
+
+PROJECTIONS = {"qwen2-57b-a14b expert gate/up": ("qwen2-57b-a14b", 3584, 2560),
+               "qwen2-57b-a14b expert down": ("qwen2-57b-a14b", 2560, 3584),
+               "opt-30b fc1": ("opt-30b", 7168, 28672), "opt-30b fc2": ("opt-30b", 28672, 7168)}
+"""The real weight shapes a decode step of the paper's pairs multiplies most: name -> (model, in, out)."""
+REGIME_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+"""Tokens M of the regime check's GEMM curves."""
+MIN_STREAMING_SHARE = 0.6
+"""The streaming share a study needs to test the paper's mechanism (issue 25's design rule)."""
+
+
+@dataclass(frozen=True)
+class RegimeCheck:
+    """What :func:`regime_check` measured, and the study design it implies.
+
+    Attributes
+    ----------
+    gemm : pandas.DataFrame
+        ``projection``, ``dtype``, ``tokens``, ``median_seconds``, ``weight_bandwidth`` (weight bytes per
+        median second) and ``median_flop_per_s``: the real projections against M, weights read from memory.
+    dispatch : pandas.DataFrame
+        ``model``, ``dtype``, ``per_expert_seconds``, ``fixed_seconds``: the MoE layer's cost per
+        activated expert beyond its products (:func:`moesd.hardware.expert_dispatch_seconds`).
+    steps : pandas.DataFrame
+        ``model``, ``dtype``, ``layers``, ``vocab_size``, ``step_seconds`` (median B = 1 decode step of
+        the model cut in depth only), ``bytes``, ``bandwidth`` (measured STREAM, bytes/s),
+        ``streaming_share``, ``products_seconds`` (the step's matrix products at M = 1 timed one by
+        one, weights read from memory: K experts' and every other weight but the input embedding),
+        ``products_share`` (their share of the step), ``products_bandwidth`` (bytes per second
+        they read) and ``dispatch_share`` (K experts' dispatch over the step).
+    settings : dict
+        ``threads``, ``repeats``, ``date``, ``torch``, ``cpu``.
+    """
+
+    gemm: pd.DataFrame
+    dispatch: pd.DataFrame
+    steps: pd.DataFrame
+    settings: dict
+
+    def design(self, minimum: float = MIN_STREAMING_SHARE) -> pd.DataFrame:
+        """Per model, the dtype whose step streams the largest share, and whether it reaches ``minimum``."""
+        best = self.steps.loc[self.steps.groupby("model")["streaming_share"].idxmax()]
+        return best.assign(in_regime=best["streaming_share"] >= minimum).reset_index(drop=True)
+
+    def as_dict(self) -> dict:
+        """Plain JSON values (``data/measurements/<device>/regime.json``)."""
+        return {"settings": dict(self.settings), "gemm": self.gemm.to_dict("records"),
+                "dispatch": self.dispatch.to_dict("records"), "steps": self.steps.to_dict("records")}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "RegimeCheck":
+        return cls(pd.DataFrame(values["gemm"]), pd.DataFrame(values["dispatch"]), pd.DataFrame(values["steps"]),
+                   dict(values["settings"]))
+
+
+def study_sidecar(model: str, dtype: str, layers: int = 1, context: int = 8, bandwidth: float | None = None) -> dict:
+    """The sidecar fields :func:`step_bytes` and :func:`streaming_share` read, for a model cut in depth only.
+
+    The draft is the model's pair's (:data:`moesd.sweeps.PAIRS`) cut in the same proportion, the
+    vocabulary cut by the depth factor (:func:`moesd.zoo.depth_scaled_vocab`), as the CPU preset does.
+    """
+    from moesd.sweeps import PAIRS, proportional_draft_layers
+    from moesd.zoo import depth_scaled_vocab
+
+    draft = PAIRS[model]
+    sidecar = {"settings": {"target": model, "draft": draft, "layers": layers,
+                            "draft_layers": proportional_draft_layers(model, draft, layers), "width": 1.0,
+                            "vocab_size": depth_scaled_vocab(model, layers), "dtype": dtype, "context": context}}
+    if bandwidth is not None:
+        sidecar["hardware"] = {"name": "measured", "peak_flops": 1.0, "memory_bandwidth": float(bandwidth),
+                               "memory_bytes": 1.0, "source": "regime check"}
+    return sidecar
+
+
+def regime_check(models=("qwen2-57b-a14b", "opt-30b"), dtypes=("float32", "bfloat16"), tokens=REGIME_TOKENS,
+                 layers: int = 1, threads: int | None = None, repeats: int = 5, progress: bool = True) -> RegimeCheck:
+    """Measure whether this CPU can run the paper's studies in the regime their claims are about.
+
+    For each dtype: the STREAM bandwidth, the real projections of :data:`PROJECTIONS` against the
+    tokens M (weights read from memory), the per-expert dispatch of the MoE layer, and the median
+    ``B = 1`` decode step of each model cut to ``layers`` at full width with its vocabulary cut by
+    the depth factor, whose streaming share (:func:`streaming_share`) decides the design
+    (:meth:`RegimeCheck.design`). A 1-layer Qwen2-57B-A14B holds 2 billion weights (4 GB in bf16, 8 in
+    float32), built one model at a time.
+
+    Parameters
+    ----------
+    models : sequence of str
+        Targets of the studies (pairs of :data:`moesd.sweeps.PAIRS`).
+    dtypes : sequence of str
+    tokens : sequence of int
+        M of the GEMM curves.
+    layers : int
+        Decoder layers kept.
+    threads : int, optional
+        torch threads (default: as they are; the sweeps' count).
+    repeats : int
+        Timed calls per measurement (medians are kept).
+    progress : bool
+        Print a line per measurement.
+
+    Returns
+    -------
+    RegimeCheck
+    """
+    import datetime
+    import gc
+    import statistics
+
+    import torch
+
+    from moesd.hardware import _threads, cpu_name, expert_dispatch_seconds, forward_seconds, gemm_curve, \
+        streaming_bandwidth
+    from moesd.zoo import get_model
+
+    def say(text):
+        if progress:
+            print(text, flush=True)
+
+    gemm, dispatch, steps = [], [], []
+    with _threads(threads) as used:
+        for dtype in dtypes:
+            bandwidth = float(streaming_bandwidth("cpu", repeats=repeats)["bandwidth"].max())
+            say(f"{dtype}: STREAM {bandwidth / 1e9:.1f} GB/s")
+            for name, (_, in_features, out_features) in PROJECTIONS.items():
+                curve = gemm_curve(tokens, in_features, out_features, "cpu", dtype, repeats)
+                gemm += [{"projection": name, "dtype": dtype, "tokens": int(row.tokens),
+                          "median_seconds": float(row.median_seconds),
+                          "weight_bandwidth": in_features * out_features * torch.tensor([], dtype=getattr(
+                              torch, dtype)).element_size() / float(row.median_seconds),
+                          "median_flop_per_s": float(row.median_flop_per_s)} for row in curve.itertuples()]
+                say(f"  {name}: {1e3 * curve['median_seconds'].iloc[0]:.2f} ms at M = 1")
+            for model in models:
+                spec = get_model(model)
+                if spec.is_moe:
+                    cost = expert_dispatch_seconds(model, dtype, "cpu", repeats)
+                    dispatch.append({"model": model, "dtype": dtype, "per_expert_seconds": cost["per_expert_seconds"],
+                                     "fixed_seconds": cost["fixed_seconds"]})
+                sidecar = study_sidecar(model, dtype, layers, bandwidth=bandwidth)
+                settings = sidecar["settings"]
+                net = spec.random_model(layers, None, 1.0, dtype=getattr(torch, dtype), vocab_size=settings["vocab_size"])
+                products, product_bytes = _products_seconds(net, dtype, repeats)
+                if spec.is_moe:
+                    from moesd.router_control import RoutingControl
+                    with RoutingControl(net, "uniform"):
+                        step = statistics.median(forward_seconds(net, 1, 1, settings["context"], repeats))
+                else:
+                    step = statistics.median(forward_seconds(net, 1, 1, settings["context"], repeats))
+                del net
+                gc.collect()
+                share = streaming_share(sidecar, step)
+                per_expert = dispatch[-1]["per_expert_seconds"] if spec.is_moe else 0.0
+                steps.append({"model": model, "dtype": dtype, "layers": layers, "vocab_size": settings["vocab_size"],
+                              "step_seconds": step, "bytes": share.bytes, "bandwidth": bandwidth,
+                              "streaming_share": share.share, "products_seconds": products,
+                              "products_share": products / step, "products_bandwidth": product_bytes / products,
+                              "dispatch_share": per_expert * (spec.top_k or 0) * layers / step})
+                say(f"  {model}, {layers} layer(s): B = 1 step {1e3 * step:.1f} ms, streaming share {share.share:.2f}, "
+                    f"products {products / step:.2f} of it at {product_bytes / products / 1e9:.1f} GB/s")
+    settings = {"threads": used, "repeats": repeats, "torch": torch.__version__, "cpu": cpu_name(),
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return RegimeCheck(pd.DataFrame(gemm), pd.DataFrame(dispatch), pd.DataFrame(steps), settings)
+
+
+def _products_seconds(net, dtype: str, repeats: int) -> tuple[float, float]:
+    """Seconds and bytes of a B = 1 step's matrix products, each weight shape timed at M = 1 from memory.
+
+    Every 2-D weight but the input embedding counts once (a tied embedding once, as the LM head);
+    each MoE layer's experts count ``K`` times per 3-D expert weight (one slice each).
+    """
+    from moesd.hardware import _matmul_seconds
+
+    embedding = net.get_input_embeddings().weight
+    tied = embedding is net.get_output_embeddings().weight
+    top_k = getattr(net.config, "num_experts_per_tok", 0) or 0
+    counts = {}
+    for name, weight in net.named_parameters():
+        if weight.dim() == 2 and (weight is not embedding or tied):
+            shape = tuple(weight.shape)
+            counts[shape] = counts.get(shape, 0) + 1
+        elif weight.dim() == 3:  # (E, out, in) stacked experts
+            shape = tuple(weight.shape[1:])
+            counts[shape] = counts.get(shape, 0) + top_k
+    seconds = _matmul_seconds(list(counts), [1], dtype, "cpu", repeats, True, "median", "wall")
+    size = net.dtype.itemsize
+    total = sum(count * seconds[out, inp, 1] for (out, inp), count in counts.items())
+    moved = sum(count * out * inp * size for (out, inp), count in counts.items())
+    return float(total), float(moved)
+
+
+def measured_streaming_share(rows: pd.DataFrame, sidecar: dict) -> dict | None:
+    """The streaming share of a result file's smallest-batch target step, as its sidecar records it.
+
+    The step is the median ``T_T(B, 1)`` at the smallest batch size measured: the target's one-token
+    forwards of a forward study, or ``t_target_1`` of an e2e-type study. None when the rows hold no
+    such step or the sidecar cannot give the bytes (no measured roofline, an unknown model).
+
+    Returns
+    -------
+    dict or None
+        :meth:`StreamingShare.as_dict` plus ``batch_size``.
+    """
+    if rows.empty or "batch_size" not in rows:
+        return None
+    if "role" in rows:
+        steps = rows[(rows["role"] == "target") & (rows["tokens"] == 1)]
+        column = "seconds"
+    else:
+        steps, column = rows, "t_target_1"
+    if steps.empty or column not in steps:
+        return None
+    smallest = int(steps["batch_size"].min())
+    seconds = float(steps.loc[steps["batch_size"] == smallest, column].median())
+    try:
+        share = streaming_share(sidecar, seconds, batch_size=smallest)
+    except (ValueError, KeyError):
+        return None
+    return {**share.as_dict(), "batch_size": smallest}

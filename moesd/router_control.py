@@ -8,6 +8,9 @@ A sweep's MoE target routes its tokens one of two ways (``SweepConfig.routing``)
   The model's router still runs (its cost belongs to a step); only its choice is replaced.
 * ``"model"``: the model's own router. With random weights it is far from uniform (a few experts
   take most tokens), so it activates fewer experts than Eq. 8 says.
+* ``"trace"``: the expert choices of a :class:`~moesd.traces.RoutingTrace` replayed token by token
+  (its decode tokens, in order, wrapping around): real routing, with its popularity and its
+  correlation between consecutive tokens, on a random-weight model of the same E and K.
 
 :class:`RoutingControl` installs the choice on the routers of a model and keeps the expert ids of its
 most recent forwards as device tensors: no copy and no host synchronisation inside a forward, so a
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
 import torch
 
 from moesd.capture import moe_layers
@@ -69,6 +73,11 @@ class RoutingControl:
         One of :data:`ROUTINGS`.
     keep : int
         Forwards whose ids are kept (the most recent; older ones are released).
+    trace : RoutingTrace, optional
+        With ``routing="trace"``: the trace to replay (its E and K must be the model's). Model layer
+        ``i`` replays trace layer ``i`` modulo the trace's layers; every layer of one forward takes
+        the same next rows. The ids are copied to the device in each forward, so a CUDA graph
+        would freeze one forward's choice: replay eager forwards only.
 
     Attributes
     ----------
@@ -76,7 +85,7 @@ class RoutingControl:
         Per forward, the (tokens, K) expert ids of every MoE layer, in layer order, on the model's device.
     """
 
-    def __init__(self, model, routing: str, keep: int = 1):
+    def __init__(self, model, routing: str, keep: int = 1, trace=None):
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
         if isinstance(keep, bool) or int(keep) != keep or keep < 1:
@@ -86,6 +95,11 @@ class RoutingControl:
         self.routing, self.num_experts = routing, num_experts(model)
         self.forwards: deque = deque(maxlen=int(keep))
         self._handles = []
+        self._replay, self._cursor, self._start = None, 0, 0
+        if (routing == "trace") != (trace is not None):
+            raise ValueError("a trace is replayed with routing 'trace', and routing 'trace' needs one")
+        if trace is not None:
+            self._replay = _replayed_ids(trace, self.num_experts, model.config.num_experts_per_tok)
 
     def _hook(self, index: int):
         def route(module, inputs, output):
@@ -93,15 +107,26 @@ class RoutingControl:
                 raise TypeError(f"{type(module).__name__} returns {type(output).__name__}, not the "
                                 "(logits, weights, expert ids) this module replaces")
             logits, weights, ids = output
+            if index == self.first_layer:
+                self.forwards.append([])
+                if self._replay is not None:  # every layer of this forward replays the same rows
+                    self._start, self._cursor = self._cursor, (self._cursor + ids.shape[0]) % len(self._replay)
             if self.routing == "uniform":
                 draws = torch.rand(ids.shape[0], self.num_experts, device=ids.device)
                 ids = draws.topk(ids.shape[-1], dim=-1).indices  # K distinct experts, each subset equally likely
                 weights = torch.full_like(weights, 1.0 / ids.shape[-1])
-            if index == self.first_layer:
-                self.forwards.append([])
+            elif self.routing == "trace":
+                ids = self._next_rows(index, ids.shape[0], ids.device)
+                weights = torch.full_like(weights, 1.0 / ids.shape[-1])
             self.forwards[-1].append(ids)
             return logits, weights, ids
         return route
+
+    def _next_rows(self, index: int, tokens: int, device) -> torch.Tensor:
+        """This forward's ``tokens`` rows of the trace for model layer ``index``."""
+        rows = (self._start + np.arange(tokens)) % self._replay.shape[0]
+        layer = self._replay[rows, index % self._replay.shape[1]]
+        return torch.as_tensor(layer, dtype=torch.long, device=device)
 
     def __enter__(self) -> "RoutingControl":
         self._handles = [router.register_forward_hook(self._hook(index)) for index, router in self.routers.items()]
@@ -118,6 +143,20 @@ class RoutingControl:
         if not forwards:
             raise ValueError("no forward has been recorded")
         return sum(distinct_experts(forward, self.num_experts) for forward in forwards) / len(forwards)
+
+
+def _replayed_ids(trace, experts: int, top_k: int) -> np.ndarray:
+    """The (tokens, layers, K) ids a trace replay takes: its decode tokens with every layer logged."""
+    from moesd.traces import MISSING
+
+    if trace.num_experts != experts or trace.top_k != top_k:
+        raise ValueError(f"the trace routes E = {trace.num_experts}, K = {trace.top_k}; the model has E = {experts}, "
+                         f"K = {top_k} (set K to the trace's)")
+    ids = np.asarray(trace.experts)
+    keep = np.isin(np.asarray(trace.phase), ("decode", "unknown")) & ~(ids == MISSING).any(axis=(1, 2))
+    if not keep.any():
+        raise ValueError("the trace has no decode token logged in every layer")
+    return ids[keep]
 
 
 def distinct_experts(forward: list, num_experts: int) -> float:

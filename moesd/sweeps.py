@@ -39,15 +39,23 @@ PAPER_SIGMA = {2: 0.95, 3: 0.93, 4: 0.90}
 """sigma of Qwen2-57B-A14B with Qwen2-0.5B on HumanEval at temperature 0 on 2xH800, 4xA800 and 4xL40
 (paper, Table 2; Table 1's 2xA800 row prints 0.94, 0.93, 0.91)."""
 
+PAIRS = {"qwen2-57b-a14b": "qwen2-0.5b", "opt-30b": "opt-350m"}
+"""The paper's target and draft pairs (MoE and dense), as the presets measure them."""
+
 GPU_BATCH_SIZES = (1, 4, 8, 16, 24, 32, 48, 60, 80, 100)
 """Batch sizes of the GPU preset's end-to-end studies: 10 of the paper's 19, spread over 1-100."""
+
+CPU_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 100)
+"""Batch sizes of the CPU preset's end-to-end studies: 10 of the paper's 19, dense where the MoE's rise and
+fall happen on this CPU (its ridge is a few tens of tokens per expert), and the largest."""
 
 STUDIES = ("forward", "e2e", "sparsity", "dense", "dense_forward", "settings")
 FORWARD_STUDIES = ("forward", "dense_forward")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-ROUTINGS = ("uniform", "model")
-"""How a sweep's MoE target routes: ``uniform`` (each token's K experts drawn uniformly, Eq. 8) or
-``model`` (its own router); :mod:`moesd.router_control` installs it."""
+ROUTINGS = ("uniform", "model", "trace")
+"""How a sweep's MoE target routes: ``uniform`` (each token's K experts drawn uniformly, Eq. 8),
+``model`` (its own router) or ``trace`` (a routing trace replayed); :mod:`moesd.router_control`
+installs it."""
 
 
 def paper_workloads(gammas=(2, 3, 4)) -> tuple:
@@ -95,14 +103,22 @@ class SweepConfig:
         Decoder layers kept (default: all).
     width : float
         Width factor of both models with random weights, in (0, 1] (1 keeps real widths).
+    vocab_size : int, optional
+        Vocabulary of both models with random weights (the draft shares the target's); default the
+        shape's (:meth:`moesd.zoo.ModelSpec.config_dict`: the real one at width 1). The CPU preset cuts
+        it by the depth factor (:func:`moesd.zoo.depth_scaled_vocab`).
     batch_sizes, gammas : tuple of int
         Batch sizes B and draft lengths gamma (the forward study times s in {1, gamma, gamma + 1}).
     top_ks : tuple of int, optional
         Experts per token K of the target (MoE targets only); default the checkpoint's.
     routing : str, optional
         How an MoE target routes (:data:`ROUTINGS`): ``"uniform"`` (each
-        token's K experts drawn uniformly, Eq. 8's assumption; the default with random weights) or
-        ``"model"`` (its own router; the default with pretrained weights). None for a dense target.
+        token's K experts drawn uniformly, Eq. 8's assumption; the default with random weights),
+        ``"model"`` (its own router; the default with pretrained weights) or ``"trace"`` (the choices
+        of ``routing_trace`` replayed; eager forwards only). None for a dense target.
+    routing_trace : str, optional
+        With ``routing="trace"``: the ``.npz`` file of a :class:`~moesd.traces.RoutingTrace` of the
+        target's E and K.
     sigma : dict, "real" or None
         Target sigma per gamma for synthetic acceptance (alpha from Eq. 5 inverted), or ``"real"``
         for real greedy acceptance (pretrained weights). ``None`` takes the study's default: the
@@ -140,10 +156,12 @@ class SweepConfig:
     layers: int | None = None
     draft_layers: int | None = None
     width: float = 1.0
+    vocab_size: int | None = None
     batch_sizes: tuple = BATCH_SIZES
     gammas: tuple = (2, 3, 4)
     top_ks: tuple | None = None
     routing: str | None = None
+    routing_trace: str | None = None
     sigma: dict | str | None = None
     workloads: tuple | None = None
     context: int = 16
@@ -200,7 +218,8 @@ class SweepConfig:
     def _check_shape(self, target, draft) -> None:
         if self.weights == "pretrained":
             shaped = {name: value for name, value in (("layers", self.layers), ("draft_layers", self.draft_layers),
-                                                      ("width", None if self.width == 1 else self.width))
+                                                      ("width", None if self.width == 1 else self.width),
+                                                      ("vocab_size", self.vocab_size))
                       if value is not None}
             if shaped:
                 raise UsageError(f"{', '.join(f'{k}={v}' for k, v in shaped.items())}: shape settings apply to "
@@ -213,16 +232,28 @@ class SweepConfig:
         for name, spec in (("layers", target), ("draft_layers", draft)):
             if getattr(self, name) is not None:
                 setattr(self, name, _whole(name, getattr(self, name), 1, spec.num_layers))
+        if self.vocab_size is not None:
+            self.vocab_size = _whole("vocab_size", self.vocab_size, 2)
 
     def _check_routing(self, target) -> None:
         if not target.is_moe:
-            if self.routing is not None:
+            if self.routing is not None or self.routing_trace is not None:
                 raise UsageError(f"routing applies to MoE targets; {target.name} is dense")
             return
         if self.routing is None:
             self.routing = "model" if self.weights == "pretrained" else "uniform"
         if self.routing not in ROUTINGS:
             raise UsageError(f"routing must be one of {', '.join(ROUTINGS)}, got {self.routing!r}")
+        if (self.routing == "trace") != (self.routing_trace is not None):
+            raise UsageError("routing_trace names the trace that routing 'trace' replays: give both or neither")
+        if self.routing == "trace":
+            from pathlib import Path
+
+            if not Path(self.routing_trace).is_file():
+                raise UsageError(f"routing_trace {self.routing_trace!r} is not a file")
+            if self.cuda_graphs:
+                raise UsageError("routing 'trace' copies each forward's ids to the device, which a CUDA graph "
+                                 "would freeze: replay traces with eager forwards (no cuda_graphs)")
 
     def _check_acceptance(self) -> None:
         if self.study == "settings":
@@ -333,8 +364,8 @@ def preset_settings(study: str, name: str = "cpu") -> dict:
     if study not in STUDIES:
         raise UsageError(f"study must be one of {', '.join(STUDIES)}, got {study!r}")
     dense = study in ("dense", "dense_forward")
-    settings = dict(study=study, target="opt-30b" if dense else "qwen2-57b-a14b",
-                    draft="opt-350m" if dense else "qwen2-0.5b", gammas=(2, 3, 4))
+    target = "opt-30b" if dense else "qwen2-57b-a14b"
+    settings = dict(study=study, target=target, draft=PAIRS[target], gammas=(2, 3, 4))
     if study == "sparsity":
         settings.update(top_ks=(1, 2, 4, 8, 16, 32), gammas=(2, 4))
     if study == "settings":
@@ -349,14 +380,18 @@ def preset_settings(study: str, name: str = "cpu") -> dict:
         if study == "settings":
             settings.update(batch_sizes=(1, 8, 24, 48, 100))
         return settings
-    settings.update(layers=4, draft_layers=2 if dense else 3, width=1 / 8, dtype="float32", device="cpu")
+    from moesd.zoo import depth_scaled_vocab
+
+    settings.update(layers=1, draft_layers=proportional_draft_layers(target, PAIRS[target], 1), width=1.0,
+                    vocab_size=depth_scaled_vocab(target, 1), dtype="bfloat16", device="cpu", repeats=5)
     if study in FORWARD_STUDIES:
-        settings.update(context=64, repeats=10)
+        settings.update(context=8)
     else:
-        settings.update(context=16, rounds=32, warmup_rounds=1,
-                        repeats={"e2e": 2, "sparsity": 1, "dense": 3, "settings": 5}[study])
+        settings.update(context=4, rounds=6, warmup_rounds=1, batch_sizes=CPU_BATCH_SIZES)
     if study == "sparsity":
-        settings.update(layers=1, draft_layers=1, width=1 / 7)
+        settings.update(top_ks=(1, 2, 4, 8), batch_sizes=(1, 4, 8, 16, 32, 100), rounds=4)
+    if study == "settings":
+        settings.update(batch_sizes=(1, 8, 24, 48, 100), rounds=4)
     return settings
 
 

@@ -444,6 +444,24 @@ class Architecture:
                 "active": total - experts + experts * fraction}
 
 
+def depth_scaled_vocab(name: str, layers: int, multiple: int = 64, min_vocab: int = 256) -> int:
+    """A vocabulary cut by the depth factor, for a model kept at ``layers`` of its ``L`` layers at full width.
+
+    The embedding and LM head do not shrink when layers are dropped; cutting the vocabulary by
+    ``layers / L`` keeps the LM head's share of a decode step what it is in the full-depth model.
+
+    Returns
+    -------
+    int
+        ``V x layers / L`` rounded up to a multiple of ``multiple``, at least ``min_vocab``.
+    """
+    spec = get_model(name)
+    if isinstance(layers, bool) or int(layers) != layers or not 1 <= layers <= spec.num_layers:
+        raise ValueError(f"layers must be a whole number in [1, {spec.num_layers}] for {spec.name}, got {layers!r}")
+    vocab = spec.config["vocab_size"] * layers / spec.num_layers
+    return max(min_vocab, multiple * math.ceil(vocab / multiple))
+
+
 def default_experts_implementation(device) -> str:
     """``"eager"`` on a CPU, ``"grouped_mm"`` on CUDA: both read each activated expert's weights once per forward.
 

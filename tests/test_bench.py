@@ -337,17 +337,21 @@ def test_summarize_keeps_its_old_home():
 
 
 def test_presets_keep_the_paper_settings():
-    from moesd.paper import paper_table
+    from moesd.predict import PAPER_BATCH_SIZES
+    from moesd.zoo import depth_scaled_vocab
 
     sparsity = preset("sparsity")
-    assert sparsity.top_ks == (1, 2, 4, 8, 16, 32) and sparsity.gammas == (2, 4) and len(sparsity.batch_sizes) == 19
-    assert len(sparsity.top_ks) * len(sparsity.gammas) * len(sparsity.batch_sizes) == 228
-    covered = paper_table("table_3")["batch_sizes_covered"]  # the paper's own lists (data/paper/table_3.csv)
-    explicit = [row.split(",") for row in covered if all(b.strip().isdigit() for b in row.split(","))]
-    assert sparsity.batch_sizes == tuple(sorted({int(b) for row in explicit for b in row}))
+    assert sparsity.top_ks == (1, 2, 4, 8) and sparsity.gammas == (2, 4)
+    for study in ("forward", "dense_forward", "e2e", "dense", "sparsity", "settings"):
+        config = preset(study)
+        # the paper's regime on a CPU: real widths, cut in depth only, the vocabulary by the same factor
+        assert config.width == 1 and config.layers == 1 and config.dtype == "bfloat16" and config.repeats >= 5
+        assert config.vocab_size == depth_scaled_vocab(config.target, 1)
+        assert set(config.batch_sizes) <= set(PAPER_BATCH_SIZES) and len(config.batch_sizes) >= 5
+        assert config.routing == (None if config.target == "opt-30b" else "uniform")
+    assert preset("forward").batch_sizes == PAPER_BATCH_SIZES  # the forward studies keep all 19
     assert preset("dense").target == "opt-30b" and preset("e2e", "gpu").dtype == "bfloat16"
     assert preset("e2e").sigma == bench.PAPER_SIGMA and sparsity.sigma == {2: 0.95, 4: 0.90}
-    assert all(preset(s).rounds >= 32 for s in ("e2e", "sparsity", "dense", "settings"))
     assert preset("settings").repeats == 5 and len(preset("settings").workloads) == 4
     assert preset("forward").rounds is None and preset("forward").sigma is None
     with pytest.raises(ValueError, match="preset"):

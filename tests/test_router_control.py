@@ -96,7 +96,36 @@ def test_set_top_k_refuses_a_k_outside_one_to_e(moe, top_k):
         set_top_k(moe, top_k)
 
 
-@pytest.mark.parametrize("routing, keep, message", [("popular", 1, "routing must be one of uniform, model"),
+def _trace(tokens=50, layers=3, experts=64, top_k=8, seed=3):
+    from moesd.traces import RoutingTrace
+
+    rng = np.random.default_rng(seed)
+    ids = np.stack([[rng.choice(experts, top_k, replace=False) for _ in range(layers)] for _ in range(tokens)])
+    return RoutingTrace(ids, experts)
+
+
+def test_trace_routing_replays_the_trace_row_by_row(moe):
+    """Each forward takes the trace's next B s rows (wrapping); model layer i replays trace layer i mod layers."""
+    trace = _trace()
+    with torch.no_grad(), RoutingControl(moe, "trace", keep=5, trace=trace) as control:
+        for tokens in (4, 30, 30):  # the third forward wraps around the 50 rows
+            moe(input_ids=_ids(2, tokens // 2, moe.config.vocab_size))
+    starts = [0, 4, 34]
+    for forward, start, tokens in zip(control.forwards, starts, (4, 30, 30)):
+        rows = (start + np.arange(tokens)) % 50
+        for layer, ids in enumerate(forward):
+            model_layer = sorted(control.routers)[layer]
+            assert np.array_equal(ids.numpy(), np.asarray(trace.experts)[rows, model_layer % 3])
+
+
+def test_trace_routing_refuses_a_trace_of_another_shape(moe):
+    with pytest.raises(ValueError, match=r"the trace routes E = 64, K = 4; the model has E = 64, K = 8"):
+        RoutingControl(moe, "trace", trace=_trace(top_k=4))
+    with pytest.raises(ValueError, match="routing 'trace' needs one"):
+        RoutingControl(moe, "trace")
+
+
+@pytest.mark.parametrize("routing, keep, message", [("popular", 1, "routing must be one of uniform, model, trace"),
                                                     ("uniform", 0, "keep must be a whole number >= 1")])
 def test_routing_control_refuses_bad_settings(moe, routing, keep, message):
     with pytest.raises(ValueError, match=message):
@@ -116,8 +145,12 @@ def test_sweep_settings_default_and_refuse_routing():
     assert SweepConfig("dense_forward", target="opt-30b", draft="opt-350m").routing is None
     with pytest.raises(UsageError, match="routing applies to MoE targets; opt-30b is dense"):
         SweepConfig("dense_forward", target="opt-30b", draft="opt-350m", routing="uniform")
-    with pytest.raises(UsageError, match="routing must be one of uniform, model"):
+    with pytest.raises(UsageError, match="routing must be one of uniform, model, trace"):
+        SweepConfig("forward", **base, routing="popular")
+    with pytest.raises(UsageError, match="routing_trace names the trace that routing 'trace' replays"):
         SweepConfig("forward", **base, routing="trace")
+    with pytest.raises(UsageError, match="is not a file"):
+        SweepConfig("forward", **base, routing="trace", routing_trace="/nonexistent.npz")
     pretrained = dict(target="qwen2-57b-a14b", draft="qwen2-0.5b", weights="pretrained")
     assert SweepConfig("e2e", **pretrained).routing == "model"
     with pytest.raises(UsageError, match="uniform routing draws the target's experts at random"):
