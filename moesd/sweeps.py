@@ -387,11 +387,11 @@ def preset_settings(study: str, name: str = "cpu") -> dict:
     if study in FORWARD_STUDIES:
         settings.update(context=8)
     else:
-        settings.update(context=4, rounds=6, warmup_rounds=1, batch_sizes=CPU_BATCH_SIZES)
+        settings.update(context=4, rounds=5, warmup_rounds=1, batch_sizes=CPU_BATCH_SIZES)
     if study == "sparsity":
-        settings.update(top_ks=(1, 2, 4, 8), batch_sizes=(1, 4, 8, 16, 32, 100), rounds=4)
+        settings.update(top_ks=(1, 2, 4, 8), batch_sizes=(1, 4, 8, 16, 32, 100), rounds=3, context=2)
     if study == "settings":
-        settings.update(batch_sizes=(1, 8, 24, 48, 100), rounds=4)
+        settings.update(batch_sizes=(1, 8, 24, 48, 100), rounds=4, context=2)
     return settings
 
 
