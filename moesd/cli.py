@@ -259,7 +259,7 @@ def _sweep(args: argparse.Namespace) -> None:
         "cuda_graphs": args.cuda_graphs or None}.items()
         if value is not None}
     if given.get("weights") == "pretrained":  # the preset's scaled shape is for random weights
-        settings.update(layers=None, draft_layers=None, width=1.0)
+        settings.update(layers=None, draft_layers=None, width=1.0, vocab_size=None)
     if args.sigma is not None:
         given["sigma"] = _sigma_per_gamma(args.sigma, given.get("gammas", settings["gammas"]))
     try:

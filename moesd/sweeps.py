@@ -281,8 +281,9 @@ class SweepConfig:
     def _sigma_per_gamma(self, values, name: str) -> dict:
         if not isinstance(values, dict):
             raise UsageError(f"{name} must map each gamma to a sigma, got {values!r}")
-        try:
-            values = {_whole("gamma", g, 1): float(s) for g, s in values.items()}
+        try:  # a sidecar's JSON keys are strings: "4" names gamma = 4
+            values = {_whole("gamma", int(g) if isinstance(g, str) and g.isdigit() else g, 1): float(s)
+                      for g, s in values.items()}
         except (TypeError, ValueError):
             raise UsageError(f"{name} must map each gamma (a whole number) to a sigma (a number), got {values!r}") from None
         missing = [g for g in self.gammas if g not in values]
@@ -398,33 +399,26 @@ def preset_settings(study: str, name: str = "cpu") -> dict:
 def preset(study: str, name: str = "cpu") -> SweepConfig:
     """The project's settings of a study.
 
-    ``"cpu"``: scaled random-weight models sized for a 2-core CPU that keep E, K and the parameter
-    shares of Qwen2-57B-A14B (4 of 28 layers, widths / 8; a 3-layer draft of the Qwen2-0.5B shape,
-    3.2 % of the target's active parameters against the real 3.5 %) and of the OPT pair (4 of 48
-    layers; a 2-layer OPT-350m-shaped draft, 1.1 % as in reality), in float32, with synthetic
-    acceptance at the paper's sigma, 32 timed rounds and AR steps per point after one warm-up round,
-    and 16-token prompts (the prefill lies outside the timed window: a longer prompt only costs time).
-    Each study is sized to at most 15 minutes of an otherwise idle 2-core machine, as estimated by
-    :func:`estimate_seconds` from a quiet-machine forward study of the same models (``python
-    benchmarks/study_time.py`` prints the estimates and their parts):
+    ``"cpu"``: the paper's regime on a 2-core CPU (the regime check: ``moesd hardware --regime``).
+    Real widths, cut in depth only: one layer of Qwen2-57B-A14B with one of Qwen2-0.5B, one of
+    OPT-30b with one of OPT-350m, the vocabulary cut by the same factor
+    (:func:`moesd.zoo.depth_scaled_vocab`) so that the LM head keeps its share of a step; random bf16
+    weights (no one-token kernel jump, a GPU-like roofline, half the bytes of float32); uniform
+    routing for the MoE (Eq. 8's assumption; ``routing``); 5 repeats, interleaved; synthetic
+    acceptance at the paper's sigma. A real-width layer makes a B = 100 verification take about two
+    seconds, so the end-to-end studies keep few rounds and some of the paper's batch sizes, each sized
+    by :func:`estimate_seconds` from the forward study to at most 15 minutes of the idle machine with
+    2 torch threads (measured on 2026-11-26):
 
-    * ``forward``, ``dense_forward``: 10 repeats of every (B, s) forward over a 64-token cache
-      (about 3 and 2 minutes).
-    * ``e2e``: 19 batch sizes x gamma 2, 3, 4, two repeats (about 12 minutes).
-    * ``sparsity``: all 228 (K, gamma, B) points, one repeat, on a **1-layer** target and 1-layer
-      draft at widths / 7 (about 7 minutes): the 32-round protocol at 4 layers would need an
-      estimated 27 minutes and at 2 layers 14, with no margin. Widths / 7 rather than / 8 keep the
-      weights one K = 8 decode step reads (about 38 MiB) above this CPU's 32 MiB last-level cache
-      (``benchmarks/decode_step.py``).
-    * ``dense``: 19 batch sizes x gamma 2, 3, 4, three repeats (about 12 minutes).
+    * ``forward``, ``dense_forward``: the paper's 19 batch sizes, s = 1 ... 5 over an 8-token cache
+      (6.4 and 4.6 minutes).
+    * ``e2e``, ``dense``: :data:`CPU_BATCH_SIZES` x gamma 2, 3, 4, 5 timed rounds after one warm-up
+      round, 4-token prompts (12.6 and 8.5 minutes).
+    * ``sparsity``: K = 1, 2, 4, 8 x gamma 2, 4 x B = 1, 4, 8, 16, 32, 100, 3 timed rounds, 2-token
+      prompts (11.3 minutes).
     * ``settings``: Fig. 5's four workloads (HumanEval and MT-bench at temperatures 0 and 1, sigma
-      from the paper's Table 1 on 2xA800) x five runs at gamma = 4, where the rise and fall is
-      largest, over B = 1, 8, 24, 48, 100 (below, near and above the peak at T_thres), about 11
-      minutes. The workloads differ only in sigma: sampling at temperature 1 is not emulated.
-
-    On this CPU the draft's step is mostly call overhead (``moesd.hardware.decode_step_breakdown``):
-    its cost relative to the target's step falls as the batch grows, which the chapters show as the
-    draft term of Eq. 4.
+      from the paper's Table 1 on 2xA800) at gamma = 4 over B = 1, 8, 24, 48, 100, 4 timed rounds
+      (8.8 minutes). The workloads differ only in sigma: sampling at temperature 1 is not emulated.
 
     ``"gpu"``: the real shapes in bf16 on CUDA with random weights (Qwen2-57B-A14B needs about
     115 GB: it fits one H200; pass ``layers`` for a smaller GPU) and 64-token prompts, sized so that

@@ -175,3 +175,13 @@ def test_the_draft_keeps_the_share_of_its_depth_that_the_target_keeps(target, dr
     for bad in (0, depth + 1, 2.5):
         with pytest.raises(UsageError, match="layers"):
             proportional_draft_layers(target, draft, bad)
+
+
+def test_a_sidecar_s_settings_rebuild_its_config():
+    """JSON turns gamma keys into strings; SweepConfig(**sidecar["settings"]) takes them back."""
+    import json
+
+    for study in ("e2e", "settings", "sparsity", "forward"):
+        config = SweepConfig(**preset_settings(study))
+        again = SweepConfig(**json.loads(json.dumps(config.settings())))
+        assert again.settings() == config.settings()

@@ -107,3 +107,106 @@ def moe_vs_dense(moe: pd.DataFrame, dense: pd.DataFrame, flagged: pd.DataFrame |
         figure.suptitle(title, fontsize=11)
     figure.tight_layout(rect=(0, 0.08, 1, 1))
     return figure
+
+
+TERMS = ("tokens_per_round", "verify", "draft", "reject")
+"""Eq. 4's terms (:class:`moesd.speedup.SpeedupTerms`), in the order of the tables."""
+
+
+def eq4_terms(study: pd.DataFrame, by=("setting", "batch_size")) -> pd.DataFrame:
+    """Eq. 4's terms of every row of an e2e-type study, averaged over the rows of each group.
+
+    Each row's measured stage times go into :func:`moesd.speedup.speedup_terms`, with the forward
+    time ``t_target_1`` as ``T_T(B, 1)`` (the paper's definition; the AR step's token selection,
+    ``t_ar - t_target_1``, is left out).
+
+    Parameters
+    ----------
+    study : pandas.DataFrame
+        Rows of an e2e-type study (``sigma``, ``gamma``, ``t_target_1``, ``t_target_gamma``, ``t_draft``,
+        ``t_reject``, ``speedup`` and the columns of ``by``).
+    by : sequence of str
+        Columns to group by (default: workload and batch size).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Indexed by ``by``: the measured ``speedup``; ``tokens_per_round`` (sigma (gamma + 1)),
+        ``verify`` (``T_T(B, gamma) / T_T(B, 1)``), ``draft`` (``gamma T_D(B, 1) / T_T(B, 1)``) and
+        ``reject`` (``T_reject / T_T(B, 1)``), all dimensionless; ``denominator`` (their sum but the
+        first: a round's cost in decode steps); ``recombined`` (Eq. 4 of the mean terms); ``rows``.
+    """
+    from moesd.speedup import speedup_terms
+
+    terms = speedup_terms(study["sigma"], study["gamma"], study["t_target_1"], study["t_target_gamma"],
+                          study["t_draft"], study["t_reject"])
+    rows = study[list(by)].assign(speedup=study["speedup"], **{name: getattr(terms, name) for name in TERMS})
+    means = rows.groupby(list(by)).mean()
+    means["denominator"] = means["verify"] + means["draft"] + means["reject"]
+    means["recombined"] = means["tokens_per_round"] / means["denominator"]
+    means["rows"] = rows.groupby(list(by)).size()
+    return means
+
+
+def rise_split(terms: pd.DataFrame) -> pd.DataFrame:
+    """How Eq. 4's terms change from the smallest batch size to the peak of the mean speedup.
+
+    A rise of the speedup is a larger ``tokens_per_round`` or a smaller denominator (a round's cost
+    in decode steps); the denominator's fall is the sum of the falls of its terms, so each term's
+    *share* of it says where the rise comes from (shares sum to 1; a term that grew has a negative
+    share).
+
+    Parameters
+    ----------
+    terms : pandas.DataFrame
+        :func:`eq4_terms` indexed by ``batch_size`` alone or by a group and ``batch_size`` (last level).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group (one row, index ``"all"``, without a group): ``first_batch_size``,
+        ``peak_batch_size``, ``speedup_first``, ``speedup_peak``, ``yield_change`` (relative change of
+        ``tokens_per_round``), ``denominator_fall`` (decode steps) and ``verify_share``,
+        ``draft_share``, ``reject_share`` (dimensionless).
+    """
+    groups = (terms.groupby(level=list(range(terms.index.nlevels - 1))) if terms.index.nlevels > 1
+              else [("all", terms)])
+    rows = {}
+    for key, part in groups:
+        part = part.droplevel(list(range(part.index.nlevels - 1))) if part.index.nlevels > 1 else part
+        part = part.sort_index()
+        first, peak = part.iloc[0], part.loc[part["speedup"].idxmax()]
+        fall = first["denominator"] - peak["denominator"]
+        rows[key[0] if isinstance(key, tuple) and len(key) == 1 else key] = {
+            "first_batch_size": part.index[0], "peak_batch_size": part["speedup"].idxmax(),
+            "speedup_first": first["speedup"], "speedup_peak": peak["speedup"],
+            "yield_change": peak["tokens_per_round"] / first["tokens_per_round"] - 1,
+            "denominator_fall": fall,
+            **{f"{name}_share": (first[name] - peak[name]) / fall if fall else float("nan")
+               for name in ("verify", "draft", "reject")}}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def denominator_terms(terms: pd.DataFrame, title: str = "") -> plt.Figure:
+    """Eq. 4's denominator against batch size: the verification, draft and rejection terms stacked.
+
+    Parameters
+    ----------
+    terms : pandas.DataFrame
+        :func:`eq4_terms` indexed by ``batch_size`` alone (e.g. pooled over workloads).
+    title : str
+        Axes title.
+    """
+    terms = terms.sort_index()
+    batch = terms.index.to_numpy(dtype=float)
+    figure, ax = plt.subplots(figsize=(6.4, 3.8))
+    names = {"verify": r"verification $T_T(B,\gamma)/T_T(B,1)$", "draft": r"draft $\gamma T_D(B,1)/T_T(B,1)$",
+             "reject": r"rejection $T_{reject}/T_T(B,1)$"}
+    ax.stackplot(batch, *(terms[name].to_numpy() for name in names), labels=list(names.values()),
+                 colors=PALETTE[:3], alpha=0.8)
+    ax.plot(batch, terms["denominator"].to_numpy(), "o", color="0.2", ms=3.5, label="sum: a round in decode steps")
+    ax.axhline(1, color="0.5", lw=0.8, ls=":")
+    ax.set(xscale="log", xlabel="batch size $B$", ylabel="decode steps", title=title,
+           ylim=(0, 1.45 * terms["denominator"].max()))
+    ax.legend(loc="upper center", ncol=2)
+    return figure
