@@ -51,16 +51,18 @@ class StreamingShare:
                 "step_seconds": self.step_seconds}
 
 
-def step_bytes(sidecar: dict, batch_size: int = 1, tokens: int = 1) -> float:
+def step_bytes(sidecar: dict, batch_size: int = 1, tokens: int = 1, top_k: int | None = None) -> float:
     """Bytes one target forward of a sweep reads (weights used, KV cache), from its sidecar's shapes.
 
     Parameters
     ----------
     sidecar : dict
-        A result file's sidecar (``settings``: target, draft, layers, draft_layers, width, dtype,
-        context, the K of the pass via ``top_ks`` or the checkpoint's).
+        A result file's sidecar (``settings``: target, draft, layers, draft_layers, width, vocab_size,
+        dtype, context).
     batch_size, tokens : int
         B and the new tokens per sequence s of the forward.
+    top_k : int, optional
+        K of the forward (default: the checkpoint's).
 
     Returns
     -------
@@ -72,11 +74,13 @@ def step_bytes(sidecar: dict, batch_size: int = 1, tokens: int = 1) -> float:
     dtype = _STEP_DTYPES.get(settings.get("dtype", "float32"))
     if dtype is None:
         raise ValueError(f"sidecar: no step byte count for dtype {settings.get('dtype')!r}")
-    step = step_time(target, "H200", tokens, batch_size, context=settings.get("context", 0), dtype=dtype)
+    step = step_time(target, "H200", tokens, batch_size, context=settings.get("context", 0), dtype=dtype,
+                     top_k=top_k)
     return float(sum(float(value) for value in step.bytes.values()))
 
 
-def streaming_share(sidecar: dict, step_seconds: float, batch_size: int = 1, tokens: int = 1) -> StreamingShare:
+def streaming_share(sidecar: dict, step_seconds: float, batch_size: int = 1, tokens: int = 1,
+                    top_k: int | None = None) -> StreamingShare:
     """The share of a measured target step that reading its bytes at the measured bandwidth accounts for.
 
     Parameters
@@ -87,6 +91,8 @@ def streaming_share(sidecar: dict, step_seconds: float, batch_size: int = 1, tok
         The measured target step, e.g. the median ``T_T(1, 1)`` of a forward study (s, > 0).
     batch_size, tokens : int
         The step's B and s (default a ``B = 1`` decode step).
+    top_k : int, optional
+        The step's K (default: the checkpoint's).
 
     Returns
     -------
@@ -95,7 +101,7 @@ def streaming_share(sidecar: dict, step_seconds: float, batch_size: int = 1, tok
     if not step_seconds > 0:
         raise ValueError(f"step_seconds must be > 0, got {step_seconds!r}")
     bandwidth = measuring_hardware(sidecar).memory_bandwidth
-    moved = step_bytes(sidecar, batch_size, tokens)
+    moved = step_bytes(sidecar, batch_size, tokens, top_k)
     return StreamingShare(share=moved / bandwidth / step_seconds, bytes=moved, bandwidth=bandwidth,
                           step_seconds=float(step_seconds))
 
@@ -295,13 +301,14 @@ def measured_streaming_share(rows: pd.DataFrame, sidecar: dict) -> dict | None:
     """The streaming share of a result file's smallest-batch target step, as its sidecar records it.
 
     The step is the median ``T_T(B, 1)`` at the smallest batch size measured: the target's one-token
-    forwards of a forward study, or ``t_target_1`` of an e2e-type study. None when the rows hold no
-    such step or the sidecar cannot give the bytes (no measured roofline, an unknown model).
+    forwards of a forward study, or ``t_target_1`` of an e2e-type study; in a study over several K,
+    those of the largest K (the bytes count that K's experts). None when the rows hold no such step
+    or the sidecar cannot give the bytes (no measured roofline, an unknown model).
 
     Returns
     -------
     dict or None
-        :meth:`StreamingShare.as_dict` plus ``batch_size``.
+        :meth:`StreamingShare.as_dict` plus ``batch_size`` and ``top_k`` (None for a dense target).
     """
     if rows.empty or "batch_size" not in rows:
         return None
@@ -312,10 +319,14 @@ def measured_streaming_share(rows: pd.DataFrame, sidecar: dict) -> dict | None:
         steps, column = rows, "t_target_1"
     if steps.empty or column not in steps:
         return None
+    top_k = None
+    if "num_experts_per_tok" in steps and steps["num_experts_per_tok"].notna().any():
+        top_k = int(steps["num_experts_per_tok"].max())  # one K's steps: the densest a study measured
+        steps = steps[steps["num_experts_per_tok"] == top_k]
     smallest = int(steps["batch_size"].min())
     seconds = float(steps.loc[steps["batch_size"] == smallest, column].median())
     try:
-        share = streaming_share(sidecar, seconds, batch_size=smallest)
+        share = streaming_share(sidecar, seconds, batch_size=smallest, top_k=top_k)
     except (ValueError, KeyError):
         return None
-    return {**share.as_dict(), "batch_size": smallest}
+    return {**share.as_dict(), "batch_size": smallest, "top_k": top_k}

@@ -61,6 +61,13 @@ def test_measured_streaming_share_reads_the_smallest_batch_of_a_result_file():
     e2e = pd.DataFrame({"batch_size": [4, 1, 1], "t_target_1": [0.3, 0.1, 0.2]})
     assert measured_streaming_share(e2e, values)["step_seconds"] == pytest.approx(0.15)
     assert measured_streaming_share(pd.DataFrame(), values) is None
+    # a study over several K: the densest K's steps, priced with that K's experts
+    sparsity = pd.DataFrame({"batch_size": [1, 1, 1, 1], "num_experts_per_tok": [1, 1, 8, 8],
+                             "t_target_1": [0.05, 0.05, 0.2, 0.2]})
+    share = measured_streaming_share(sparsity, values)
+    assert share["top_k"] == 8 and share["step_seconds"] == pytest.approx(0.2)
+    assert share["bytes"] == pytest.approx(step_bytes(values, top_k=8))
+    assert step_bytes(values, top_k=1) < step_bytes(values, top_k=8)
     assert measured_streaming_share(e2e, {"settings": values["settings"]}) is None  # no measured roofline
 
 
