@@ -1,11 +1,11 @@
-"""Where a CPU decode step's time goes (issue 9, item 3), and which preset scale a 15-minute study allows.
+"""Where a CPU decode step's time goes, and which preset scale a 15-minute study allows.
 
 (a) the measured roofline of this machine (``moesd.hardware.measure_roofline``, float32, torch's threads);
 (b) ``decode_step_breakdown`` of each scale option's target (Qwen2-57B-A14B shape) and draft (Qwen2-0.5B
     shape) at B = 1, 8, 24, 100: weight streaming at STREAM bandwidth, the matrix products as the kernels
     run them, compute with weights in cache, per-expert dispatch, other call overhead;
 (c) the duration of the e2e study (19 batch sizes x gamma 2, 3, 4 x 3 repeats) and of the sparsity study
-    (x K = 1, 2, 4, 8, 16, 32, gamma 2, 4, 1 repeat) under the steady-state protocol of issue 9 (32 timed
+    (x K = 1, 2, 4, 8, 16, 32, gamma 2, 4, 1 repeat) under the steady-state protocol (32 timed
     AR steps and 32 timed SD rounds per point, two prefills of ``context`` tokens per sequence per point,
     warm-up not counted), from step times measured at B = 1, 8, 24, 48, 100 and interpolated linearly
     over the 19 batch sizes. The sparsity study takes the K = 8 step times for every K, or with

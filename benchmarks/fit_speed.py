@@ -1,6 +1,6 @@
-"""Time the Algorithm 1 fit (issue 11): 21 and 228 measurements, and the robustness study over 21 strides.
+"""Time the Algorithm 1 fit: 21 and 228 measurements, and the robustness study over 21 strides.
 
-Data: the shipped CPU sparsity study (data/measurements/cpu/sparsity.csv, 228 points) with the ridge
+Data: the 1/8-width CPU sparsity study (data/measurements/cpu-dispatch/sparsity.csv, 228 points) with the ridge
 point in tokens of the roofline measured with it (its sidecar). Medians over repeats, after one untimed warm-up; the machine may be shared with
 other work, so compare before and after in one session and report medians. Uses only names that
 ``moesd.fit`` has always had, so the same script times an older ``moesd.fit`` put in its place.
@@ -17,7 +17,7 @@ from moesd.measurements import load, ridge_tokens_for
 
 if __name__ == "__main__":
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 21
-    raw, sidecar = load("sparsity", "cpu")
+    raw, sidecar = load("sparsity", "cpu-dispatch")
     frame = from_sweep(raw, num_experts=64)
     rp = ridge_tokens_for(sidecar)
     for variant in ("eq4", "printed"):

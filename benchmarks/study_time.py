@@ -2,12 +2,12 @@
 
 Nothing is timed here: ``moesd.bench.estimate_seconds`` prices every forward a preset runs at the
 median T_T(B, s) and T_D(B, s) that the shipped studies measured on an otherwise idle 2-core
-machine (``data/measurements/cpu/forward.csv`` and ``dense_forward.csv``, 4-layer models). The
-sparsity study needs T_T at every K: its target times come from the shipped sparsity study's stage
-times (``t_target_1``, ``t_target_gamma`` per K, gamma and B, 4-layer target), its draft times from
-the forward study; where a preset uses fewer layers than those measurements, times are scaled by the
-ratio of layers (a rough rule: per-layer work dominates and the scaled vocabulary shrinks with the
-layers too). Build time per K is an assumption (``BUILD_SECONDS``).
+machine (``data/measurements/cpu/forward.csv`` and ``dense_forward.csv``). The sparsity study needs
+T_T at every K: its target times come from the shipped sparsity study's stage times
+(``t_target_1``, ``t_target_gamma`` per K, gamma and B), its draft times from the forward study;
+where a preset keeps other layers than those measurements (their sidecars say how many), times are
+scaled by the ratio of layers (a rough rule: per-layer work dominates and the depth-scaled
+vocabulary shrinks with the layers too). Building the models is an assumption (``BUILD_SECONDS``).
 
 Run: python benchmarks/study_time.py
 """
@@ -17,8 +17,9 @@ import pandas as pd
 from moesd.bench import STUDIES, estimate_seconds, preset
 from moesd.measurements import load
 
-BUILD_SECONDS = 5.0
-"""Seconds to build the 4-layer random-weight target and draft (about 5 s measured on the shared machine)."""
+BUILD_SECONDS = 20.0
+"""Seconds to build a one-layer real-width random-weight target and its draft (bf16; the forward study's first
+point, which also fills 38 caches, took about a minute)."""
 BUDGET_SECONDS = 15 * 60
 
 
@@ -36,8 +37,9 @@ def sparsity_step_times() -> pd.DataFrame:
 
 
 def main() -> None:
-    forward = {"forward": load("forward")[0], "dense_forward": load("dense_forward")[0]}
-    measured_layers = {"target": 4, "draft": {"forward": 3, "dense_forward": 2}}
+    loaded = {study: load(study) for study in ("forward", "dense_forward")}
+    forward = {study: rows for study, (rows, _) in loaded.items()}
+    measured = {study: sidecar["settings"] for study, (_, sidecar) in loaded.items()}
     rows = []
     for study in STUDIES:
         config = preset(study)
@@ -45,8 +47,8 @@ def main() -> None:
         source = "dense_forward" if dense else "forward"
         times = sparsity_step_times() if study == "sparsity" else forward[source]
         estimate = estimate_seconds(config, times, build_seconds=BUILD_SECONDS,
-                                    target_scale=config.layers / measured_layers["target"],
-                                    draft_scale=config.draft_layers / measured_layers["draft"][source])
+                                    target_scale=config.layers / measured[source]["layers"],
+                                    draft_scale=config.draft_layers / measured[source]["draft_layers"])
         points = len(config.top_k_values) * len(config.batch_sizes) * config.repeats
         rows.append({"study": study, "layers": f"{config.layers}/{config.draft_layers}", "points x repeats": points,
                      "rounds": config.rounds, **{k: round(v) for k, v in estimate.items()},

@@ -1,4 +1,4 @@
-"""Time window_union and verify_union against plain-Python set implementations (issue 13).
+"""Time window_union and verify_union against plain-Python set implementations.
 
 Synthetic trace: 200,000 tokens x 16 layers x K = 8 in 100 sequences, for E = 64 and E = 256 (ids
 uniform and distinct within a token; routing statistics do not depend on the values, only on E).
@@ -9,7 +9,7 @@ uniform and distinct within a token; routing statistics do not depend on the val
 The set references run on a part of the work (a 10,000-token slice for windows, 100 of the samples
 for verification) and are scaled to the whole by rows per second; verify_union's reference unions
 exactly the windows verify_union sampled. Figures are medians over REPEATS runs, each cold run on a
-fresh trace. The last lines compare E = 256 with issue 13's goal: each statistic at least
+fresh trace. The last lines compare E = 256 with the goal set for them: each statistic at least
 GOAL_FACTOR times faster than Python sets and under GOAL_SECONDS, cold and warm.
 Run on a quiet machine: python benchmarks/trace_statistics.py
 """
@@ -127,7 +127,7 @@ def main() -> None:
             goals = [goal(f"window_union(t={WINDOW})", window_cold, window_warm, rows / reference_rate),
                      goal(f"verify_union(B={BATCH}, w={WINDOW})", verify_cold, verify_warm,
                           verify_rows / verify_reference_rate)]
-    print(f"Issue 13's goal at E = 256: >= x{GOAL_FACTOR} the Python-set reference and < {GOAL_SECONDS:g} s "
+    print(f"The goal at E = 256: >= x{GOAL_FACTOR} the Python-set reference and < {GOAL_SECONDS:g} s "
           "(cold: masks built in the call; warm: masks cached on the trace)")
     print("\n".join(goals))
 

@@ -1,4 +1,4 @@
-"""Can a decode forward of the MoE target be timed as a CUDA graph? A probe for the first GPU call (issue 15).
+"""Can a decode forward of the MoE target be timed as a CUDA graph? A probe run before a GPU's forward studies.
 
 The forward study times each forward eagerly: on a GPU a small-batch step is then partly kernel-launch
 time, which vLLM (the paper's engine) hides with CUDA graphs. A graph needs static shapes and no host

@@ -1,4 +1,4 @@
-"""Strip from committed notebooks the images that nbval never compares (issue 14: size).
+"""Strip from committed notebooks the images that nbval never compares (they are megabytes per re-run).
 
 nbval leaves ``image/png`` and ``image/jpeg`` out of its comparison of a cell's outputs with the
 committed ones, so committing them only grows the repository, by megabytes each time a chapter is
