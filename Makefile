@@ -2,6 +2,9 @@
 #   make book   build the executed book into _build/html (warnings are errors)
 #   make test   pytest over tests/ and nbval over the committed outputs of book/; where _build/html
 #               exists, tests/test_browser.py checks the built book in headless Chromium
+# one for students:
+#   make lab    open the chapters in JupyterLab (the book/ folder, the introduction first), with the
+#               same offline state folders as the targets above
 # and three for developers:
 #   make lint     ruff (pinned in requirements.txt) with the rules in pyproject.toml
 #   make outputs  re-execute every chapter into its committed outputs (book/*.ipynb), store the
@@ -30,7 +33,7 @@ unexport MPLBACKEND
 CHAPTERS := $(wildcard book/*.ipynb)
 BOOK_CACHE := _build/.jupyter_cache
 
-.PHONY: book test lint outputs clean
+.PHONY: book test lint outputs clean lab
 
 book: $(VENV)/.installed
 	mkdir -p $(IPYTHONDIR) $(MPLCONFIGDIR)
@@ -42,6 +45,14 @@ test: $(VENV)/.installed
 	mkdir -p $(IPYTHONDIR) $(MPLCONFIGDIR)
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PYTHON) -m pytest tests book --nbval --nbval-sanitize-with book/sanitize.cfg \
 	    -m "not vllm" -n auto --dist loadfile
+
+# JupyterLab serves the whole project (data/ and moesd/ are a click away) and opens the introduction; each
+# chapter's kernel starts in book/, as when make outputs executes it. Stop it with Ctrl-C.
+lab: $(VENV)/.installed
+	mkdir -p $(IPYTHONDIR) $(MPLCONFIGDIR)
+	@test -x $(VENV)/bin/jupyter-lab || { echo "make lab: $(VENV)/bin/jupyter-lab is missing:" \
+	    "requirements.txt must pin jupyterlab (then run make lab again)"; exit 1; }
+	$(VENV)/bin/jupyter-lab --ServerApp.root_dir=$(CURDIR) book/intro.ipynb
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

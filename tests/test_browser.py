@@ -8,6 +8,11 @@ names one, an existing anchor. A full-page screenshot of each page is kept under
 ``_build/screenshots/`` for people to look at. A static check needs no browser: no page loads a
 script, style sheet or image from a remote host.
 
+Readability at a 1280 px window (issue 28), with every hidden solution, dropdown and hidden input
+opened: no table and no code block (a cell's source, its printed output, a code block of the text)
+is wider than the article column or scrolls sideways inside it, and glued values (myst-nb's
+``span.pasted-text``) are set in the weight of the sentence around them, not in bold.
+
 Skipped where no book is built (``make book``) or where Chromium, chromedriver or selenium is
 missing (Debian: ``apt-get install chromium chromium-driver``; ``.ci/run`` installs them).
 """
@@ -86,6 +91,47 @@ const done = arguments[arguments.length - 1];
 """
 """Wait for MathJax's first typesetting and for every image, then read what the reader sees."""
 
+LAYOUT = """
+const article = document.querySelector("article.bd-article") || document.querySelector("main") || document.body;
+// Open what a reader can open: exercise solutions and dropdowns (sphinx-togglebutton hides them with a
+// class), <details> blocks (hidden cell inputs, sphinx-design dropdowns).
+document.querySelectorAll(".toggle-hidden").forEach(e => e.classList.remove("toggle-hidden"));
+document.querySelectorAll("details").forEach(e => { e.open = true; });
+const style = getComputedStyle(article);
+const box = article.getBoundingClientRect();
+const left = box.left + parseFloat(style.paddingLeft), right = box.right - parseFloat(style.paddingRight);
+const where = element => {
+  let heading = null;
+  for (const h of article.querySelectorAll("h1, h2, h3, h4")) {
+    if (h.compareDocumentPosition(element) & Node.DOCUMENT_POSITION_FOLLOWING) heading = h;
+  }
+  const title = heading ? heading.textContent.replace(/[#¶]/g, "").trim() : "top";
+  return `under "${title.slice(0, 60)}": ${element.textContent.trim().replace(/\\s+/g, " ").slice(0, 60)}`;
+};
+const shown = element => element.getClientRects().length > 0;
+const weight = element => parseInt(getComputedStyle(element).fontWeight, 10);
+const wide = [];
+for (const element of article.querySelectorAll("table, pre")) {
+  if (!shown(element)) continue;
+  const rect = element.getBoundingClientRect();
+  const scrolls = element.scrollWidth > element.clientWidth + 1;
+  if (rect.left < left - 1 || rect.right > right + 1 || scrolls) {
+    wide.push(`${element.tagName.toLowerCase()} ${Math.round(Math.max(rect.width, element.scrollWidth))} px ` +
+              `in a column of ${Math.round(right - left)} px, ${where(element)}`);
+  }
+}
+const bold = [...article.querySelectorAll("span.pasted-text")]
+  .filter(e => shown(e) && weight(e) > weight(e.parentElement))
+  .map(e => `${e.textContent.trim().slice(0, 40)} (weight ${weight(e)} in text of ${weight(e.parentElement)}), ` +
+            where(e));
+return {width: window.innerWidth, column: Math.round(right - left), wide: wide, bold: bold,
+        glued: article.querySelectorAll("span.pasted-text").length};
+"""
+"""Open every hidden block, then list the tables and code blocks wider than the article column (or
+scrolling inside it) and the glued values set bolder than their sentence."""
+READING_WIDTH = 1280
+"""Pixels: the window width the layout checks read the pages at (that of ``BROWSER_FLAGS``)."""
+
 
 class _Assets(HTMLParser):
     """The URLs a page loads by itself: scripts, style sheets, icons, images, frames."""
@@ -155,6 +201,16 @@ def _screenshot(driver, path: Path) -> None:
     path.write_bytes(base64.b64decode(shot["data"]))
 
 
+def _layout(driver) -> dict:
+    """The layout checks of ``LAYOUT`` read in a viewport exactly ``READING_WIDTH`` pixels wide."""
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": READING_WIDTH, "height": 1000, "deviceScaleFactor": 1, "mobile": False})
+    try:
+        return driver.execute_script(LAYOUT)
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
 @pytest.fixture(scope="module")
 def visit(browser):
     """``visit(page)``: the page's state once loaded and settled (each page is loaded once)."""
@@ -167,6 +223,7 @@ def visit(browser):
             assert "failure" not in state, f"{page}: {state.get('failure')}"
             state["console"] = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
             _screenshot(browser, SCREENSHOTS / Path(page).with_suffix(".png"))
+            state["layout"] = _layout(browser)  # last: it opens the hidden blocks
             seen[page] = state
         return seen[page]
 
@@ -225,3 +282,17 @@ def test_internal_links_resolve(visit, page):
             if target_page in CONTENT_PAGES and unquote(fragment) not in visit(target_page)["ids"]:
                 broken.append(f"{href} (no such anchor)")
     assert not broken, f"{page}: {len(broken)} broken internal links: {broken}"
+
+
+@pytest.mark.parametrize("page", CONTENT_PAGES)
+def test_tables_and_code_fit_the_column(visit, page):
+    layout = visit(page)["layout"]
+    assert layout["width"] == READING_WIDTH, f"{page}: read at {layout['width']} px, not {READING_WIDTH}"
+    assert not layout["wide"], (f"{page}: {len(layout['wide'])} tables or code blocks wider than the "
+                                f"{layout['column']} px column at {READING_WIDTH} px: {layout['wide'][:5]}")
+
+
+@pytest.mark.parametrize("page", CONTENT_PAGES)
+def test_glued_values_are_not_bold(visit, page):
+    layout = visit(page)["layout"]
+    assert not layout["bold"], f"{page}: glued values set bolder than their text: {layout['bold'][:5]}"

@@ -136,3 +136,47 @@ def test_efficiency_bounds_plots_every_row():
     assert sorted(points[:, 1]) == [0.5, 0.6, 0.7]
     marks = ax.get_lines()[0]  # the efficiency of a verification costing gamma + 1 decode steps
     assert list(marks.get_xdata()) == [2, 3] and np.allclose(marks.get_ydata(), [1 / 3, 1 / 4])
+
+
+def test_engine_round_source_is_the_engines_loop():
+    """The listing starts at the loop, holds every stage of a round and its record, and each of its lines
+    is a line of SpeculativeDecoder.generate (so the chapter shows the code that runs)."""
+    import inspect
+
+    from moesd.sd import SpeculativeDecoder
+
+    listing = theory.engine_round_source()
+    lines = listing.splitlines()
+    assert lines[0].startswith("while ")
+    for stage in ("draft(", "verify(", "self._accept(", "emit(", "stats.records.append("):
+        assert stage in listing
+    assert listing.count("(") == listing.count(")")
+    source = {line.strip() for line in inspect.getsource(SpeculativeDecoder.generate).splitlines()}
+    assert all(line.strip() in source for line in lines)
+
+
+def test_goodness_of_fit_of_exact_and_wrong_samples():
+    probabilities = np.array([0.5, 0.25, 0.125, 0.125])
+    exact = np.repeat(np.arange(4), (probabilities * 800).astype(int))  # counts exactly as expected
+    fit = theory.goodness_of_fit(exact, probabilities)
+    assert fit["samples"] == 800 and fit["dof"] == 3
+    assert fit["chi_square"] == pytest.approx(0) and fit["p_value"] == pytest.approx(1)
+    assert fit["total_variation"] == pytest.approx(0)
+    wrong = np.repeat(np.arange(4), 200)  # uniform counts against a skewed distribution
+    fit = theory.goodness_of_fit(wrong, probabilities)
+    assert fit["p_value"] < 1e-6
+    assert fit["total_variation"] == pytest.approx(0.25)  # |0.25 - 0.5| + |0.25 - 0.25| + 2 |0.25 - 0.125|, halved
+
+
+def test_goodness_of_fit_pools_rare_cells():
+    """Cells expecting fewer than five tokens are pooled into one: here the last three, so two cells remain."""
+    probabilities = np.array([0.97, 0.01, 0.01, 0.01])
+    samples = np.r_[np.zeros(97, int), [1, 2, 3]]
+    fit = theory.goodness_of_fit(samples, probabilities)
+    assert fit["dof"] == 1 and fit["p_value"] == pytest.approx(1)
+
+
+@pytest.mark.parametrize("samples, probabilities", [([], [0.5, 0.5]), ([0, 2], [0.5, 0.5]), ([-1], [1.0])])
+def test_goodness_of_fit_refuses_bad_samples(samples, probabilities):
+    with pytest.raises(ValueError, match="samples"):
+        theory.goodness_of_fit(np.array(samples, dtype=int), probabilities)

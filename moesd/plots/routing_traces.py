@@ -15,15 +15,17 @@ from moesd.traces import RoutingTrace, adjacent_overlap, batch_union, popularity
 
 
 def label(name: str, trace: RoutingTrace) -> str:
-    """A short label of a trace that says whether its weights were random."""
-    weights = "random weights" if trace.meta.get("weights", "").startswith("random") else "pretrained"
+    """A short label of a trace that says whether its weights were random (or the trace synthetic)."""
+    recorded = str(trace.meta.get("weights", ""))
+    weights = ("random weights" if recorded.startswith("random") else "synthetic" if recorded.startswith("none")
+               else "pretrained")
     return f"{trace.meta.get('model_id', name).split('/')[-1]} on {trace.meta.get('dataset', '?')} ({weights})"
 
 
 def activation_curves(traces: dict, token_counts=(1, 2, 4, 8, 16, 32, 64)) -> plt.Figure:
     """Activated experts against the token count: Eq. 8, its popularity form, and three measured groupings.
 
-    One panel per trace. Random tokens (:func:`~moesd.traces.random_union`) and consecutive tokens
+    One panel per trace, stacked so that each keeps the column's full width. Random tokens (:func:`~moesd.traces.random_union`) and consecutive tokens
     (:func:`~moesd.traces.window_union`) are means over layers, with bands spanning the per-layer
     means; decode calls (:func:`~moesd.traces.batch_union`) are one point.
 
@@ -35,8 +37,8 @@ def activation_curves(traces: dict, token_counts=(1, 2, 4, 8, 16, 32, 64)) -> pl
         Token counts of the measured groupings.
     """
     token_counts = np.asarray(token_counts)
-    figure, axes = plt.subplots(1, len(traces), figsize=(6.2 * len(traces), 4.2), squeeze=False)
-    for ax, (name, trace) in zip(axes[0], traces.items()):
+    figure, axes = plt.subplots(len(traces), 1, figsize=(6.4, 4.4 * len(traces)), squeeze=False)
+    for ax, (name, trace) in zip(axes[:, 0], traces.items()):
         E, K = trace.num_experts, trace.top_k
         shares = popularity(trace).pivot(index="layer", columns="expert", values="probability").to_numpy()
         grid = np.arange(1, token_counts[-1] + 1)
@@ -55,6 +57,7 @@ def activation_curves(traces: dict, token_counts=(1, 2, 4, 8, 16, 32, 64)) -> pl
         ax.set(xscale="log", xlabel=r"tokens $t$", ylabel=r"activated experts $N(t)$", ylim=(0, E * 1.05),
                title=f"{label(name, trace)}\n$E$ = {E}, $K$ = {K}")
         ax.legend(loc="upper left")
+    figure.tight_layout()
     return figure
 
 
@@ -74,6 +77,8 @@ def overlap_by_layer(traces: dict) -> plt.Figure:
 def verification_load(predictions, traces: dict) -> plt.Figure:
     """Experts one batched verification loads: measured (dots), the windows prediction and Eq. 8 (lines).
 
+    One panel per trace, stacked; the legend is on the first.
+
     Parameters
     ----------
     predictions : pandas.DataFrame
@@ -81,8 +86,8 @@ def verification_load(predictions, traces: dict) -> plt.Figure:
     traces : dict
         Name to trace, for the panel titles.
     """
-    figure, axes = plt.subplots(1, len(traces), figsize=(6.2 * len(traces), 4.0), squeeze=False)
-    for ax, (name, trace) in zip(axes[0], traces.items()):
+    figure, axes = plt.subplots(len(traces), 1, figsize=(6.4, 4.0 * len(traces)), squeeze=False)
+    for ax, (name, trace) in zip(axes[:, 0], traces.items()):
         for colour, window in zip(PALETTE, sorted(predictions["w"].unique())):
             part = predictions[(predictions["trace"] == name) & (predictions["w"] == window)]
             ax.plot(part["B"], part["measured"], "o", color=colour, label=f"measured, $w$ = {window}")
@@ -90,12 +95,13 @@ def verification_load(predictions, traces: dict) -> plt.Figure:
             ax.plot(part["B"], part["uniform"], ":", color=colour, label="  Eq. 8")
         ax.set(xscale="log", xlabel=r"batch size $B$", ylabel="experts loaded by one verification",
                title=label(name, trace), ylim=(0, trace.num_experts * 1.05))
-        ax.legend(ncol=3, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+    axes[0][0].legend(ncol=3, fontsize=7, loc="upper left")
+    figure.tight_layout()
     return figure
 
 
 def routed_speedup(frames: dict, thresholds: dict, traces: dict) -> plt.Figure:
-    """Predicted whole-model speedup at the best gamma under three routing models, one panel per trace.
+    """Predicted whole-model speedup at the best gamma under three routing models, one panel per trace (stacked).
 
     Parameters
     ----------
@@ -109,8 +115,8 @@ def routed_speedup(frames: dict, thresholds: dict, traces: dict) -> plt.Figure:
     """
     styles = {"uniform": ("0.2", ":", "Eq. 8 (i.i.d. uniform)"), "popularity": (PALETTE[2], "--", "measured popularity"),
               "windows": (PALETTE[1], "-", "measured windows (correlated)")}
-    figure, axes = plt.subplots(1, len(traces), figsize=(6.2 * len(traces), 4.0), squeeze=False, sharey=True)
-    for ax, (name, trace) in zip(axes[0], traces.items()):
+    figure, axes = plt.subplots(len(traces), 1, figsize=(6.4, 4.0 * len(traces)), squeeze=False, sharex=True)
+    for ax, (name, trace) in zip(axes[:, 0], traces.items()):
         for model, (colour, style, text) in styles.items():
             best = best_gamma(frames[name, model])
             ax.plot(best["batch_size"], best["speedup"], style, color=colour, label=text)
@@ -118,4 +124,54 @@ def routed_speedup(frames: dict, thresholds: dict, traces: dict) -> plt.Figure:
         ax.set(xscale="log", xlabel=r"batch size $B$", ylabel=r"predicted speedup at the best $\gamma$",
                title=label(name, trace))
     axes[0][0].legend(loc="lower right")
+    figure.tight_layout()
     return figure
+
+
+def correlated_trace(sequences: int, length: int, num_experts: int, top_k: int, reuse: float,
+                     seed: int = 0) -> RoutingTrace:
+    """A synthetic one-layer trace whose consecutive tokens share experts, with uniform popularity.
+
+    The first token of each sequence picks ``top_k`` of ``num_experts`` experts uniformly. Every later
+    token keeps each expert of the token before it with probability ``reuse`` and draws the rest of its
+    ``top_k`` uniformly from the experts it has not kept. Every expert is equally popular (the process is
+    symmetric in the experts), so the trace isolates the correlation of consecutive tokens from
+    popularity: ``reuse = 0`` is Eq. 8's independent uniform routing, ``reuse = 1`` a sequence that never
+    changes its experts.
+
+    Parameters
+    ----------
+    sequences, length : int
+        Sequences and decode tokens per sequence (>= 1).
+    num_experts, top_k : int
+        ``E`` and ``K`` (1 <= K <= E).
+    reuse : float
+        Probability in [0, 1] that a token keeps one given expert of the token before it.
+    seed : int
+        Seed of the draw.
+
+    Returns
+    -------
+    RoutingTrace
+        ``sequences * length`` decode tokens of one layer.
+    """
+    if not 0 <= reuse <= 1:
+        raise ValueError(f"reuse must be in [0, 1], got {reuse!r}")
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k must be in [1, num_experts = {num_experts}], got {top_k!r}")
+    if sequences < 1 or length < 1:
+        raise ValueError(f"sequences and length must be >= 1, got {sequences!r} and {length!r}")
+    rng = np.random.default_rng(seed)
+    experts = np.empty((sequences, length, top_k), dtype=np.int64)
+    experts[:, 0] = np.argsort(rng.random((sequences, num_experts)), axis=1)[:, :top_k]
+    for step in range(1, length):
+        previous = experts[:, step - 1]
+        kept = rng.random(previous.shape) < reuse
+        # rank the experts: kept ones first, then the others in a random order
+        score = rng.random((sequences, num_experts)) + 1.0
+        np.put_along_axis(score, previous, np.where(kept, 0.0, np.take_along_axis(score, previous, 1)), axis=1)
+        experts[:, step] = np.argsort(score, axis=1)[:, :top_k]
+    return RoutingTrace(experts.reshape(sequences * length, 1, top_k), num_experts,
+                        sequence=np.repeat(np.arange(sequences), length),
+                        position=np.tile(np.arange(length), sequences),
+                        meta={"model_id": f"synthetic: reuse {reuse:g}", "weights": "none (synthetic)"})
