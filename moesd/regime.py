@@ -115,7 +115,7 @@ PROJECTIONS = {"qwen2-57b-a14b expert gate/up": ("qwen2-57b-a14b", 3584, 2560),
 REGIME_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 """Tokens M of the regime check's GEMM curves."""
 MIN_STREAMING_SHARE = 0.6
-"""The streaming share a study needs to test the paper's mechanism (issue 25's design rule)."""
+"""The streaming share a study needs to test the paper's mechanism (the design rule of the studies at real width: a step mostly reading weights)."""
 
 
 @dataclass(frozen=True)
