@@ -21,6 +21,11 @@ Diagnostics: :meth:`FitResult.on_bounds` (parameters that end on a bound), :func
 terms against measured stage times) and :func:`model_variant_errors` / :func:`best_model_variant`
 (Algorithm 1's ``B gamma`` verified tokens against ``B (gamma + 1)``, in both denominators, judged on
 held-back points).
+
+Samples: :func:`stride_sample` is the paper's ``df[begin::stride]``; :func:`spread_sample` takes ``m``
+rows at a fractional stride, for a design of other than the paper's 228 points, where whole strides give
+few sample sizes (:func:`robustness_study` with ``sizes``). :func:`mean_over_repeats` turns a result file
+measured in several repeats into one point per batch size, gamma and K, as the paper averages its runs.
 """
 
 from __future__ import annotations
@@ -39,13 +44,17 @@ from moesd.speedup_model import (PARAMETERS, TIME_PARAMETERS, VARIANTS, VERIFY_T
 
 __all__ = ["PARAMETERS", "TIME_PARAMETERS", "VARIANTS", "VERIFY_TOKENS", "PAPER_STRIDES", "COLUMNS", "SOLVERS",
            "SpeedupParams", "SpeedupInputs", "as_params", "compute_speedup", "stage_times", "target_time",
-           "parameter_bounds", "from_sweep", "sigma_adjusted_speedup", "check_measurements", "FitResult",
-           "stride_sample", "fit_speedup_model", "held_out_errors", "robustness_study", "residual_table",
+           "parameter_bounds", "from_sweep", "mean_over_repeats", "sigma_adjusted_speedup", "check_measurements",
+           "FitResult", "stride_sample", "spread_sample", "stride_coverage", "PAPER_CURVES", "fit_speedup_model",
+           "held_out_errors", "robustness_study", "residual_table",
            "STAGE_COLUMNS", "compare_stage_times", "model_variant_errors", "best_model_variant", "StageTimeFit",
            "fit_stage_times"]
 
 PAPER_STRIDES = (25, 22, 20, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1)
 """The 21 strides of Appendix C.3 (m = 10 ... 228 of 228 measurements, Table 3)."""
+PAPER_CURVES = 12
+"""(K, gamma) curves of the paper's sparsity study: 6 values of K x 2 of gamma, each over 19 batch sizes
+(Appendix C.2: 228 measurements)."""
 COLUMNS = ("B", "gamma", "K", "E", "sigma", "speedup")
 """Columns of a fitting frame: batch size, draft length, experts per token, experts per layer,
 sigma (Eq. 5) and measured speedup."""
@@ -55,11 +64,11 @@ rule, sets every printed digit (the analytic Jacobian makes that cheap)."""
 TRF_EVALUATIONS = 100
 """Residual evaluations trf gets before :func:`_minimise` hands a fit that is still moving to L-BFGS-B.
 
-On the shipped CPU sparsity study trf alone finishes most fits in 47-122 evaluations and crawls for
-160-6500 on the others; the robustness study hands 9 of its 21 Eq. 4 fits and 2 of its 21 printed-
-denominator fits to L-BFGS-B."""
+On the 1/8-width float32 CPU sparsity study (``cpu-dispatch/``, 228 points) trf alone finishes most fits
+in 47-122 evaluations and crawls for 160-6500 on the others; the robustness study hands 9 of its 21 Eq. 4
+fits and 2 of its 21 printed-denominator fits to L-BFGS-B."""
 VALLEY_EVALUATIONS = 2000
-"""The most evaluations L-BFGS-B gets in :func:`_minimise` (it needs 6-151 on the shipped data)."""
+"""The most evaluations L-BFGS-B gets in :func:`_minimise` (it needs 6-151 on the ``cpu-dispatch/`` data)."""
 SOLVERS = ("trf", "trf, L-BFGS-B, trf")
 """What :func:`_minimise` ran: trf alone, or trf, then L-BFGS-B along a flat valley, then trf again."""
 
@@ -72,6 +81,43 @@ def from_sweep(rows: pd.DataFrame, num_experts: int) -> pd.DataFrame:
     num_experts = int(as_array("num_experts", num_experts, low=1, whole=True))
     return pd.DataFrame({"B": rows["batch_size"], "gamma": rows["gamma"], "K": rows["num_experts_per_tok"],
                          "E": num_experts, "sigma": rows["sigma"], "speedup": rows["speedup"]})
+
+
+def mean_over_repeats(rows: pd.DataFrame, errors=("speedup",)) -> pd.DataFrame:
+    """One row per point of a result file measured in several repeats: each numeric column's mean over them.
+
+    A point is a (``batch_size``, ``gamma``, ``num_experts_per_tok``) of an e2e-type result file of
+    :mod:`moesd.bench`; the paper's points are likewise means over runs (the last 5 of 10, Sec. 4).
+    Speedups and sigma are averaged as measured (the mean of the repeats' ratios), stage times in
+    seconds likewise; ``run`` and ``seed`` are dropped.
+
+    Parameters
+    ----------
+    rows : pandas.DataFrame
+        The rows of a result file, one per repeat and point.
+    errors : sequence of str
+        Columns whose standard error of the mean is added as ``<column>_se`` (the sample standard
+        deviation over the repeats over the square root of their number; NaN for a single repeat).
+
+    Returns
+    -------
+    pandas.DataFrame
+        The point's columns, the mean of every other numeric column, the ``<column>_se`` of ``errors``
+        and ``runs`` (the repeats averaged), sorted by the point's columns, with a fresh index.
+    """
+    if not isinstance(rows, pd.DataFrame):
+        raise ValueError(f"rows must be a pandas DataFrame, got {type(rows).__name__}")
+    missing = [c for c in ("batch_size", "gamma", *errors) if c not in rows]
+    if missing:
+        raise ValueError(f"rows lack the column(s) {', '.join(missing)} of an e2e-type result file")
+    keys = [c for c in ("batch_size", "gamma", "num_experts_per_tok") if c in rows]
+    numeric = [c for c in rows.select_dtypes("number").columns if c not in (*keys, "run", "seed")]
+    groups = rows.groupby(keys, dropna=False)
+    table = groups[numeric].mean()
+    table["runs"] = groups.size()
+    for column in errors:
+        table[f"{column}_se"] = groups[column].std(ddof=1) / np.sqrt(table["runs"])
+    return table.reset_index()
 
 
 def sigma_adjusted_speedup(frame: pd.DataFrame, reference_k: int = 8) -> pd.Series:
@@ -231,6 +277,63 @@ def stride_sample(frame: pd.DataFrame, stride: int, begin: int = 0) -> pd.DataFr
     return ordered.iloc[begin::stride]
 
 
+def spread_sample(frame: pd.DataFrame, m: int, begin: int = 0) -> pd.DataFrame:
+    """``m`` rows spread evenly over the measurements sorted by K, gamma, B: a fractional stride ``n / m``.
+
+    Row ``begin + floor(i n / m)`` for ``i = 0 ... m - 1`` of the ``n`` sorted rows. Where ``n / m`` is a
+    whole number this is :func:`stride_sample` with that stride (Appendix C.2's ``df[begin::stride]``);
+    in between, it keeps the paper's rule (every so many rows of the sorted table) for sample sizes
+    that no whole stride gives, as a design of other than 228 points needs.
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        Measurements with columns ``K``, ``gamma``, ``B``.
+    m : int
+        Rows in the sample, 1 to ``n``.
+    begin : int
+        Offset of the first row, ``0 <= begin < n / m``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The rows, with their index labels (so the rows not sampled can be found again).
+    """
+    ordered = frame.sort_values(["K", "gamma", "B"], kind="stable")
+    n = len(ordered)
+    m = int(as_array("m", m, low=1, high=max(n, 1), whole=True))
+    begin = int(as_array("begin", begin, low=0, whole=True))
+    if begin * m >= n:
+        raise ValueError(f"begin must lie below n / m = {n} / {m}, got {begin}")
+    return ordered.iloc[begin + (np.arange(m) * n) // m]
+
+
+def stride_coverage(batch_sizes, curves: int, strides=PAPER_STRIDES) -> pd.Series:
+    """The batch sizes each stride sample covers in a design of ``curves`` curves over ``batch_sizes``.
+
+    The design's rows sorted by K, gamma, B (as :func:`stride_sample` sorts them) run through the batch
+    sizes once per curve, so row ``i`` has batch size ``batch_sizes[i % len(batch_sizes)]``. For the
+    paper's design (:data:`PAPER_CURVES` curves over its 19 batch sizes, :data:`PAPER_STRIDES`) this is
+    Table 3's "B covered" column.
+
+    Returns
+    -------
+    pandas.Series
+        Indexed by stride: the batch sizes covered, sorted and space-separated (as the ``batch_sizes``
+        column of :func:`robustness_study`).
+    """
+    grid = np.sort(as_array("batch_sizes", batch_sizes, low=1, whole=True))
+    if grid.size == 0:
+        raise ValueError("batch_sizes must name at least one batch size")
+    curves = int(as_array("curves", curves, low=1, whole=True))
+    rows = np.tile(grid, curves)
+    covered = {}
+    for stride in strides:
+        stride = int(as_array("stride", stride, low=1, whole=True))
+        covered[stride] = " ".join(str(int(b)) for b in np.unique(rows[::stride]))
+    return pd.Series(covered, name="batch_sizes").rename_axis("stride")
+
+
 def _initial_guess(bias: float, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
     """A start inside the bounds: the other time-like parameters as fractions of ``bias``."""
     x0 = np.array([bias, bias * 1e-3, bias / 64, bias * 1e-2, bias / 30, bias * 1e-4,
@@ -294,7 +397,7 @@ def _minimise(residual, jacobian, residual_and_jacobian, start: np.ndarray, lowe
 def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None, variant: str = "eq4",
                       stride: int | None = None, x0=None, begin: int = 0, draft=None,
                       bytes_per_parameter: float = 2.0, t_reject: float | None = None,
-                      verify_tokens: str = "gamma", bounds=None) -> FitResult:
+                      verify_tokens: str = "gamma", bounds=None, m: int | None = None) -> FitResult:
     """Fit Algorithm 1 to measured speedups with ``least_squares(method="trf")`` and Appendix C.2's bounds.
 
     Parameters
@@ -314,13 +417,16 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
     x0 : SpeedupParams, dict or sequence, optional
         Starting parameters (default: a start derived from the bounds), clipped into the bounds.
     begin : int
-        First row of the stride sample (only with ``stride``).
+        First row of the stride or spread sample (only with ``stride`` or ``m``).
     verify_tokens : {"gamma", "gamma+1"}
         Tokens per sequence in the verification forward: Algorithm 1's ``gamma`` or vLLM's ``gamma + 1``.
     bounds : (numpy.ndarray, numpy.ndarray), optional
         ``(lower, upper)`` in :data:`PARAMETERS` order, as :func:`parameter_bounds` returns them (for a
         result file: :func:`moesd.measurements.appendix_c2_bounds`), instead of ``model``, ``hardware``,
         ``draft``, ``bytes_per_parameter`` and ``t_reject``.
+    m : int, optional
+        Fit only :func:`spread_sample` ``(frame, m, begin)``: ``m`` rows at a fractional stride (not
+        with ``stride``).
 
     Returns
     -------
@@ -338,12 +444,16 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
     if not frame.index.is_unique:
         raise ValueError("the measurements' index must be unique (held-back rows are found by label); "
                          "use frame.reset_index(drop=True)")
-    if stride is None:
-        if begin != 0:
-            raise ValueError(f"begin applies only with a stride, got begin = {begin!r}")
-        data = frame
-    else:
+    if stride is not None and m is not None:
+        raise ValueError("give either stride or m, not both")
+    if stride is not None:
         data = stride_sample(frame, stride, begin)
+    elif m is not None:
+        data = spread_sample(frame, m, begin)
+    else:
+        if begin != 0:
+            raise ValueError(f"begin applies only with a stride or m, got begin = {begin!r}")
+        data = frame
     if len(data) < len(PARAMETERS):
         raise ValueError(f"{len(data)} measurements cannot determine {len(PARAMETERS)} parameters")
     if bounds is None:
@@ -433,26 +543,37 @@ def _errors(result: FitResult, inputs: SpeedupInputs, measured: np.ndarray, held
             "mse_all": float(np.mean(all_error ** 2))}
 
 
-def robustness_study(frame: pd.DataFrame, rp: float, strides=PAPER_STRIDES, **fit_options) -> pd.DataFrame:
-    """Appendix C.3: a fit per stride, with its m, errors and the batch sizes its sample covers.
+def robustness_study(frame: pd.DataFrame, rp: float, strides=PAPER_STRIDES, sizes=None, **fit_options) -> pd.DataFrame:
+    """Appendix C.3: a fit per sample, with its m, errors and the batch sizes the sample covers.
+
+    The samples are :func:`stride_sample` ``(frame, stride)`` for each of ``strides`` (the paper's
+    design: 228 measurements, strides 25 ... 1), or, with ``sizes``, :func:`spread_sample`
+    ``(frame, m)`` for each ``m`` in ``sizes`` (a fractional stride ``n / m``: samples of every size for
+    a design of other than 228 points, where whole strides give few sizes).
 
     Returns
     -------
     pandas.DataFrame
-        One row per stride: ``stride``, ``m``, ``mse`` (over every measurement, as Table 3),
-        ``mse_fitted``, held-back ``mape`` and ``max_abs_error``, ``fit_seconds``, ``solver`` (see
-        :data:`SOLVERS`), ``status`` (of the last trf run: > 0 converged), ``nfev`` (residual evaluations),
-        ``on_bounds`` (parameters on a bound, as a string), ``batch_sizes`` (sorted, as a string) and
-        ``result`` (the :class:`FitResult`).
+        One row per sample: ``stride`` (``n / m`` for a spread sample), ``m``, ``mse`` (over every
+        measurement, as Table 3), ``mse_fitted``, held-back ``mape`` and ``max_abs_error``,
+        ``fit_seconds``, ``solver`` (see :data:`SOLVERS`), ``status`` (of the last trf run: > 0
+        converged), ``nfev`` (residual evaluations), ``on_bounds`` (parameters on a bound, as a string),
+        ``batch_sizes`` (sorted, as a string) and ``result`` (the :class:`FitResult`).
     """
     array = _measurement_array(frame)
+    for name in ("stride", "m", "begin"):
+        if name in fit_options:
+            raise ValueError(f"robustness_study sets {name} itself")
+    samples = ([{"stride": stride} for stride in strides] if sizes is None
+               else [{"m": int(as_array("sizes", m, low=1, whole=True))} for m in sizes])
     everything = None  # the inputs of every row, for the errors of every fit
     rows = []
-    for stride in strides:
-        result = fit_speedup_model(frame, rp, stride=stride, **fit_options)
+    for sample in samples:
+        result = fit_speedup_model(frame, rp, **sample, **fit_options)
         if everything is None:
             everything = _inputs(frame, result.rp, result.verify_tokens, array)
         held = _errors(result, everything, array[:, 5], ~frame.index.isin(result.fitted.index))
+        stride = sample.get("stride", len(frame) / len(result.fitted))
         rows.append({"stride": stride, "m": len(result.fitted), "mse": held["mse_all"], "mse_fitted": result.mse,
                      "mape": held["mape"], "max_abs_error": held["max_abs_error"],
                      "fit_seconds": result.fit_seconds, "solver": result.solver, "status": result.status,
@@ -495,7 +616,9 @@ def compare_stage_times(result: FitResult, measured: pd.DataFrame, num_experts: 
     is of ``draft_time / ar_time`` with ``t_draft / t_target_1`` and ``reject_time / ar_time`` with
     ``t_reject / t_target_1`` (and, when ``t_target_gamma`` is there, ``verify_time / ar_time`` with
     ``t_target_gamma / t_target_1``; :mod:`moesd.sd` verifies ``gamma + 1`` positions, the fitted term
-    the fit's ``verify_tokens``).
+    the fit's ``verify_tokens``). The round's cost outside the verification, ``gamma draft + reject``
+    (Eq. 4's denominator less ``verify``), is compared too (``overhead``): a speedup fit sees the draft
+    and rejection terms only through it, and can trade one for the other.
 
     Parameters
     ----------
@@ -510,7 +633,7 @@ def compare_stage_times(result: FitResult, measured: pd.DataFrame, num_experts: 
     Returns
     -------
     pandas.DataFrame
-        ``B``, ``gamma``, ``K`` and, for each of ``draft``, ``reject`` (and ``verify``),
+        ``B``, ``gamma``, ``K`` and, for each of ``draft``, ``reject``, ``overhead`` (and ``verify``),
         ``<stage>_fitted`` and ``<stage>_measured`` (dimensionless ratios to the decode step).
     """
     if not isinstance(result, FitResult):
@@ -531,38 +654,53 @@ def compare_stage_times(result: FitResult, measured: pd.DataFrame, num_experts: 
                           "draft_fitted": times["draft"] / times["ar"],
                           "draft_measured": frame["t_draft"] / frame["t_target_1"],
                           "reject_fitted": times["reject"] / times["ar"],
-                          "reject_measured": frame["t_reject"] / frame["t_target_1"]}, index=frame.index)
+                          "reject_measured": frame["t_reject"] / frame["t_target_1"],
+                          "overhead_fitted": (frame["gamma"] * times["draft"] + times["reject"]) / times["ar"],
+                          "overhead_measured": (frame["gamma"] * frame["t_draft"] + frame["t_reject"])
+                          / frame["t_target_1"]}, index=frame.index)
     if "t_target_gamma" in frame.columns:
         table["verify_fitted"] = times["verify"] / times["ar"]
         table["verify_measured"] = frame["t_target_gamma"] / frame["t_target_1"]
     return table
 
 
-def model_variant_errors(frame: pd.DataFrame, rp: float, stride: int = 11, begins=None, **fit_options) -> pd.DataFrame:
+def model_variant_errors(frame: pd.DataFrame, rp: float, stride: int | None = 11, begins=None, m: int | None = None,
+                         **fit_options) -> pd.DataFrame:
     """Held-back errors of the four model variants: verified tokens (``B gamma``, ``B (gamma + 1)``) x denominator.
 
     Each variant is fitted to ``stride_sample(frame, stride, begin)`` for every ``begin`` (default
-    ``0 ... stride - 1``: every row is held back in all folds but one) and judged on the rows held back.
+    ``0 ... stride - 1``: every row is held back in all folds but one), or, with ``m`` (and
+    ``stride=None``), to ``spread_sample(frame, m, begin)`` for every ``begin`` below ``n / m``
+    (default: all of them), and judged on the rows held back.
 
     Returns
     -------
     pandas.DataFrame
         One row per (``verify_tokens``, ``variant``): ``folds``, mean held-back ``mse`` and ``mape`` (%)
         over the folds, their worst fold (``worst_mse``), ``wins`` (folds in which the variant had the
-        lowest held-back MSE), the mean ``mse_fitted`` and ``on_bounds`` of the ``begin = 0`` fit.
+        lowest held-back MSE), the mean ``mse_fitted`` and ``on_bounds`` of the first fold's fit.
     """
-    for name in ("variant", "verify_tokens", "stride", "begin"):
+    for name in ("variant", "verify_tokens", "begin"):
         if name in fit_options:
             raise ValueError(f"model_variant_errors sets {name} itself")
-    begins = range(int(as_array("stride", stride, low=1, whole=True))) if begins is None else list(begins)
+    if (stride is None) == (m is None):
+        raise ValueError("give either stride or m (with stride=None)")
+    if m is not None:
+        m = int(as_array("m", m, low=1, whole=True))
+        sample = {"m": m}
+        default = range(-(-len(frame) // m))  # every begin below n / m
+    else:
+        sample = {"stride": stride}
+        default = range(int(as_array("stride", stride, low=1, whole=True)))
+    begins = default if begins is None else list(begins)
     if not len(begins):
         raise ValueError("begins must name at least one fold")
     folds = []
     for verify_tokens in VERIFY_TOKENS:
         for variant in VARIANTS[::-1]:
             for begin in begins:
-                result = fit_speedup_model(frame, rp, variant=variant, stride=stride, begin=begin,
-                                           verify_tokens=verify_tokens, **fit_options)
+                result = fit_speedup_model(frame, rp, variant=variant, begin=begin, verify_tokens=verify_tokens,
+                                           **sample, **fit_options)
                 held = held_out_errors(result, frame)
                 folds.append({"verify_tokens": verify_tokens, "variant": variant, "begin": begin,
                               "mse": held["mse"], "mape": held["mape"], "mse_fitted": result.mse,

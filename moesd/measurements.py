@@ -379,7 +379,7 @@ def appendix_c2_bounds(rows: pd.DataFrame, sidecar: dict) -> tuple[np.ndarray, n
     ``bias``, ``k2`` and ``draft_bias`` lie between the time to read the dense parameters, one
     expert of every MoE layer and the whole draft at the machine's measured bandwidth
     (:func:`measuring_hardware`) and 5 times that, counting the parameters of the models as the sweep
-    built them (its layers and width, ``settings``) at the bytes of its dtype; ``reject_bias`` and
+    built them (its layers, width and vocabulary, ``settings``) at the bytes of its dtype; ``reject_bias`` and
     ``reject_k`` lie below the largest measured rejection time (``rows["t_reject"]``, seconds). See
     :func:`moesd.speedup_model.parameter_bounds`.
 
@@ -402,4 +402,4 @@ def appendix_c2_bounds(rows: pd.DataFrame, sidecar: dict) -> tuple[np.ndarray, n
     return parameter_bounds(get_model(settings["target"]), measuring_hardware(sidecar), get_model(settings["draft"]),
                             _bytes_per_weight(sidecar, "the volume bounds"), float(rows["t_reject"].max()),
                             layers=settings.get("layers"), draft_layers=settings.get("draft_layers"),
-                            width=settings.get("width") or 1.0)
+                            width=settings.get("width") or 1.0, vocab_size=settings.get("vocab_size"))

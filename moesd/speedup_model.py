@@ -428,9 +428,20 @@ def printed_variant_ceiling(sigma, gamma):
     return sigma * (gamma + 1) / 2
 
 
+def _vocabulary_cut(model, layers: int | None, width: float, vocab_size: int) -> int:
+    """Parameters a model's embeddings and LM head lose when its vocabulary is cut to ``vocab_size``
+    (as a sweep cuts it, :func:`moesd.zoo.depth_scaled_vocab`), counted analytically (no torch)."""
+    from moesd.zoo import Architecture
+
+    config = model.config_dict(layers, width=width)
+    whole = Architecture.from_config(model.name, model.model_type, config).weight_counts()["total"]
+    cut = Architecture.from_config(model.name, model.model_type, {**config, "vocab_size": vocab_size})
+    return int(whole - cut.weight_counts()["total"])
+
+
 def parameter_bounds(model=None, hardware=None, draft=None, bytes_per_parameter: float = 2.0,
                      t_reject: float | None = None, layers: int | None = None, draft_layers: int | None = None,
-                     width: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+                     width: float = 1.0, vocab_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Bounds of Appendix C.2 as (lower, upper) arrays in :data:`PARAMETERS` order.
 
     With a target ``model`` (a :class:`moesd.zoo.ModelSpec`), a ``draft`` and ``hardware`` (a
@@ -438,7 +449,9 @@ def parameter_bounds(model=None, hardware=None, draft=None, bytes_per_parameter:
     the time to read their parameters at peak bandwidth (dense part, one expert of every MoE layer,
     the draft) and 5 times that (seconds). ``layers``, ``draft_layers`` and ``width`` count the
     parameters of a model cut to that many layers and scaled in width, as the sweeps build it
-    (:meth:`moesd.zoo.ModelSpec.parameter_counts`; default: the whole model). ``t_reject`` (the largest
+    (:meth:`moesd.zoo.ModelSpec.parameter_counts`; default: the whole model), and ``vocab_size`` counts
+    the embeddings and LM head of both models with a vocabulary cut to that many tokens (a sweep's
+    ``settings.vocab_size``; the draft shares the target's vocabulary). ``t_reject`` (the largest
     measured rejection time, seconds) caps ``reject_bias`` and ``reject_k``. Without them those bounds
     are [0, inf). ``lam`` is in [0.2, 1] and ``s`` in [1, 2] always; ``k1`` is kept above 0 (G's growth
     would vanish).
@@ -447,6 +460,8 @@ def parameter_bounds(model=None, hardware=None, draft=None, bytes_per_parameter:
         raise ValueError("model and hardware must be given together (the volume bounds need both)")
     if draft is not None and model is None:
         raise ValueError("draft bounds need model and hardware too")
+    if vocab_size is not None and model is None:
+        raise ValueError("vocab_size applies to the volume bounds: give model and hardware too")
     bytes_per_parameter = float(as_array("bytes_per_parameter", bytes_per_parameter, low=0, low_open=True))
     lower = np.array([0, 1e-12, 0, 0, 0, 0, 0, 0, 0.2, 1.0])
     upper = np.array([np.inf] * 8 + [1.0, 2.0])
@@ -457,10 +472,14 @@ def parameter_bounds(model=None, hardware=None, draft=None, bytes_per_parameter:
             hardware = HARDWARE[hardware]
         counts = model.parameter_counts(num_layers=layers, width=width)
         seconds = bytes_per_parameter / hardware.memory_bandwidth
-        lower[0] = counts["dense"] * seconds
+        if vocab_size is not None:
+            vocab_size = int(as_array("vocab_size", vocab_size, low=1, whole=True))
+        cut = 0 if vocab_size is None else _vocabulary_cut(model, layers, width, vocab_size)
+        lower[0] = (counts["dense"] - cut) * seconds
         lower[2] = counts["experts"] / model.num_experts * seconds
         if draft is not None:
-            lower[4] = draft.parameter_counts(num_layers=draft_layers, width=width)["total"] * seconds
+            draft_cut = 0 if vocab_size is None else _vocabulary_cut(draft, draft_layers, width, vocab_size)
+            lower[4] = (draft.parameter_counts(num_layers=draft_layers, width=width)["total"] - draft_cut) * seconds
         for index in (0, 2, 4):
             upper[index] = 5 * lower[index] if lower[index] > 0 else np.inf
     if t_reject is not None:

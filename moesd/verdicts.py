@@ -98,7 +98,7 @@ class Verdict:
     claim : str
         Which claim (``"Fig. 2"``, ..., ``"Table 3"``).
     status : str
-        :data:`HOLDS`, :data:`FAILS` or :data:`UNMEASURABLE`.
+        :data:`HOLDS`, :data:`FAILS`, :data:`INCONCLUSIVE` or :data:`UNMEASURABLE`.
     numbers : pandas.DataFrame
         One row per curve (or per sample for Table 3) with the quantities the criterion compares.
     sentence : str
@@ -379,7 +379,8 @@ def _verdict(claim: str, statement: str, status: str, numbers, details: str, not
         sizes = [n.detectable for n in group if np.isfinite(n.detectable)]
         if sizes:
             unit = group[0].unit
-            text += f"; detectable from {_span(sizes, whole=unit == 'B')}{' ' + unit if unit else ''}"
+            low, high = (f"{x:.0f}" if unit == "B" else f"{x:.2g}" for x in (min(sizes), max(sizes)))
+            text += f"; detectable from {low if low == high else f'{low}-{high}'}{' ' + unit if unit else ''}"
         return text
     phrases = [f"{part} {outcome} ({places(group)})"
                for (outcome, part), group in sorted(grouped.items(), key=lambda item: order.index(item[0][0]))]
@@ -967,7 +968,12 @@ def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.D
     """Appendix C.3's robustness study of a device's sparsity study, with that device's ridge point.
 
     E comes from the target named in the sidecar (:func:`moesd.zoo.get_model`), the ridge point from
-    the sidecar's measured roofline, in tokens (:func:`moesd.measurements.ridge_tokens_for`).
+    the sidecar's measured roofline, in tokens (:func:`moesd.measurements.ridge_tokens_for`). A point
+    measured in several repeats is first averaged over them (:func:`moesd.fit.mean_over_repeats`; the
+    paper's points are means over runs too). Unless ``fit_options`` name the samples, a study of the
+    paper's 228 points takes its strides (:data:`moesd.fit.PAPER_STRIDES`) and any other design a
+    spread sample of every size from the model's 10 parameters to all points (``sizes``), as the
+    Fitting robustness chapter does.
 
     Raises
     ------
@@ -986,7 +992,14 @@ def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.D
         raise ValueError(f"the sidecar's target {target!r} is not a known model") from error
     if not num_experts:
         raise ValueError(f"the sidecar's target {target!r} is not an MoE")
-    return robustness_study(from_sweep(sparsity, num_experts), ridge_tokens_for(sidecar), **fit_options)
+    from moesd.fit import PARAMETERS, mean_over_repeats
+
+    if "run" in sparsity and sparsity["run"].nunique() > 1:
+        sparsity = mean_over_repeats(sparsity)
+    frame = from_sweep(sparsity, num_experts)
+    if "strides" not in fit_options and "sizes" not in fit_options and len(frame) != 228:
+        fit_options["sizes"] = range(len(PARAMETERS), len(frame) + 1)
+    return robustness_study(frame, ridge_tokens_for(sidecar), **fit_options)
 
 
 def load_studies(device: str) -> tuple[dict, dict]:

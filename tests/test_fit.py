@@ -6,10 +6,11 @@ import pandas as pd
 import pytest
 from scipy.optimize import least_squares
 
-from moesd.fit import (PARAMETERS, SOLVERS, TIME_PARAMETERS, SpeedupInputs, SpeedupParams, best_model_variant,
-                       compare_stage_times, compute_speedup, fit_speedup_model, fit_stage_times, from_sweep,
-                       held_out_errors, model_variant_errors, parameter_bounds, residual_table, robustness_study,
-                       stage_times, stride_sample, target_time)
+from moesd.fit import (PAPER_CURVES, PAPER_STRIDES, PARAMETERS, SOLVERS, TIME_PARAMETERS, SpeedupInputs,
+                       SpeedupParams, best_model_variant, compare_stage_times, compute_speedup, fit_speedup_model,
+                       fit_stage_times, from_sweep, held_out_errors, mean_over_repeats, model_variant_errors,
+                       parameter_bounds, residual_table, robustness_study, spread_sample, stage_times, stride_coverage,
+                       stride_sample, target_time)
 from moesd.roofline import G
 from moesd.speedup_model import _growth
 
@@ -171,6 +172,22 @@ def test_robustness_study_rows():
     assert one["mse"] == pytest.approx(one["mse_fitted"], rel=1e-12)
 
 
+def test_robustness_study_with_sizes_fits_spread_samples():
+    """A 48-point design (8 curves x 6 batch sizes): sizes give samples of every m, whole strides only a few."""
+    frame = synthetic()[0]
+    frame = frame[frame["K"].isin([1, 2, 4, 8]) & frame["B"].isin([1, 4, 8, 16, 32, 100])].reset_index(drop=True)
+    study = robustness_study(frame, 200, sizes=[10, 12, 21, 48])
+    assert study["m"].tolist() == [10, 12, 21, 48]
+    assert study["stride"].tolist() == pytest.approx([4.8, 4.0, 48 / 21, 1.0])
+    assert study.set_index("m").loc[12, "batch_sizes"] == "1 8 32"  # stride 4 meets every other B of 6
+    assert study.set_index("m").loc[21, "batch_sizes"] == "1 4 8 16 32 100"
+    assert np.isnan(study.set_index("m").loc[48, "mape"])  # nothing held back
+    for row in study.itertuples():
+        assert row.result.fitted.index.equals(spread_sample(frame, row.m).index)
+    with pytest.raises(ValueError, match="sets m itself"):
+        robustness_study(frame, 200, sizes=[12], m=12)
+
+
 def test_fit_respects_bounds_from_model_and_hardware():
     from moesd.zoo import get_model
 
@@ -185,6 +202,24 @@ def test_fit_respects_bounds_from_model_and_hardware():
     result = fit_speedup_model(frame, 200, model=target, hardware="H200", draft=draft, t_reject=1e-3)
     values = np.array([result.params[name] for name in PARAMETERS])
     assert np.all(values >= lower - 1e-15) and np.all(values <= upper + 1e-15)
+
+
+def test_bounds_count_a_cut_vocabulary():
+    """A sweep cuts the vocabulary (151936 -> 5440 tokens for one of Qwen2-57B's 28 layers): the dense and draft
+    volumes lose the embedding rows and LM head columns it drops, two matrices for Qwen2-57B, one (tied) for
+    Qwen2-0.5B; the experts' volume is unchanged."""
+    from moesd.zoo import get_model
+
+    pytest.importorskip("torch")
+    target, draft = get_model("qwen2-57b-a14b"), get_model("qwen2-0.5b")
+    whole = parameter_bounds(target, "H200", draft, layers=1, draft_layers=1)[0]
+    cut = parameter_bounds(target, "H200", draft, layers=1, draft_layers=1, vocab_size=5440)[0]
+    seconds, dropped = 2 / 4.8e12, 151936 - 5440
+    assert whole[0] - cut[0] == pytest.approx(2 * dropped * 3584 * seconds)
+    assert whole[4] - cut[4] == pytest.approx(dropped * 896 * seconds)
+    assert cut[2] == whole[2] and cut[0] > 0 and cut[4] > 0
+    with pytest.raises(ValueError, match="vocab_size applies"):
+        parameter_bounds(vocab_size=5440)
 
 
 def test_on_bounds_names_the_parameters_at_a_bound():
@@ -215,8 +250,10 @@ def test_compare_stage_times_on_exact_data():
                              "t_draft": 3.7 * times["draft"], "t_reject": 3.7 * times["reject"],
                              "t_target_1": 3.7 * times["ar"], "t_target_gamma": 3.7 * times["verify"]})
     table = compare_stage_times(result, measured, num_experts=64)
-    for stage in ("draft", "reject", "verify"):
+    for stage in ("draft", "reject", "verify", "overhead"):
         assert table[f"{stage}_fitted"].to_numpy() == pytest.approx(table[f"{stage}_measured"].to_numpy(), rel=1e-5)
+    assert table["overhead_measured"].to_numpy() == pytest.approx(
+        (frame["gamma"].to_numpy() * np.asarray(times["draft"]) + np.asarray(times["reject"])) / np.asarray(times["ar"]))
     assert table["reject_measured"].iloc[0] == pytest.approx(
         (TRUE["reject_bias"] + TRUE["reject_k"]) / target_time(TRUE, 1, 1, 64, 200))
     with pytest.raises(ValueError, match="num_experts"):
@@ -232,6 +269,66 @@ def test_model_variant_comparison_finds_the_generating_variant(verify_tokens, va
     assert (best["verify_tokens"], best["variant"]) == (verify_tokens, variant)
     assert best["value"] < 1e-12 < best["runner_up_value"]
     assert errors.loc[(verify_tokens, variant), "wins"] == 2
+
+
+def test_model_variant_errors_over_spread_samples():
+    """With m, the folds are the spread samples at every begin below n / m: 228 / 21 gives 11 folds."""
+    frame, _ = synthetic(noise=0, verify_tokens="gamma+1")
+    errors = model_variant_errors(frame, 200, stride=None, m=21, begins=[0, 4])
+    assert (errors["folds"] == 2).all()
+    assert best_model_variant(errors)["verify_tokens"] == "gamma+1"
+    with pytest.raises(ValueError, match="either stride or m"):
+        model_variant_errors(frame, 200, m=21)  # stride keeps its default 11
+    with pytest.raises(ValueError, match="either stride or m"):
+        model_variant_errors(frame, 200, stride=None)
+
+
+def test_mean_over_repeats_gives_one_point_per_b_gamma_k():
+    rows = pd.DataFrame([{"run": r, "batch_size": b, "gamma": g, "num_experts_per_tok": k, "seed": 7 * r + b,
+                          "speedup": 1.0 + r + b / 100, "sigma": 0.9, "t_draft": 0.01 * (r + 1)}
+                         for r in range(3) for b in (1, 4) for g in (2, 4) for k in (1, 8)])
+    points = mean_over_repeats(rows.sample(frac=1, random_state=0))
+    assert len(points) == 8 and (points["runs"] == 3).all() and points.index.equals(pd.RangeIndex(8))
+    assert "run" not in points and "seed" not in points
+    assert points["speedup"].to_numpy() == pytest.approx(2.0 + points["batch_size"].to_numpy() / 100)
+    assert points["t_draft"].to_numpy() == pytest.approx(0.02)
+    assert points["speedup_se"].to_numpy() == pytest.approx(1 / np.sqrt(3))  # runs 0, 1, 2: sd 1 over sqrt 3
+    assert mean_over_repeats(rows[rows["run"] == 0])["speedup_se"].isna().all()
+    assert points[["batch_size", "gamma", "num_experts_per_tok"]].equals(
+        points[["batch_size", "gamma", "num_experts_per_tok"]].sort_values(["batch_size", "gamma",
+                                                                             "num_experts_per_tok"]))
+    with pytest.raises(ValueError, match="lack the column"):
+        mean_over_repeats(rows.drop(columns="gamma"))
+
+
+def test_spread_sample_is_the_stride_sample_where_the_stride_is_whole():
+    frame, _ = synthetic()
+    shuffled = frame.sample(frac=1, random_state=2)
+    for m, stride in ((228, 1), (114, 2), (76, 3), (57, 4), (19, 12)):
+        for begin in (0, stride - 1):
+            assert spread_sample(shuffled, m, begin).index.equals(stride_sample(shuffled, stride, begin).index)
+    sample = spread_sample(frame, 21)  # a fractional stride 228 / 21: rows floor(i 228 / 21)
+    ordered = frame.sort_values(["K", "gamma", "B"], kind="stable")
+    assert sample.index.equals(ordered.index[[i * 228 // 21 for i in range(21)]])
+    assert fit_speedup_model(frame, 200, m=21).fitted.index.equals(sample.index)
+    for call, match in ((lambda: spread_sample(frame, 0), "m must be"), (lambda: spread_sample(frame, 229), "m must be"),
+                        (lambda: spread_sample(frame, 21, begin=11), "begin must lie below"),
+                        (lambda: fit_speedup_model(frame, 200, stride=11, m=21), "not both")):
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
+def test_stride_coverage_is_table_3s_coverage_column():
+    """The batch sizes of the paper's design covered by each stride, without a frame: the same as stride_sample's."""
+    from moesd.predict import PAPER_BATCH_SIZES
+
+    frame, _ = synthetic()
+    coverage = stride_coverage(PAPER_BATCH_SIZES, PAPER_CURVES)
+    assert coverage.index.tolist() == list(PAPER_STRIDES)
+    for stride, covered in coverage.items():
+        assert covered == " ".join(str(int(b)) for b in sorted(stride_sample(frame, stride)["B"].unique()))
+    assert coverage[20] == " ".join(str(b) for b in PAPER_BATCH_SIZES if b <= 40)  # Table 3's m = 12: B <= 40 only
+    assert stride_coverage([1, 4, 8, 16, 32, 100], 8, strides=[4, 5]).tolist() == ["1 8 32", "1 4 8 16 32 100"]
 
 
 # The fit as it was before the analytic Jacobian (commit 1fcb01f): finite differences, 10 free parameters,
@@ -261,7 +358,7 @@ def test_same_answers_as_the_old_fit_on_the_shipped_data(variant):
     """
     from moesd.measurements import load
 
-    raw, _ = load("sparsity", "cpu")
+    raw, _ = load("sparsity", "cpu-dispatch")  # the float32 study these numbers describe
     frame = from_sweep(raw, num_experts=64)
     old, old_mse = old_fit_predictions(frame, 10.0, variant, 11)
     new = fit_speedup_model(frame, 10.0, variant=variant, stride=11)
@@ -270,10 +367,11 @@ def test_same_answers_as_the_old_fit_on_the_shipped_data(variant):
 
 
 def shipped_sparsity():
-    """The shipped CPU sparsity study as a fitting frame, with the ridge point in tokens of its sidecar."""
+    """The shipped 1/8-width float32 CPU sparsity study (one repeat of 228 points, cpu-dispatch/) as a fitting
+    frame, with the ridge point in tokens of its sidecar: the data the solver tests below were written on."""
     from moesd.measurements import load, ridge_tokens_for
 
-    raw, sidecar = load("sparsity", "cpu")
+    raw, sidecar = load("sparsity", "cpu-dispatch")
     return from_sweep(raw, num_experts=64), ridge_tokens_for(sidecar)
 
 
@@ -423,7 +521,7 @@ def test_ridge_point_in_tokens_is_the_ridge_point_times_bytes_over_two():
     rp = 989.5e12 / 4.8e12
     assert ridge_tokens_for({"hardware": record, "settings": {"dtype": "bfloat16"}}) == pytest.approx(rp)
     assert ridge_tokens_for({"hardware": record, "settings": {"dtype": "float32"}}) == pytest.approx(2 * rp)
-    _, sidecar = load("sparsity", "cpu")
+    _, sidecar = load("sparsity", "cpu-dispatch")  # a float32 study
     tokens = ridge_tokens_for(sidecar)
     assert tokens == pytest.approx(2 * sidecar["hardware"]["peak_flops"] / sidecar["hardware"]["memory_bandwidth"])
     # The sweep's own GEMM records (float32, activations counted too): intensity 2 t / 4 while weights dominate.

@@ -174,7 +174,7 @@ def test_appendix_c2_bounds_count_the_measured_models():
     from moesd.speedup_model import PARAMETERS
     from moesd.zoo import get_model
 
-    rows, sidecar = load("sparsity", "cpu")
+    rows, sidecar = load("sparsity", "cpu-dispatch")  # cut in width, vocabulary with it, float32
     lower, upper = appendix_c2_bounds(rows, sidecar)
     settings = sidecar["settings"]
     target = get_model(settings["target"]).parameter_counts(num_layers=settings["layers"], width=settings["width"])
@@ -188,13 +188,30 @@ def test_appendix_c2_bounds_count_the_measured_models():
     assert whole["dense"] * seconds > 10 * bound["bias"][1]  # the whole model's bounds would not fit the cut one
 
 
+def test_appendix_c2_bounds_count_the_cut_vocabulary_and_the_dtype():
+    """The real-width study cuts the vocabulary by the depth factor and runs bf16: the bias bound counts both."""
+    from moesd.measurements import appendix_c2_bounds, load, measuring_hardware
+    from moesd.speedup_model import PARAMETERS
+    from moesd.zoo import get_model
+
+    rows, sidecar = load("sparsity", "cpu")
+    settings = sidecar["settings"]
+    assert settings["dtype"] == "bfloat16" and settings["vocab_size"] < get_model(settings["target"]).config["vocab_size"]
+    bound = dict(zip(PARAMETERS, zip(*appendix_c2_bounds(rows, sidecar))))
+    full = get_model(settings["target"]).parameter_counts(num_layers=settings["layers"])
+    seconds = 2 / measuring_hardware(sidecar).memory_bandwidth  # bf16
+    hidden = get_model(settings["target"]).config["hidden_size"]
+    cut = 2 * (get_model(settings["target"]).config["vocab_size"] - settings["vocab_size"]) * hidden  # embedding and head
+    assert bound["bias"][0] == pytest.approx((full["dense"] - cut) * seconds, rel=1e-6)
+
+
 def test_appendix_c2_bounds_count_target_and_draft_layers_apart():
     """The e2e study cuts the target to 4 layers and the draft to 3: each bound counts its own model's layers."""
     from moesd.measurements import appendix_c2_bounds, load, measuring_hardware
     from moesd.speedup_model import PARAMETERS
     from moesd.zoo import get_model
 
-    rows, sidecar = load("e2e", "cpu")
+    rows, sidecar = load("e2e", "cpu-dispatch")
     settings = sidecar["settings"]
     assert settings["layers"] != settings["draft_layers"]
     bound = dict(zip(PARAMETERS, zip(*appendix_c2_bounds(rows, sidecar))))

@@ -567,7 +567,8 @@ def test_robustness_for_fits_with_the_sidecars_ridge_point():
     sidecar = {**sidecar, "hardware": HARDWARE["H100"].as_dict()}
     study = v.robustness_for(raw, sidecar, strides=(25, 11))
     assert study["m"].tolist() == [int(np.ceil(len(raw) / 25)), int(np.ceil(len(raw) / 11))]
-    assert all(result.rp == 2 * HARDWARE["H100"].ridge_point for result in study["result"])  # float32: 4 bytes
+    bytes_per_weight = {"float32": 4, "bfloat16": 2}[sidecar["settings"]["dtype"]]  # tokens = RP x bytes / 2
+    assert all(result.rp == HARDWARE["H100"].ridge_point * bytes_per_weight / 2 for result in study["result"])
     assert v.poor_coverage_worst_fits(study).status == v.UNMEASURABLE  # two samples say nothing
 
 

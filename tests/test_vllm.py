@@ -54,9 +54,12 @@ def test_synthetic_rates_refuse_bad_input(alpha, gamma):
 
 def test_synthetic_acceptance_on_cpu_is_refused_before_any_work(tmp_path):
     config = SweepConfig(study="e2e", target="qwen3-30b-a3b", draft="qwen3-0.6b", layers=1, draft_layers=1,
-                         width=1 / 16, batch_sizes=(1,), gammas=(2,), sigma={2: 0.9})
+                         width=1 / 16, batch_sizes=(1,), gammas=(2,), sigma={2: 0.9}, routing="model")
     with pytest.raises(ValueError, match="not available with vLLM on a CPU"):
         check_config(config)
+    with pytest.raises(ValueError, match="the vLLM engine routes with the model's own router, not 'uniform'"):
+        check_config(SweepConfig(**{**config.settings(), "sigma": {2: 0.9}, "routing": "uniform",
+                                    "batch_sizes": (1,), "gammas": (2,)}))
     for study in ("forward", "settings"):
         with pytest.raises(ValueError, match="not " + study):
             check_config(SweepConfig(study=study, target="qwen3-30b-a3b", draft="qwen3-0.6b", gammas=(4,)))

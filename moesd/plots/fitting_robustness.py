@@ -9,9 +9,15 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FormatStrFormatter
+from matplotlib.ticker import FormatStrFormatter, LogFormatter
 
 from moesd.plots import PALETTE
+
+
+def _plain_log_axis(ax) -> None:
+    """Label a logarithmic x axis with plain numbers (1, 10, 100; 20, 30, 40 within a decade), not powers."""
+    ax.xaxis.set_major_formatter(LogFormatter())
+    ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
 
 
 def compact(figure: plt.Figure, dpi: float = 100, colours: int = 64):
@@ -63,7 +69,7 @@ def mse_against_m(ours, paper, label_ours: str = "this project", label_paper: st
     ----------
     ours, paper : pandas.DataFrame
         :attr:`moesd.verdicts.Verdict.numbers` of :func:`moesd.verdicts.poor_coverage_worst_fits`:
-        columns ``m``, ``mse`` (dimensionless: squared speedup), ``poor`` (the sample leaves a longer
+        columns ``m``, ``mse`` (over every point of its study; dimensionless: squared speedup), ``poor`` (the sample leaves a longer
         run of batch sizes out than an even spread would) and ``judged`` (m above the parameter count).
         Poorly covering, unjudged and worst samples are labelled with their m.
     """
@@ -77,14 +83,15 @@ def mse_against_m(ours, paper, label_ours: str = "this project", label_paper: st
         marked = poor | ~table["judged"].astype(bool) | (table["mse"] == table["mse"].max())
         for row in table[marked].itertuples():
             ax.annotate(f"$m = {row.m}$", (row.m, row.mse), textcoords="offset points", xytext=(6, 2), fontsize=8)
-        ax.set(xscale="log", xlabel="measurements fitted $m$", ylabel="MSE over all 228 points", title=title)
+        ax.set(xscale="log", xlabel="measurements fitted $m$", ylabel="MSE over every point", title=title)
+        _plain_log_axis(ax)
         ax.legend(loc="upper right")
     figure.tight_layout()
     return figure
 
 
 def residuals_against_b(table) -> plt.Figure:
-    """Residuals (predicted minus measured speedup) against B: one panel per gamma, a colour per K.
+    """Residuals (predicted minus measured speedup) against B (log axis): one panel per gamma, a colour per K.
 
     Parameters
     ----------
@@ -101,7 +108,8 @@ def residuals_against_b(table) -> plt.Figure:
             fitted = rows[rows["fitted"]]
             ax.plot(fitted["B"], fitted["residual"], "o", color=colour, ms=5)
         ax.axhline(0, color="0.2", lw=0.8)
-        ax.set(xlabel="batch size $B$", title=f"$\\gamma = {gamma:g}$")
+        ax.set(xlabel="batch size $B$", title=f"$\\gamma = {gamma:g}$", xscale="log")
+        _plain_log_axis(ax)
     axes[0][0].set_ylabel("predicted $-$ measured speedup")
     handles = [Line2D([], [], color=PALETTE[i % len(PALETTE)], lw=2, label=f"$K = {k:g}$") for i, k in enumerate(ks)]
     handles.append(Line2D([], [], color="0.3", ls="", marker="o", ms=5, label="fitted point"))
@@ -112,9 +120,12 @@ def residuals_against_b(table) -> plt.Figure:
 
 
 def stage_time_ratios(table, gamma: int) -> plt.Figure:
-    """Fitted against measured stage times over a decode step, against B, at one gamma: draft, verify, reject.
+    """Fitted against measured stage times over a decode step, against B (log axis), at one gamma.
 
-    Draft and rejection on a log scale (they span decades), verification on a linear one.
+    Panels: the draft step, the verification, the rejection and the round's cost outside the
+    verification (``gamma draft + reject``, when the table has it). Draft, rejection and that sum on
+    log scales (they span decades), the verification on a linear one. A log axis starts at a tenth of
+    the smallest measured value: a fitted term at or near zero lies below it (the panel says so).
 
     Parameters
     ----------
@@ -124,10 +135,11 @@ def stage_time_ratios(table, gamma: int) -> plt.Figure:
     gamma : int
         The draft length shown.
     """
-    stages = [s for s in ("draft", "verify", "reject") if f"{s}_fitted" in table]
+    stages = [s for s in ("draft", "verify", "reject", "overhead") if f"{s}_fitted" in table]
     rows = table[table["gamma"] == gamma]
     ks = sorted(rows["K"].unique())
-    names = {"draft": "draft step", "verify": f"verification ($\\gamma = {gamma:g}$)", "reject": "rejection"}
+    names = {"draft": "draft step", "verify": f"verification ($\\gamma = {gamma:g}$)", "reject": "rejection",
+             "overhead": "$\\gamma\\,$draft + rejection"}
     figure, axes = plt.subplots(1, len(stages), figsize=(3.3 * len(stages), 3.0), squeeze=False)
     for ax, stage in zip(axes[0], stages):
         for i, k in enumerate(ks):
@@ -135,10 +147,17 @@ def stage_time_ratios(table, gamma: int) -> plt.Figure:
             colour = PALETTE[i % len(PALETTE)]
             ax.plot(part["B"], part[f"{stage}_measured"], "o", color=colour, ms=3)
             ax.plot(part["B"], part[f"{stage}_fitted"], "-", color=colour, lw=1.3)
-        ax.set(xlabel="batch size $B$", title=names[stage])
+        ax.set(xlabel="batch size $B$", title=names[stage], xscale="log")
+        _plain_log_axis(ax)
         if stage != "verify":  # draft and rejection span decades; verification lies within one
+            measured = rows[f"{stage}_measured"]
+            floor = measured[measured > 0].min() / 10
+            top = max(measured.max(), rows[f"{stage}_fitted"].max()) * 2
             ax.set_yscale("log")
+            ax.set_ylim(floor, top)
             ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+            if (rows[f"{stage}_fitted"] < floor).any():
+                ax.text(0.03, 0.04, "fitted: below the axis", transform=ax.transAxes, fontsize=7, color="0.35")
     axes[0][0].set_ylabel("time / decode step")
     _k_legend(figure, ks, measured="measured", model="fitted")
     figure.tight_layout()
@@ -148,7 +167,7 @@ def stage_time_ratios(table, gamma: int) -> plt.Figure:
 def fit_grid(frame, fits, fits_per_row: int = 1, panel: tuple = (2.6, 1.9)) -> plt.Figure:
     """Measured speedups (points) and fitted models (lines), a colour per K: one panel per fit and gamma.
 
-    The layout of the paper's Figs. 8-28, compact: each fit takes one row of panels (one per gamma),
+    The layout of the paper's Figs. 8-28, compact, B on a log axis: each fit takes one row of panels (one per gamma),
     ``fits_per_row`` fits side by side.
 
     Parameters
@@ -180,6 +199,8 @@ def fit_grid(frame, fits, fits_per_row: int = 1, panel: tuple = (2.6, 1.9)) -> p
                 ax.plot(curve["B"], curve["speedup"], "o", color=colour, ms=2.2)
                 ax.plot(curve["B"], curve["predicted"], "-", color=colour, lw=1.0)
             ax.set_title(f"{title}, $\\gamma = {gamma:g}$", fontsize=9)
+            ax.set_xscale("log")
+            _plain_log_axis(ax)
             ax.tick_params(labelsize=8)
     for ax in axes[-1]:
         ax.set_xlabel("batch size $B$", fontsize=9)

@@ -1,9 +1,9 @@
 """Figures of the chapter *Sparsity and the fitted model* (the paper's Figs. 4 and 7).
 
 :func:`sparsity_panels` draws Fig. 4 as small multiples (one panel per K and gamma) with the
-``x/sqrt(2)`` level of each panel labelled; :func:`speedup_model_diagram` draws Fig. 7, the structure
-of Algorithm 1 and the fitting method, as boxes and arrows whose boxes are sized by their text;
-:func:`two_fits` compares the speedup fit and the stage-time fit with an e2e study.
+``x/sqrt(2)`` level of each panel labelled, the repeats under their means; :func:`speedup_model_diagram`
+draws Fig. 7, the structure of Algorithm 1 and the fitting method, as boxes and arrows whose boxes are
+sized by their text.
 """
 
 from __future__ import annotations
@@ -15,8 +15,15 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import LogFormatter
 
 from moesd.plots import PALETTE
+
+
+def _plain_log_axis(ax) -> None:
+    """Label a logarithmic x axis with plain numbers (1, 10, 100; 20, 30, 40 within a decade), not powers."""
+    ax.xaxis.set_major_formatter(LogFormatter())
+    ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
 
 
 def _run_above(batch_size, value, level) -> tuple[float, float]:
@@ -29,8 +36,9 @@ def _run_above(batch_size, value, level) -> tuple[float, float]:
     return float(batch_size[lo]), float(batch_size[hi])
 
 
-def sparsity_panels(frame: pd.DataFrame, predicted=None, title: str = "") -> plt.Figure:
-    """Fig. 4 as small multiples: one panel per draft length (rows) and K (columns).
+def sparsity_panels(frame: pd.DataFrame, predicted=None, title: str = "", repeats: pd.DataFrame | None = None,
+                    measured: str = r"measured, $\sigma$-adjusted") -> plt.Figure:
+    """Fig. 4 as small multiples: one panel per draft length (rows) and K (columns), B on a log axis.
 
     Each panel shows the measured speedups (points) of one (K, gamma) curve, the model's prediction
     (line, if given), the level ``x / sqrt(2)`` (dashed, ``x`` the curve's largest value, labelled at
@@ -41,11 +49,17 @@ def sparsity_panels(frame: pd.DataFrame, predicted=None, title: str = "") -> plt
     Parameters
     ----------
     frame : pandas.DataFrame
-        Columns ``B`` (sequences), ``gamma``, ``K`` and ``speedup`` (dimensionless, e.g. sigma-adjusted).
+        Columns ``B`` (sequences), ``gamma``, ``K`` and ``speedup`` (dimensionless, e.g. sigma-adjusted):
+        one row per point (the mean over repeats, when there are several).
     predicted : array_like, optional
         The model's speedup for each row of ``frame``.
     title : str
         Figure title.
+    repeats : pandas.DataFrame, optional
+        The single repeats behind the points (columns ``B``, ``gamma``, ``K``, ``speedup``), drawn as
+        small light points under them.
+    measured : str
+        Legend label of the points.
     """
     frame = frame.copy()
     if predicted is not None:
@@ -67,18 +81,25 @@ def sparsity_panels(frame: pd.DataFrame, predicted=None, title: str = "") -> plt
             ax.axhline(level, color="0.35", ls="--", lw=0.9)
             ax.text(1.01, level, r"$x/\sqrt{2}$", transform=ax.get_yaxis_transform(), ha="left", va="center",
                     fontsize=7, color="0.35")
+            if repeats is not None:
+                single = repeats[(repeats["gamma"] == gamma) & (repeats["K"] == k)]
+                ax.plot(single["B"], single["speedup"], ".", color=colour, ms=4, alpha=0.5, mew=0)
             ax.plot(part["B"], part["speedup"], "o", color=colour, ms=3.2)
             if predicted is not None:
                 ax.plot(part["B"], part["predicted"], "-", color="0.15", lw=1.1)
+            ax.set_xscale("log")
+            _plain_log_axis(ax)
             ax.set_title(f"$K = {k}$, $\\gamma = {gamma}$", fontsize=9)
             if row == len(gammas) - 1:
                 ax.set_xlabel("batch size $B$")
         axes[row][0].set_ylabel("speedup")
-    handles = [Line2D([], [], ls="", marker="o", color="0.4", label=r"measured, $\sigma$-adjusted"),
+    handles = [Line2D([], [], ls="", marker="o", color="0.4", label=measured),
                Line2D([], [], ls="--", color="0.35", label=r"$x/\sqrt{2}$ ($x$ = the panel's peak)"),
                Patch(color="0.4", alpha=0.25, label=r"range around the peak with speedup $\geq x/\sqrt{2}$")]
     if predicted is not None:
         handles.insert(1, Line2D([], [], color="0.15", label="fitted model (Algorithm 1)"))
+    if repeats is not None:
+        handles.insert(1, Line2D([], [], ls="", marker=".", color="0.4", alpha=0.45, label="single repeats"))
     figure.legend(handles=handles, loc="lower center", ncol=len(handles), bbox_to_anchor=(0.5, -0.01))
     figure.subplots_adjust(bottom=0.17)
     if title:
