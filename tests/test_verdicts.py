@@ -565,8 +565,11 @@ def test_scorecard_says_why_table3_cannot_be_fitted(tmp_path, monkeypatch):
 def test_robustness_for_fits_with_the_sidecars_ridge_point():
     raw, sidecar = moesd.measurements.load("sparsity", "cpu")
     sidecar = {**sidecar, "hardware": HARDWARE["H100"].as_dict()}
-    study = v.robustness_for(raw, sidecar, strides=(25, 11))
-    assert study["m"].tolist() == [int(np.ceil(len(raw) / 25)), int(np.ceil(len(raw) / 11))]
+    study = v.robustness_for(raw, sidecar, strides=(4, 2))
+    points = raw.groupby(["batch_size", "gamma", "num_experts_per_tok"]).ngroups  # repeats averaged first
+    assert points < len(raw) and study["m"].tolist() == [int(np.ceil(points / 4)), int(np.ceil(points / 2))]
+    spread = v.robustness_for(raw, {**sidecar})  # any design but the paper's: a sample of every size 10 ... n
+    assert spread["m"].tolist() == list(range(10, points + 1))
     bytes_per_weight = {"float32": 4, "bfloat16": 2}[sidecar["settings"]["dtype"]]  # tokens = RP x bytes / 2
     assert all(result.rp == HARDWARE["H100"].ridge_point * bytes_per_weight / 2 for result in study["result"])
     assert v.poor_coverage_worst_fits(study).status == v.UNMEASURABLE  # two samples say nothing
