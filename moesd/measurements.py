@@ -34,7 +34,7 @@ NULLABLE_COLUMNS = ("num_experts_per_tok", "sigma_target", "alpha", "activated_e
 target sigma)."""
 
 ENGINE_UNMEASURED = {"vllm": ("t_target_1", "t_target_gamma", "t_draft", "t_reject", "speedup_eq4",
-                              "target_efficiency")}
+                              "target_efficiency", "activated_experts_1", "activated_experts_gamma")}
 """Columns an engine other than moesd's own cannot measure (its sidecar's ``engine``): left empty in its rows."""
 
 
