@@ -539,7 +539,7 @@ def speedup_rises_then_falls(e2e: pd.DataFrame | None, from_batch_size=None) -> 
     claim, statement = "Fig. 2", _judged_from(CLAIMS["Fig. 2"], from_batch_size)
     e2e = _from_batch_size(e2e, from_batch_size)
     if e2e is None or e2e.empty:
-        return _verdict(claim, statement, UNMEASURABLE, [], "no e2e study on this device")
+        return _verdict(claim, statement, UNMEASURABLE, [], "no complete e2e study on this device")
     rows, phrases, notes = [], [], []
     for gamma, group in e2e.groupby("gamma"):
         speed, efficiency = curve(group, "speedup"), curve(group, "target_efficiency")
@@ -621,7 +621,7 @@ def efficiency_moe_rises_dense_falls(forward: pd.DataFrame | None, dense_forward
     if forward is None or dense_forward is None or forward.empty or dense_forward.empty:
         missing = " and ".join(name for name, frame in (("forward", forward), ("dense_forward", dense_forward))
                                if frame is None or frame.empty)
-        return _verdict(claim, statement, UNMEASURABLE, [], f"no {missing} study on this device")
+        return _verdict(claim, statement, UNMEASURABLE, [], f"no complete {missing} study on this device")
     rows, phrases, notes = [], [], []
     for gamma in gammas:
         moe, dense = forward_efficiency(forward, gamma), forward_efficiency(dense_forward, gamma)
@@ -694,7 +694,7 @@ def sparser_peaks_later_and_wider(sparsity: pd.DataFrame | None, monotone_ks=(1,
     statement = _judged_from(CLAIMS[claim].replace("1, 2", ", ".join(map(str, monotone_ks))), from_batch_size)
     sparsity = _from_batch_size(sparsity, from_batch_size)
     if sparsity is None or sparsity.empty:
-        return _verdict(claim, statement, UNMEASURABLE, [], "no sparsity study on this device")
+        return _verdict(claim, statement, UNMEASURABLE, [], "no complete sparsity study on this device")
     rows, statuses, phrases, notes = [], [], [], []
     for gamma, group in sparsity.groupby("gamma"):
         curves = {int(k): curve(rows_k, "speedup") for k, rows_k in group.groupby("num_experts_per_tok")}
@@ -783,7 +783,7 @@ def shape_holds_across_settings(settings: pd.DataFrame | None) -> Verdict:
     """
     claim, statement = "Fig. 5", CLAIMS["Fig. 5"]
     if settings is None or settings.empty:
-        return _verdict(claim, statement, UNMEASURABLE, [], "no settings study on this device")
+        return _verdict(claim, statement, UNMEASURABLE, [], "no complete settings study on this device")
     if settings["setting"].nunique() < 2:
         return _verdict(claim, statement, UNMEASURABLE, [], "fewer than two settings")
     rows, phrases, notes = [], [], []
@@ -848,7 +848,7 @@ def moe_above_dense(e2e: pd.DataFrame | None, dense: pd.DataFrame | None, beyond
     e2e, dense = _from_batch_size(e2e, from_batch_size), _from_batch_size(dense, from_batch_size)
     if e2e is None or dense is None or e2e.empty or dense.empty:
         missing = " and ".join(n for n, f in (("e2e", e2e), ("dense", dense)) if f is None or f.empty)
-        return _verdict(claim, statement, UNMEASURABLE, [], f"no {missing} study on this device")
+        return _verdict(claim, statement, UNMEASURABLE, [], f"no complete {missing} study on this device")
     rows, phrases, notes = [], [], []
     for gamma in sorted(set(e2e["gamma"]) & set(dense["gamma"])):
         moe, den = curve(e2e[e2e["gamma"] == gamma], "speedup"), curve(dense[dense["gamma"] == gamma], "speedup")
@@ -1003,15 +1003,21 @@ def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.D
 
 
 def load_studies(device: str) -> tuple[dict, dict]:
-    """The claims' result files on one device: (study -> frame, study -> sidecar), missing ones left out."""
+    """The claims' complete result files on one device: (study -> frame, study -> sidecar).
+
+    Missing files and files whose sidecar says the sweep did not finish (``complete: false``) are left
+    out: a study stopped part-way has fewer points than its design, and the claims judge designs.
+    """
     from moesd.measurements import load
 
     frames, sidecars = {}, {}
     for study in STUDIES:
         try:
-            frames[study], sidecars[study] = load(study, device)
+            frame, sidecar = load(study, device)
         except FileNotFoundError:
             continue
+        if sidecar.get("complete"):
+            frames[study], sidecars[study] = frame, sidecar
     return frames, sidecars
 
 
@@ -1040,7 +1046,7 @@ def scorecard(device: str, robustness: pd.DataFrame | None = None) -> pd.DataFra
     21 fits, seconds); a sidecar without a measured roofline makes it not measurable, and says so.
     """
     frames, sidecars = load_studies(device)
-    note = None if "sparsity" in frames else "no sparsity study on this device"
+    note = None if "sparsity" in frames else "no complete sparsity study on this device"
     if robustness is None and "sparsity" in frames:
         try:
             robustness = robustness_for(frames["sparsity"], sidecars["sparsity"])

@@ -168,8 +168,17 @@ def test_the_detectable_rank_correlation_is_where_the_test_turns():
         from scipy.stats import t as student
         assert student.sf(t, points - 2) == pytest.approx(0.05, rel=1e-9)
         assert 0 < r < 1 and (points == 5 or r < v.spearman_detectable(points - 1))
+        # independent reference: scipy's one-sided test on permuted ranks passes exactly above r
+        rng = np.random.default_rng(points)
         x = np.arange(points, dtype=float)
-        assert spearmanr(x, x, alternative="greater").pvalue < 0.05  # a perfect correlation is always shown
+        for _ in range(200):
+            y = x.copy()
+            swaps = rng.integers(0, points, size=(rng.integers(0, points), 2))
+            for i, j in swaps:
+                y[[i, j]] = y[[j, i]]
+            result = spearmanr(x, y, alternative="greater")
+            if abs(result.statistic - r) > 1e-9:
+                assert (result.pvalue < 0.05) == (result.statistic > r)
 
 
 # --- Fig. 2 ----------------------------------------------------------------------------------------------
@@ -534,10 +543,14 @@ def test_scorecard_reads_a_device_folder(tmp_path, monkeypatch):
     assert card.set_index("claim")["status"].to_dict() == {
         "Fig. 2": v.HOLDS, "Fig. 3": v.UNMEASURABLE, "Fig. 4": v.UNMEASURABLE, "Fig. 5": v.UNMEASURABLE,
         "Fig. 6": v.UNMEASURABLE, "Table 3": v.UNMEASURABLE}
-    assert card.set_index("claim").loc["Fig. 6", "sentence"].endswith("no dense study on this device.")
-    assert card.set_index("claim").loc["Fig. 6", "summary"] == "not measurable here: no dense study on this device"
+    assert card.set_index("claim").loc["Fig. 6", "sentence"].endswith("no complete dense study on this device.")
+    assert card.set_index("claim").loc["Fig. 6", "summary"] == "not measurable here: no complete dense study on this device"
     assert card.set_index("claim").loc["Fig. 2", "summary"] == v.HOLDS
     assert (card["measured_with"] == "weights not recorded").all()  # the sidecar above records no weights
+    # a sweep stopped part-way is not judged: fewer points than its design
+    (folder / "e2e.json").write_text(json.dumps({"device": "H100", "complete": False}))
+    stopped = v.scorecard("h100").set_index("claim").loc["Fig. 2"]
+    assert stopped["status"] == v.UNMEASURABLE and "no complete e2e study" in stopped["summary"]
 
 
 def test_measured_with_names_each_kind_of_study_once():
