@@ -247,23 +247,22 @@ def _local_model(model: str) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> None:
-    from moesd.sweeps import SweepConfig, preset_settings
+    from moesd.sweeps import SweepConfig, with_overrides
 
-    settings = preset_settings(args.study, args.preset)
     given = {name: value for name, value in {
         "target": args.target, "draft": args.draft, "weights": args.weights, "layers": args.layers,
         "draft_layers": args.draft_layers, "width": args.width, "batch_sizes": args.batch_sizes,
-        "gammas": args.gammas, "top_ks": args.top_ks, "routing": args.routing, "context": args.context, "rounds": args.rounds,
+        "gammas": args.gammas, "top_ks": args.top_ks, "routing": args.routing,
+        "routing_trace": args.routing_trace, "context": args.context, "rounds": args.rounds,
         "warmup_rounds": args.warmup_rounds, "repeats": args.repeats, "dtype": args.dtype,
         "device": args.device, "target_path": args.target_path, "draft_path": args.draft_path,
         "cuda_graphs": args.cuda_graphs or None}.items()
         if value is not None}
-    if given.get("weights") == "pretrained":  # the preset's scaled shape is for random weights
-        settings.update(layers=None, draft_layers=None, width=1.0, vocab_size=None)
+    settings = with_overrides(args.study, args.preset, given)  # derived shape settings follow the given ones
     if args.sigma is not None:
-        given["sigma"] = _sigma_per_gamma(args.sigma, given.get("gammas", settings["gammas"]))
+        settings["sigma"] = _sigma_per_gamma(args.sigma, settings["gammas"])
     try:
-        config = SweepConfig(**{**settings, **given})
+        config = SweepConfig(**settings)
     except UsageError as error:
         raise UsageError(_as_option(str(error))) from None
     if args.engine != "vllm" and (args.tp, args.draft_tp) != (1, 1):
@@ -401,6 +400,11 @@ def _fit(args: argparse.Namespace) -> None:
     rows, sidecar = _read_result_file(args.measurements)
     experts, experts_source = _experts(args, sidecar)
     rp, rp_source = _ridge_point(args, sidecar)
+    repeats = int(rows["run"].nunique()) if "run" in rows else 1
+    if repeats > 1:  # a point is the mean of its repeats (the paper's are means over runs too)
+        from moesd.fit import mean_over_repeats
+
+        rows = mean_over_repeats(rows)
     frame = from_sweep(rows, experts)
     try:
         check_measurements(frame)
@@ -426,7 +430,8 @@ def _fit(args: argparse.Namespace) -> None:
                                bounds=bounds)
     errors = held_out_errors(result, frame)
     verified = "B gamma" if args.verify_tokens == "gamma" else "B (gamma + 1)"
-    print(f"{len(result.fitted)} of {len(frame)} measurements, variant {args.variant}, {verified} verified tokens; "
+    means = f" (each the mean of {repeats} repeats)" if repeats > 1 else ""
+    print(f"{len(result.fitted)} of {len(frame)} measurements{means}, variant {args.variant}, {verified} verified tokens; "
           f"E = {experts} ({experts_source}); ridge point {rp:.4g} tokens ({rp_source}); "
           f"fit {result.fit_seconds:.3f} s")
     print(f"solver: {result.solver}, status {result.status} ({'converged' if result.status > 0 else 'NOT converged'}), "
@@ -725,9 +730,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sequences per batch (default: the preset's; for most studies the paper's 19 from 1 to 100)")
     sweep.add_argument("--gammas", type=int, nargs="+", help="draft lengths (default: the preset's, e.g. 2 3 4)")
     sweep.add_argument("--top-ks", type=int, nargs="+", help="experts per token of an MoE target")
-    sweep.add_argument("--routing", choices=["uniform", "model"],
+    sweep.add_argument("--routing", choices=["uniform", "model", "trace"],
                        help="how an MoE target routes: each token's experts drawn uniformly (Eq. 8; the default "
-                            "with random weights) or by its own router (the default with pretrained weights)")
+                            "with random weights), by its own router (the default with pretrained weights), or "
+                            "as a routing trace (--routing-trace) recorded them")
+    sweep.add_argument("--routing-trace", help="with --routing trace: the .npz routing trace to replay (its E and K "
+                                               "must be the target's)")
     sweep.add_argument("--sigma", nargs="+", help="one sigma per gamma for synthetic acceptance, or 'real'")
     sweep.add_argument("--context", type=int, help="prompt tokens per sequence")
     sweep.add_argument("--rounds", type=int, help="timed SD rounds and AR steps per point (default 32)")

@@ -6,8 +6,9 @@ A sweep's MoE target routes its tokens one of two ways (``SweepConfig.routing``)
   independently of every other token, with equal weights 1/K: the assumption of Eq. 8, under which
   a forward of ``t`` tokens activates ``N(t) = E (1 - (1 - K/E)^t)`` experts per layer on average.
   The model's router still runs (its cost belongs to a step); only its choice is replaced.
-* ``"model"``: the model's own router. With random weights it is far from uniform (a few experts
-  take most tokens), so it activates fewer experts than Eq. 8 says.
+* ``"model"``: the model's own router. With random weights its choice depends on the model's
+  widths: cut to 1/8 width it is far from uniform (a few experts take most tokens) and activates
+  fewer experts than Eq. 8 says; at real width it comes close to uniform.
 * ``"trace"``: the expert choices of a :class:`~moesd.traces.RoutingTrace` replayed token by token
   (its decode tokens, in order, wrapping around): real routing, with its popularity and its
   correlation between consecutive tokens, on a random-weight model of the same E and K.

@@ -249,11 +249,21 @@ class SweepConfig:
         if self.routing == "trace":
             from pathlib import Path
 
+            from moesd.traces import RoutingTrace
+
             if not Path(self.routing_trace).is_file():
                 raise UsageError(f"routing_trace {self.routing_trace!r} is not a file")
             if self.cuda_graphs:
                 raise UsageError("routing 'trace' copies each forward's ids to the device, which a CUDA graph "
                                  "would freeze: replay traces with eager forwards (no cuda_graphs)")
+            try:
+                trace = RoutingTrace.load(self.routing_trace)
+            except (OSError, ValueError, KeyError) as error:
+                raise UsageError(f"routing_trace {self.routing_trace!r} is not a routing trace: {error}") from None
+            ks = self.top_ks or (target.top_k,)
+            if trace.num_experts != target.num_experts or set(ks) != {trace.top_k}:
+                raise UsageError(f"routing_trace routes E = {trace.num_experts}, K = {trace.top_k}; the sweep's "
+                                 f"{target.name} has E = {target.num_experts} and K = {', '.join(map(str, ks))}")
 
     def _check_acceptance(self) -> None:
         if self.study == "settings":
@@ -374,7 +384,7 @@ def preset_settings(study: str, name: str = "cpu") -> dict:
     if name == "gpu":
         settings.update(dtype="bfloat16", device="cuda", context=64, repeats=5)
         if study not in FORWARD_STUDIES:
-            settings.update(batch_sizes=GPU_BATCH_SIZES, rounds=24, warmup_rounds=2,
+            settings.update(batch_sizes=GPU_BATCH_SIZES, rounds=8, warmup_rounds=1,
                             repeats={"sparsity": 1}.get(study, 2))
         if study == "sparsity":
             settings.update(top_ks=(1, 2, 4, 8), batch_sizes=(1, 8, 24, 48, 100))
@@ -393,6 +403,43 @@ def preset_settings(study: str, name: str = "cpu") -> dict:
         settings.update(top_ks=(1, 2, 4, 8), batch_sizes=(1, 4, 8, 16, 32, 100), rounds=3, context=2)
     if study == "settings":
         settings.update(batch_sizes=(1, 8, 24, 48, 100), rounds=4, context=2)
+    return settings
+
+
+def with_overrides(study: str, name: str, given: dict) -> dict:
+    """A preset's settings with ``given`` ones in place, the settings a preset derives kept consistent.
+
+    The CPU preset derives the draft's depth (:func:`proportional_draft_layers`) and the vocabulary
+    (:func:`moesd.zoo.depth_scaled_vocab`) from its target and the target's layers: when ``given``
+    changes the target or its layers (and not the derived setting itself), they follow. With
+    pretrained weights the preset's shape settings are dropped (a checkpoint keeps its shape).
+
+    Returns
+    -------
+    dict
+        Keyword arguments of :class:`SweepConfig` (checked when the config is built).
+    """
+    from moesd.zoo import depth_scaled_vocab
+
+    settings = {**preset_settings(study, name), **given}
+    if settings.get("weights") == "pretrained":
+        for key in ("layers", "draft_layers", "vocab_size"):
+            if key not in given:
+                settings[key] = None
+        if "width" not in given:
+            settings["width"] = 1.0
+        return settings
+    if name == "cpu" and ({"target", "layers", "draft"} & set(given)):
+        try:
+            target = _model_spec(settings["target"], "target")
+            _model_spec(settings["draft"], "draft")
+            layers = _whole("layers", settings["layers"] or target.num_layers, 1, target.num_layers)
+        except UsageError:
+            return settings  # SweepConfig names the bad setting
+        if "vocab_size" not in given:
+            settings["vocab_size"] = depth_scaled_vocab(target.name, layers)
+        if "draft_layers" not in given:
+            settings["draft_layers"] = proportional_draft_layers(target.name, settings["draft"], layers)
     return settings
 
 
@@ -421,12 +468,14 @@ def preset(study: str, name: str = "cpu") -> SweepConfig:
       (8.8 minutes). The workloads differ only in sigma: sampling at temperature 1 is not emulated.
 
     ``"gpu"``: the real shapes in bf16 on CUDA with random weights (Qwen2-57B-A14B needs about
-    115 GB: it fits one H200; pass ``layers`` for a smaller GPU) and 64-token prompts, sized so that
-    every study fits one 15-minute lease of a GPU together (``tools/gpu_run.py``): the forward
-    studies over the paper's 19 batch sizes with 5 repeats; the end-to-end studies over
-    :data:`GPU_BATCH_SIZES` (10 of the paper's, spread over 1-100) with 24 timed rounds after 2
-    warm-up rounds and 2 repeats; the sparsity study at K = 1, 2, 4, 8 and gamma 2, 4 over B = 1,
-    8, 24, 48, 100, one repeat.
+    115 GB: it fits one H200; pass ``layers`` for a smaller GPU) and 64-token prompts, for one
+    10-minute call of a 15-minute GPU lease (``tools/gpu_run.py``): the forward studies over the
+    paper's 19 batch sizes with 5 repeats (on an H200 about 90 s each as CUDA graph replays, 70 s
+    eagerly); the end-to-end studies over :data:`GPU_BATCH_SIZES` (10 of the paper's, spread over
+    1-100) with 8 timed rounds after one warm-up round and 2 repeats; the sparsity study at K = 1, 2,
+    4, 8 and gamma 2, 4 over B = 1, 8, 24, 48, 100, one repeat. The engine runs eagerly: on the H200
+    a point of the end-to-end study took about 22 s with 24 rounds (so 5 of 20 points fit the 140 s
+    its stage had), about 8 s with these 8.
     """
     return SweepConfig(**preset_settings(study, name))
 

@@ -157,3 +157,16 @@ def test_sweep_settings_default_and_refuse_routing():
         SweepConfig("e2e", **pretrained, routing="uniform", sigma="real")
     assert np.isclose(SweepConfig("e2e", **pretrained, routing="uniform", sigma={2: 0.9, 3: 0.9, 4: 0.9})
                       .sigma[2], 0.9)
+
+
+def test_a_sweep_refuses_a_trace_of_another_shape_before_any_model(tmp_path):
+    base = dict(target="qwen2-57b-a14b", draft="qwen2-0.5b", layers=1, draft_layers=1, width=1 / 32)
+    right, wrong = _trace().save(tmp_path / "right.npz"), _trace(top_k=4).save(tmp_path / "wrong.npz")
+    assert SweepConfig("forward", **base, routing="trace", routing_trace=str(right)).routing == "trace"
+    with pytest.raises(UsageError, match=r"routing_trace routes E = 64, K = 4; the sweep's qwen2-57b-a14b has E = 64 "
+                                         r"and K = 8"):
+        SweepConfig("forward", **base, routing="trace", routing_trace=str(wrong))
+    assert SweepConfig("forward", **base, routing="trace", routing_trace=str(wrong), top_ks=(4,)).top_ks == (4,)
+    (tmp_path / "junk.npz").write_text("not a trace")
+    with pytest.raises(UsageError, match="is not a routing trace"):
+        SweepConfig("forward", **base, routing="trace", routing_trace=str(tmp_path / "junk.npz"))

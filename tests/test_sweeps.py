@@ -61,7 +61,7 @@ def test_cached_tokens_of_the_gpu_presets():
     forward = SweepConfig(**preset_settings("forward", "gpu"))
     assert cached_tokens(forward) == sum(forward.batch_sizes) * (64 + 5)  # every B at once, room for s = 5
     e2e = SweepConfig(**preset_settings("e2e", "gpu"))
-    assert cached_tokens(e2e) == 100 * (64 + (2 + 24 + 1) * 5)  # the largest batch after every round at gamma 4
+    assert cached_tokens(e2e) == 100 * (64 + (1 + 8 + 1) * 5)  # the largest batch after every round at gamma 4
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
@@ -185,3 +185,19 @@ def test_a_sidecar_s_settings_rebuild_its_config():
         config = SweepConfig(**preset_settings(study))
         again = SweepConfig(**json.loads(json.dumps(config.settings())))
         assert again.settings() == config.settings()
+
+
+def test_the_cpu_preset_s_derived_shape_follows_the_target_and_its_layers():
+    from moesd.sweeps import with_overrides
+    from moesd.zoo import depth_scaled_vocab
+
+    four = with_overrides("e2e", "cpu", {"layers": 4})
+    assert four["vocab_size"] == depth_scaled_vocab("qwen2-57b-a14b", 4) and four["draft_layers"] == 3  # 24 x 4/28
+    other = with_overrides("forward", "cpu", {"target": "qwen3-30b-a3b", "draft": "qwen3-0.6b"})
+    assert other["vocab_size"] == depth_scaled_vocab("qwen3-30b-a3b", 1)
+    kept = with_overrides("e2e", "cpu", {"layers": 4, "vocab_size": 1000, "draft_layers": 2})
+    assert kept["vocab_size"] == 1000 and kept["draft_layers"] == 2  # what is given is kept
+    pretrained = with_overrides("e2e", "cpu", {"weights": "pretrained"})
+    assert pretrained["layers"] is None and pretrained["vocab_size"] is None and pretrained["width"] == 1.0
+    assert with_overrides("e2e", "gpu", {"layers": 14}).get("vocab_size") is None  # the GPU preset keeps its vocabulary
+    assert SweepConfig(**four).vocab_size == four["vocab_size"]
