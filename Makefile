@@ -47,12 +47,13 @@ test: $(VENV)/.installed
 	    -m "not vllm" -n auto --dist loadfile
 
 # JupyterLab serves the whole project (data/ and moesd/ are a click away) and opens the introduction; each
-# chapter's kernel starts in book/, as when make outputs executes it. Stop it with Ctrl-C.
+# chapter's kernel starts in book/, as when make outputs executes it. Stop it with Ctrl-C. As root (containers,
+# CI images) Jupyter refuses to start without --allow-root, so it is added there.
 lab: $(VENV)/.installed
 	mkdir -p $(IPYTHONDIR) $(MPLCONFIGDIR)
 	@test -x $(VENV)/bin/jupyter-lab || { echo "make lab: $(VENV)/bin/jupyter-lab is missing:" \
 	    "requirements.txt must pin jupyterlab (then run make lab again)"; exit 1; }
-	$(VENV)/bin/jupyter-lab --ServerApp.root_dir=$(CURDIR) book/intro.ipynb
+	$(VENV)/bin/jupyter-lab --ServerApp.root_dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root) book/intro.ipynb
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
