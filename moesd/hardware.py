@@ -674,8 +674,8 @@ def _step_matmuls(seconds: dict, dense_shapes, expert_shapes, batch_size: int, t
     return total
 
 
-def decode_step_breakdown(model: str = "qwen2-57b-a14b", layers: int | None = 4, width: float = 1 / 8,
-                          batch_sizes=(1, 8, 24, 100), context: int = 64, dtype: str = "float32",
+def decode_step_breakdown(model: str = "qwen2-57b-a14b", layers: int | None = 1, width: float = 1.0,
+                          batch_sizes=(1, 8, 24, 100), context: int = 64, dtype: str = "bfloat16",
                           device: str = "cpu", threads: int | None = None, repeats: int = 7,
                           roofline: RooflineMeasurement | None = None, dispatch: dict | None = None,
                           statistic: str = "median", clock: str = "wall", seed: int = 0) -> pd.DataFrame:
@@ -705,7 +705,7 @@ def decode_step_breakdown(model: str = "qwen2-57b-a14b", layers: int | None = 4,
     Parameters
     ----------
     model, layers, width : as in :meth:`moesd.zoo.ModelSpec.random_model`
-        Default: the CPU preset's target (Qwen2-57B-A14B shape, 4 layers, widths / 8).
+        Default: the CPU preset's target (Qwen2-57B-A14B shape, one layer at real width, in bf16).
     batch_sizes : sequence of int
     context : int
     dtype, device : str

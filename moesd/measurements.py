@@ -218,7 +218,8 @@ def provenance(sidecar: dict) -> str:
         accept = "real acceptance"
     shape = f"{settings.get('target')}"
     if settings.get("layers") or settings.get("width", 1) < 1:
-        shape += f" shape ({settings.get('layers') or 'all'} layers, widths x {settings.get('width', 1):g})"
+        layers = settings.get("layers") or "all"
+        shape += f" shape ({layers} layer{'' if layers == 1 else 's'}, widths x {settings.get('width', 1):g})"
     return f"{sidecar.get('device')}, {sidecar.get('weights')} weights, {shape}, {accept}; moesd.bench"
 
 
