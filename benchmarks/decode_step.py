@@ -1,6 +1,6 @@
 """Where a CPU decode step's time goes, and which preset scale a 15-minute study allows.
 
-(a) the measured roofline of this machine (``moesd.hardware.measure_roofline``, float32, torch's threads);
+(a) the measured roofline of this machine (``moesd.measure.hardware.measure_roofline``, float32, torch's threads);
 (b) ``decode_step_breakdown`` of each scale option's target (Qwen2-57B-A14B shape) and draft (Qwen2-0.5B
     shape) at B = 1, 8, 24, 100: weight streaming at STREAM bandwidth, the matrix products as the kernels
     run them, compute with weights in cache, per-expert dispatch, other call overhead;
@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from moesd.bench import BATCH_SIZES
-from moesd.hardware import (decode_step_breakdown, expert_dispatch_seconds, forward_seconds, measure_roofline,
+from moesd.measure.bench import BATCH_SIZES
+from moesd.measure.hardware import (decode_step_breakdown, expert_dispatch_seconds, forward_seconds, measure_roofline,
                             step_cost, study_seconds)
 from moesd.zoo import get_model
 

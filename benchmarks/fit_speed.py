@@ -3,7 +3,7 @@
 Data: the 1/8-width CPU sparsity study (data/measurements/cpu-dispatch/sparsity.csv, 228 points) with the ridge
 point in tokens of the roofline measured with it (its sidecar). Medians over repeats, after one untimed warm-up; the machine may be shared with
 other work, so compare before and after in one session and report medians. Uses only names that
-``moesd.fit`` has always had, so the same script times an older ``moesd.fit`` put in its place.
+``moesd.model.fit`` has always had, so the same script times an older ``moesd.model.fit`` put in its place.
 
 Run: python benchmarks/fit_speed.py [REPEATS]   (default 21; the studies run REPEATS // 3 times)
 """
@@ -12,8 +12,8 @@ import sys
 
 from timing import median_seconds
 
-from moesd.fit import fit_speedup_model, from_sweep, held_out_errors, robustness_study
-from moesd.measurements import load, ridge_tokens_for
+from moesd.model.fit import fit_speedup_model, from_sweep, held_out_errors, robustness_study
+from moesd.measure.studies import load, ridge_tokens_for
 
 if __name__ == "__main__":
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 21

@@ -1,4 +1,4 @@
-"""Time moesd.predict: a 10^4-point predict_sd grid and the `moesd predict` command (medians of repeats).
+"""Time moesd.model.predict: a 10^4-point predict_sd grid and the `moesd predict` command (medians of repeats).
 
 Run: python benchmarks/predict_speed.py
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from timing import median_seconds
 
-from moesd.predict import predict_sd
+from moesd.model.predict import predict_sd
 
 REPEATS = 11
 COMMAND = ["-m", "moesd.cli", "predict", "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware",

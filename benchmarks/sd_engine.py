@@ -22,9 +22,9 @@ import pandas as pd
 import torch
 from timing import median_seconds
 
-import moesd.sd as sd
-from moesd.bench import build_models, preset
-from moesd.sd import SpeculativeDecoder
+import moesd.measure.sd as sd
+from moesd.measure.bench import build_models, preset
+from moesd.measure.sd import SpeculativeDecoder
 from moesd.zoo import get_model, noisy_copy
 
 REPEATS, TOKENS, GAMMA = 5, 48, 3

@@ -20,7 +20,7 @@ import time
 import numpy as np
 from timing import median_seconds
 
-from moesd.traces import RoutingTrace, _verify_picks, verify_union, window_union
+from moesd.routing.traces import RoutingTrace, _verify_picks, verify_union, window_union
 
 TOKENS, LAYERS, K, SEQUENCES, WINDOW, BATCH, SAMPLES = 200_000, 16, 8, 100, 5, 32, 1000
 REPEATS = 5

@@ -1,7 +1,7 @@
 """A tiny e2e sweep through vLLM and through moesd's own engine on the same models, and their result files compared.
 
 Run in .venv-vllm (``make vllm``): ``.venv-vllm/bin/python benchmarks/vllm_vs_hf.py [OUT_DIR] [--quick]``.
-Saves the tiny random-weight pair of ``moesd.vllm_engine.save_tiny_models`` in ``OUT_DIR/models``, runs
+Saves the tiny random-weight pair of ``moesd.measure.vllm_engine.save_tiny_models`` in ``OUT_DIR/models``, runs
 ``moesd sweep e2e`` with ``--engine vllm`` and ``--engine hf`` (real greedy acceptance, B = 1, 4, 16, gamma = 2, 3,
 two repeats; ``--quick``: B = 1, gamma = 2, one repeat) into ``OUT_DIR/vllm`` and ``OUT_DIR/hf``, and prints both
 files side by side: the columns, the columns vLLM leaves empty, sigma (which must agree: same models, prompts and
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from moesd import measurements
-from moesd.vllm_engine import save_tiny_models
+from moesd.measure import studies as measurements
+from moesd.measure.vllm_engine import save_tiny_models
 
 KEYS = ["run", "batch_size", "gamma"]
 SHOWN = ["t_ar", "t_sd", "sigma", "speedup"]

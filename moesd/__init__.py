@@ -1,11 +1,11 @@
 """moesd: reproduce and extend *MoESD: Unveil Speculative Decoding's Potential for Accelerating Sparse MoE*.
 
-The theory (:mod:`moesd.experts`, :mod:`moesd.speedup`, :mod:`moesd.roofline`) is pure numpy;
+The theory (:mod:`moesd.theory.experts`, :mod:`moesd.theory.speedup`, :mod:`moesd.theory.roofline`) is pure numpy;
 importing ``moesd`` never imports torch. Measurement modules import torch when they are used.
-The speedup of Eq. 4 is ``moesd.speedup.speedup``: ``moesd.speedup`` is the module.
+The speedup of Eq. 4 is ``moesd.theory.speedup.speedup``: ``moesd.theory.speedup`` is the module.
 """
 
-from moesd.experts import (
+from moesd.theory.experts import (
     appendix_b_f,
     expected_active_experts,
     expected_active_experts_from_popularity,
@@ -13,8 +13,8 @@ from moesd.experts import (
     tokens_per_expert,
     tokens_per_expert_derivative,
 )
-from moesd.roofline import HARDWARE, G, Hardware, ridge_point
-from moesd.speedup import (
+from moesd.theory.roofline import HARDWARE, G, Hardware, ridge_point
+from moesd.theory.speedup import (
     alpha_from_sigma,
     expected_tokens_per_round,
     leviathan_speedup,

@@ -3,10 +3,10 @@
 ``moesd theory --E 64 --K 8`` prints N(t), tokens per expert and T_thres (Eqs. 8-10);
 ``moesd hardware`` prints the hardware table with ridge points (Eq. 1); ``--measure`` adds this machine's;
 ``moesd trace --model M --prompts humaneval ...`` captures expert routing into a trace file;
-``moesd sweep e2e --preset cpu`` times AR against SD over batch sizes (``moesd.bench``);
-``moesd fit data/measurements/cpu/sparsity.csv --stride 11`` fits Algorithm 1 (``moesd.fit``);
+``moesd sweep e2e --preset cpu`` times AR against SD over batch sizes (``moesd.measure.bench``);
+``moesd fit data/measurements/cpu/sparsity.csv --stride 11`` fits Algorithm 1 (``moesd.model.fit``);
 ``moesd predict --target deepseek-v3 --draft deepseek-v3-mtp --hardware H200 --tp 8 --dtype fp8`` predicts SD's speedup
-(``moesd.predict``).
+(``moesd.model.predict``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import UsageError, as_array, new_file, torch_device, usage_errors
-from moesd.experts import expected_active_experts, full_activation_threshold, sparsity, tokens_per_expert
-from moesd.roofline import HARDWARE
+from moesd.theory.experts import expected_active_experts, full_activation_threshold, sparsity, tokens_per_expert
+from moesd.theory.roofline import HARDWARE
 from moesd.zoo import MODELS
 
 DEFAULT_TOKENS = [1, 2, 4, 8, 16, 32, 64, 100, 200, 400]
@@ -81,7 +81,7 @@ def _hardware(args: argparse.Namespace) -> None:
 def _regime(args: argparse.Namespace) -> None:
     import json
 
-    from moesd.regime import MIN_STREAMING_SHARE, regime_check
+    from moesd.measure.regime import MIN_STREAMING_SHARE, regime_check
 
     if args.measure or args.device not in (None, "cpu") or args.dtype is not None:
         raise UsageError("--regime measures the CPU in float32 and bfloat16; leave out --measure, --device and --dtype")
@@ -106,13 +106,13 @@ def _regime(args: argparse.Namespace) -> None:
 
 _HARDWARE_NOTE = ("A100, A800, H100, H800, H200: the SXM parts (their data sheets' SXM figures); GPUs/node: the GPUs "
                   "one NVLink or Infinity Fabric domain (L40: one PCIe server) joins, the largest --tp moesd "
-                  "predict prices; each record's sources: moesd.roofline.HARDWARE")
+                  "predict prices; each record's sources: moesd.theory.roofline.HARDWARE")
 
 
 def _measured_hardware(args: argparse.Namespace) -> None:
     import json
 
-    from moesd.hardware import measure_roofline
+    from moesd.measure.hardware import measure_roofline
 
     measured = measure_roofline(args.device or "cpu", args.dtype or "float32", args.threads)
     hw = measured.hardware
@@ -144,7 +144,7 @@ def _measured_hardware(args: argparse.Namespace) -> None:
 
 
 def _trace(args: argparse.Namespace) -> None:
-    from moesd.prompts import load_prompts
+    from moesd.routing.prompts import load_prompts
 
     for flag, value in (("--num-prompts", args.num_prompts), ("--batch-size", args.batch_size),
                         ("--max-new-tokens", args.max_new_tokens)):
@@ -156,7 +156,7 @@ def _trace(args: argparse.Namespace) -> None:
             raise UsageError("--dtype and --device apply only without --random-weights (random models run on the CPU)")
         _random_model_spec(args)
         if args.engine == "vllm":
-            from moesd.vllm_capture import check_random_shape
+            from moesd.routing.vllm_capture import check_random_shape
 
             with usage_errors():
                 check_random_shape(args.model, args.width)
@@ -172,20 +172,20 @@ def _trace(args: argparse.Namespace) -> None:
     if args.num_prompts is not None:
         prompts = prompts.head(args.num_prompts)
     if args.engine == "vllm":
-        from moesd.vllm_capture import trace_with_vllm
+        from moesd.routing.vllm_capture import trace_with_vllm
 
         trace = trace_with_vllm(args.model, prompts, args.batch_size, args.max_new_tokens, dataset=args.prompts,
                                 dtype=args.dtype, draft=args.draft, gamma=args.gamma,
                                 temperature=args.temperature, random_weights=args.random_weights,
                                 num_layers=args.layers, width=args.width, seed=args.seed)
     elif args.random_weights:
-        from moesd.capture import trace_random_model
+        from moesd.routing.capture import trace_random_model
 
         trace = trace_random_model(args.model, prompts, args.batch_size, args.max_new_tokens,
                                    num_layers=args.layers, width=args.width, seed=args.seed,
                                    dataset=args.prompts)
     else:
-        from moesd.capture import trace_prompts
+        from moesd.routing.capture import trace_prompts
 
         trace = trace_prompts(args.model, prompts, args.batch_size, args.max_new_tokens, dataset=args.prompts,
                               dtype=args.dtype, device=args.device)
@@ -225,7 +225,7 @@ def _random_model_spec(args: argparse.Namespace) -> None:
         spec = get_model(args.model)
     if not spec.is_moe:
         raise UsageError(f"--model {spec.name} is dense: there is no expert routing to trace")
-    from moesd.capture import SUPPORTED_MODEL_TYPES
+    from moesd.routing.capture import SUPPORTED_MODEL_TYPES
 
     if spec.model_type not in SUPPORTED_MODEL_TYPES:
         raise UsageError(f"--model {spec.name}: routing capture supports the model types "
@@ -247,7 +247,7 @@ def _local_model(model: str) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> None:
-    from moesd.sweeps import SweepConfig, with_overrides
+    from moesd.measure.sweeps import SweepConfig, with_overrides
 
     given = {name: value for name, value in {
         "target": args.target, "draft": args.draft, "weights": args.weights, "layers": args.layers,
@@ -268,25 +268,25 @@ def _sweep(args: argparse.Namespace) -> None:
     if args.engine != "vllm" and (args.tp, args.draft_tp) != (1, 1):
         raise UsageError("--tp and --draft-tp apply only with --engine vllm")
 
-    from moesd.bench import check_sweep, run_sweep  # torch: after the settings are checked
+    from moesd.measure.bench import check_sweep, run_sweep  # torch: after the settings are checked
 
     with usage_errors():  # device, --out-dir and an existing result file, before any model is built
         path = check_sweep(config, args.out_dir, args.overwrite)
     if args.engine == "vllm":
-        from moesd.vllm_engine import run_sweep as run_vllm_sweep
+        from moesd.measure.vllm_engine import run_sweep as run_vllm_sweep
 
         path = run_vllm_sweep(config, path.parent, overwrite=args.overwrite, tp=args.tp, draft_tp=args.draft_tp)
     else:
         run_sweep(config, path.parent, overwrite=args.overwrite)
     print(f"{config.study} study -> {path}")
-    from moesd.measurements import check_file
+    from moesd.measure.studies import check_file
 
     problems = check_file(path)[2]
     for problem in problems:
         print(f"warning: {path.name}: {problem}", file=sys.stderr)
     if problems:
         print(f"warning: {len(problems)} problem(s) in {path.name} (a bound broken by timing noise in short windows: "
-              "more --rounds or --repeats); moesd.measurements.load, which the chapters use, warns of them too",
+              "more --rounds or --repeats); moesd.measure.studies.load, which the chapters use, warns of them too",
               file=sys.stderr)
 
 
@@ -309,7 +309,7 @@ def _read_result_file(path) -> tuple[pd.DataFrame, dict | None]:
     import json
     from pathlib import Path
 
-    from moesd.measurements import FITTING_COLUMNS
+    from moesd.measure.studies import FITTING_COLUMNS
 
     path = Path(path)
     if path.is_dir():
@@ -347,7 +347,7 @@ def _read_result_file(path) -> tuple[pd.DataFrame, dict | None]:
 
 def _experts(args: argparse.Namespace, sidecar: dict | None) -> tuple[int, str]:
     """E and where it came from: --E, or the target named in the sidecar."""
-    from moesd.measurements import routed_experts
+    from moesd.measure.studies import routed_experts
 
     if args.E is not None:
         if args.E < 1:
@@ -365,10 +365,10 @@ def _ridge_point(args: argparse.Namespace, sidecar: dict | None) -> tuple[float,
     """Algorithm 1's ridge point in tokens and its source: the sidecar's measured roofline, else --hardware's data sheet.
 
     A data-sheet record gives bf16 peaks, whose ridge point in tokens equals its FLOP/byte
-    (:func:`moesd.measurements.ridge_tokens_for`).
+    (:func:`moesd.measure.studies.ridge_tokens_for`).
     """
-    from moesd.measurements import ridge_tokens_for
-    from moesd.roofline import ridge_point
+    from moesd.measure.studies import ridge_tokens_for
+    from moesd.theory.roofline import ridge_point
 
     try:
         rp, source = ridge_tokens_for(sidecar or {}), "measured roofline in the sidecar, in its dtype"
@@ -393,7 +393,7 @@ def _as_option(message: str) -> str:
 
 
 def _fit(args: argparse.Namespace) -> None:
-    from moesd.fit import PARAMETERS, check_measurements, fit_speedup_model, from_sweep, held_out_errors, stride_sample
+    from moesd.model.fit import PARAMETERS, check_measurements, fit_speedup_model, from_sweep, held_out_errors, stride_sample
 
     if args.stride is not None and args.stride < 1:
         raise UsageError(f"--stride must be >= 1, got {args.stride}")
@@ -402,7 +402,7 @@ def _fit(args: argparse.Namespace) -> None:
     rp, rp_source = _ridge_point(args, sidecar)
     repeats = int(rows["run"].nunique()) if "run" in rows else 1
     if repeats > 1:  # a point is the mean of its repeats (the paper's are means over runs too)
-        from moesd.fit import mean_over_repeats
+        from moesd.model.fit import mean_over_repeats
 
         rows = mean_over_repeats(rows)
     frame = from_sweep(rows, experts)
@@ -420,7 +420,7 @@ def _fit(args: argparse.Namespace) -> None:
                          f"{(len(frame) - 1) // (len(PARAMETERS) - 1)}")
     bounds = None
     if args.bounds == "appendix-c2":
-        from moesd.measurements import appendix_c2_bounds
+        from moesd.measure.studies import appendix_c2_bounds
 
         try:
             bounds = appendix_c2_bounds(rows, sidecar)
@@ -545,9 +545,9 @@ def _verdict(best: pd.DataFrame) -> str:
 
 
 def _predict(args: argparse.Namespace) -> None:
-    from moesd.predict import (DTYPE_BYTES, Efficiency, batch_range, best_gamma, memory_fit, predict_sd,
+    from moesd.model.predict import (DTYPE_BYTES, Efficiency, batch_range, best_gamma, memory_fit, predict_sd,
                                resolve_hardware, resolve_model, tensor_parallel_sizes)
-    from moesd.predict_paper import HOST_SECONDS_VLLM_V0
+    from moesd.paper.predictor_check import HOST_SECONDS_VLLM_V0
 
     batch, gammas, column, values, options = _predict_options(args)
     plot = _plot_path(args.plot) if args.plot else None
@@ -576,10 +576,10 @@ def _predict(args: argparse.Namespace) -> None:
     hardware = resolve_hardware(args.hardware)
     other_ms = 0.0 if args.host_ms else HOST_SECONDS_VLLM_V0 * 1e3  # the verdict says if it changes there
     print(f"{args.target} on {args.tp} x {hardware.name} (ep {args.ep}), draft {args.draft} on {args.draft_tp} "
-          f"GPU(s), {args.dtype}, context {args.context} tokens; speedup of Eq. 4 predicted by moesd.predict "
+          f"GPU(s), {args.dtype}, context {args.context} tokens; speedup of Eq. 4 predicted by moesd.model.predict "
           f"(roofline at achieved fractions of data-sheet peaks, host cost {args.host_ms:g} ms per forward pass"
           + (f": where SD pays, an upper bound; --host-ms adds a serving engine's, e.g. {other_ms:.2g} ms from "
-             "vLLM v0's own profile, moesd.predict_paper" if args.host_ms == 0 else "") + ")")
+             "vLLM v0's own profile, moesd.paper.predictor_check" if args.host_ms == 0 else "") + ")")
     target, draft = resolve_model(args.target), resolve_model(args.draft)
     if target.vocab_size != draft.vocab_size:
         print(f"note: the vocabularies differ ({target.vocab_size} against {draft.vocab_size} tokens); SD needs a "
@@ -679,7 +679,7 @@ def build_parser() -> argparse.ArgumentParser:
     hardware.add_argument("--regime", action="store_true",
                           help="measure whether this CPU can run the studies in the paper's regime: real expert "
                                "projections against M, per-expert dispatch and the streaming share of a B = 1 step "
-                               "(moesd.regime)")
+                               "(moesd.measure.regime)")
     hardware.set_defaults(run=_hardware)
 
     trace = commands.add_parser("trace", help="capture expert routing of a MoE model (Hugging Face or vLLM)")
@@ -704,7 +704,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "vLLM and its sampling")
     trace.add_argument("--engine", default="hf", choices=["hf", "vllm"],
                        help="hf: hooks on Hugging Face routers (default); vllm: vLLM's router callbacks "
-                            "(moesd.vllm_capture, needs vllm: make vllm)")
+                            "(moesd.routing.vllm_capture, needs vllm: make vllm)")
     trace.add_argument("--draft", help="with --engine vllm: draft model (hub id or folder) for speculative decoding; "
                                        "verified draft tokens not in the sequence get phase 'rejected'")
     trace.add_argument("--gamma", type=int, help="with --draft: draft tokens per round")
@@ -712,7 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --engine vllm: sampling temperature (default 0, greedy)")
     trace.set_defaults(run=_trace)
 
-    sweep = commands.add_parser("sweep", help="time AR and SD over batch sizes (moesd.bench)",
+    sweep = commands.add_parser("sweep", help="time AR and SD over batch sizes (moesd.measure.bench)",
                                 description="Run a timing study into <out-dir>/<study>.csv with a JSON sidecar. "
                                             "Every point is written when it finishes; run again to resume.")
     sweep.add_argument("study", choices=["forward", "e2e", "sparsity", "dense", "dense_forward", "settings"])
@@ -749,16 +749,16 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--cuda-graphs", action="store_true",
                        help="forward studies on CUDA: time each forward as a CUDA graph replay over a static cache")
     sweep.add_argument("--engine", default="hf", choices=["hf", "vllm"],
-                       help="hf: moesd's own engine (default); vllm: vLLM's offline API (moesd.vllm_engine, "
+                       help="hf: moesd's own engine (default); vllm: vLLM's offline API (moesd.measure.vllm_engine, "
                             "needs vllm: make vllm)")
     sweep.add_argument("--tp", type=int, default=1, help="with --engine vllm: tensor-parallel GPUs of the target")
     sweep.add_argument("--draft-tp", type=int, default=1, help="with --engine vllm: tensor-parallel GPUs of the draft")
     sweep.set_defaults(run=_sweep)
 
-    fit = commands.add_parser("fit", help="fit Algorithm 1 to an e2e or sparsity result file (moesd.fit)")
+    fit = commands.add_parser("fit", help="fit Algorithm 1 to an e2e or sparsity result file (moesd.model.fit)")
     fit.add_argument("measurements", help="CSV written by moesd sweep (e2e, sparsity), with its .json sidecar")
     fit.add_argument("--E", type=int, help="override E, the routed experts per layer (default: from the sidecar)")
-    fit.add_argument("--hardware", help="moesd.roofline.HARDWARE name whose data-sheet ridge point is used when "
+    fit.add_argument("--hardware", help="moesd.theory.roofline.HARDWARE name whose data-sheet ridge point is used when "
                                         "the sidecar holds no measured roofline")
     fit.add_argument("--variant", default="eq4", choices=["eq4", "printed"], help="Algorithm 1 denominator")
     fit.add_argument("--verify-tokens", default="gamma", choices=["gamma", "gamma+1"],
@@ -767,18 +767,18 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--bounds", default="free", choices=["free", "appendix-c2"],
                      help="free: time-like parameters in [0, inf), reported relative to bias (default); appendix-c2: "
                           "the paper's volume bounds for the models and measured bandwidth of the sidecar, which "
-                          "make the parameters seconds (moesd.measurements.appendix_c2_bounds)")
+                          "make the parameters seconds (moesd.measure.studies.appendix_c2_bounds)")
     fit.set_defaults(run=_fit)
 
     predict = commands.add_parser(
-        "predict", help="predict SD's speedup for a model on GPUs (moesd.predict)",
+        "predict", help="predict SD's speedup for a model on GPUs (moesd.model.predict)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=textwrap.fill("models (--target, --draft): " + ", ".join(MODELS), 100, break_on_hyphens=False) + "\n"
         + textwrap.fill("hardware (--hardware, any case): " + ", ".join(HARDWARE), 100, break_on_hyphens=False) + "\n"
         + textwrap.fill(_HARDWARE_NOTE + "; `moesd hardware` lists them.", 100, break_on_hyphens=False))
     predict.add_argument("--target", required=True, help="moesd.zoo name of the target, e.g. deepseek-v3")
     predict.add_argument("--draft", required=True, help="moesd.zoo name of the draft, e.g. deepseek-v3-mtp")
-    predict.add_argument("--hardware", required=True, help="moesd.roofline.HARDWARE name, e.g. H200 (below)")
+    predict.add_argument("--hardware", required=True, help="moesd.theory.roofline.HARDWARE name, e.g. H200 (below)")
     predict.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of the target (default 1)")
     predict.add_argument("--ep", type=int, default=1, help="expert-parallel degree, dividing --tp (default 1)")
     predict.add_argument("--draft-tp", type=int, default=1,

@@ -14,7 +14,7 @@ Experts per layer E and experts per token K are never scaled.
 :meth:`ModelSpec.architecture` reads the same config keys into an :class:`Architecture`: the
 dimensions that set a model's weights, FLOPs and KV cache, with an analytic, torch-free count of
 the weights of each component (:meth:`Architecture.weight_counts`). It agrees exactly with the
-meta-device count of :meth:`ModelSpec.parameter_counts` and is what :mod:`moesd.predict` uses.
+meta-device count of :meth:`ModelSpec.parameter_counts` and is what :mod:`moesd.model.predict` uses.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ class ModelSpec:
 
         if self.model_type not in CONFIG_MAPPING:
             raise ValueError(f"{self.name}: the installed transformers has no config class for model_type "
-                             f"{self.model_type!r}; the record serves moesd.predict (analytic counts) only")
+                             f"{self.model_type!r}; the record serves moesd.model.predict (analytic counts) only")
         return AutoConfig.for_model(self.model_type, **{**self.config_dict(num_layers, top_k, width),
                                                         **overrides})
 

@@ -6,7 +6,7 @@ not the Makefile exported them. ``MPLBACKEND`` is removed so that the notebooks 
 IPython's inline figures (``MPLBACKEND=Agg``, common on CI images, turns them into text).
 Hypothesis runs derandomised, without a database, so that CI is reproducible.
 
-A sweep stores the measured roofline of its machine in its sidecar (``moesd.hardware.measured_roofline``,
+A sweep stores the measured roofline of its machine in its sidecar (``moesd.measure.hardware.measured_roofline``,
 once per process). Its STREAM arrays are four times the last-level cache: on a machine that reports a
 large cache (503 MB on one of this project's 2-core VMs) that takes 20 s, paid by the first sweep in each
 test process. Sweeps under test store a quick roofline instead (small arrays and shapes, once per
@@ -44,7 +44,7 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("moesd", derandomize=True, database=None, max_examples=200, deadline=None)
 settings.load_profile("moesd")
 
-MODEL_MODULES = ("torch", "transformers", "moesd.sd", "moesd.capture", "moesd.bench", "moesd.zoo")
+MODEL_MODULES = ("torch", "transformers", "moesd.measure.sd", "moesd.routing.capture", "moesd.measure.bench", "moesd.zoo")
 """Modules whose use makes a test module model-heavy."""
 
 
@@ -68,8 +68,8 @@ def pytest_collection_modifyitems(config, items):
 
 @functools.lru_cache(maxsize=None)
 def _quick_roofline(device: str, dtype: str, threads: int):
-    """What ``moesd.hardware.measured_roofline`` gives sweeps under test: a quick measurement, once per process."""
-    from moesd import hardware
+    """What ``moesd.measure.hardware.measured_roofline`` gives sweeps under test: a quick measurement, once per process."""
+    from moesd.measure import hardware
 
     return hardware.measure_roofline(device, dtype, threads, quick=True)
 
@@ -78,6 +78,6 @@ def _quick_roofline(device: str, dtype: str, threads: int):
 def quick_sweep_roofline(request, monkeypatch):
     """Sweeps store :func:`_quick_roofline` in their sidecars, except in tests marked ``real_roofline``."""
     if not request.node.get_closest_marker("real_roofline"):
-        from moesd import hardware
+        from moesd.measure import hardware
 
         monkeypatch.setattr(hardware, "_measured_once", _quick_roofline)

@@ -31,10 +31,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moesd import cli as moesd_cli
-from moesd import (experts, fit, importers, measurements, paper, predict, predict_paper, roofline, speedup,
-                   sweeps, traces)
+from moesd.measure import studies as measurements
+from moesd.measure import sweeps
+from moesd.model import fit, predict
+from moesd.paper import predictor_check as predict_paper
+from moesd.paper import tables as paper
+from moesd.routing import importers, traces
+from moesd.theory import experts, roofline, speedup
 from moesd._checks import UsageError
-from moesd.prompts import load_prompts
+from moesd.routing.prompts import load_prompts
 
 EXCERPTS = Path(__file__).resolve().parent / "data" / "prompts"
 HUMANEVAL = EXCERPTS / "humaneval" / "HumanEval.jsonl.gz"
@@ -796,7 +801,7 @@ def _sweep(**changes):
 
 
 def _checked_sweep(out_dir, **changes):
-    from moesd.bench import check_sweep
+    from moesd.measure.bench import check_sweep
 
     return check_sweep(_sweep(**changes), out_dir)
 
@@ -923,14 +928,14 @@ def _predict_argv(*changes):
 
 def _fit_failing_inside(tmp: Path):
     """``moesd fit`` of a good file whose fit raises ``ValueError``, as scipy might deep inside."""
-    with mock.patch("moesd.fit.fit_speedup_model", side_effect=ValueError("deep inside scipy")):
+    with mock.patch("moesd.model.fit.fit_speedup_model", side_effect=ValueError("deep inside scipy")):
         moesd_cli.main(["fit", str(_result_file(tmp))])
 
 
-NO_MODELS = ("moesd.capture", "moesd.bench", "moesd.vllm_capture")
+NO_MODELS = ("moesd.routing.capture", "moesd.measure.bench", "moesd.routing.vllm_capture")
 """What a refused command must not have imported: the modules that build and run models."""
-TRACING = (("moesd.capture", "trace_random_model"),)
-SWEEPING = (("moesd.bench", "run_sweep"),)
+TRACING = (("moesd.routing.capture", "trace_random_model"),)
+SWEEPING = (("moesd.measure.bench", "run_sweep"),)
 """The work a refused command must not reach, where checking needs the module that does it."""
 
 CLI_COMMANDS = [
@@ -1091,10 +1096,10 @@ CLI_COMMANDS = [
         ["predict", "--target", "qwen3-235b-a22b", "--draft", "qwen2-0.5b", "--hardware", "H100", "--tp", "8",
          "--draft-tp", "4"], "--draft-tp: draft_tp must divide the attention heads of qwen2-0.5b (14), got 4"),
     cli("predict into a missing folder", lambda tmp: _predict_argv("--csv", str(tmp / "nowhere" / "p.csv")),
-        "--csv: folder ", stops=(("moesd.predict", "predict_sd"),)),
+        "--csv: folder ", stops=(("moesd.model.predict", "predict_sd"),)),
     cli("predict with a negative context", _predict_argv("--context", "-1"), "--context must be >= 0, got -1"),
     cli("predict into an image type matplotlib lacks", lambda tmp: _predict_argv("--plot", str(tmp / "x.xyz")),
-        "--plot: matplotlib cannot write '.xyz' files; use one of", stops=(("moesd.predict", "predict_sd"),)),
+        "--plot: matplotlib cannot write '.xyz' files; use one of", stops=(("moesd.model.predict", "predict_sd"),)),
     cli("predict across nodes", ["predict", "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware",
                                  "H100", "--tp", "16"],
         "--tp: tp must be at most 8, the GPUs one H100 node joins (tensor parallelism across nodes is not "

@@ -11,14 +11,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import moesd.bench as bench  # noqa: E402
+import moesd.measure.bench as bench  # noqa: E402
 from moesd._checks import UsageError  # noqa: E402
 from moesd._files import atomic_write  # noqa: E402
-from moesd.bench import (SweepConfig, acceptance_seed, estimate_seconds, preset, run_sweep,  # noqa: E402
+from moesd.measure.bench import (SweepConfig, acceptance_seed, estimate_seconds, preset, run_sweep,  # noqa: E402
                          steady_state_row, time_autoregressive, time_speculative)
-from moesd.sd import DecodeStats, RoundRecord, SpeculativeDecoder, generate_autoregressive  # noqa: E402
-from moesd.speedup import alpha_from_sigma  # noqa: E402
-from moesd.speedup import speedup as eq4  # noqa: E402
+from moesd.measure.sd import DecodeStats, RoundRecord, SpeculativeDecoder, generate_autoregressive  # noqa: E402
+from moesd.theory.speedup import alpha_from_sigma  # noqa: E402
+from moesd.theory.speedup import speedup as eq4  # noqa: E402
 from moesd.zoo import get_model, noisy_copy  # noqa: E402
 
 TINY = dict(target="qwen2-57b-a14b", draft="qwen2-0.5b", layers=1, draft_layers=1, width=1 / 32,
@@ -105,7 +105,7 @@ def test_the_sidecar_names_commit_command_and_experts_kernel_truthfully(monkeypa
 
 
 def test_a_static_step_is_repeatable_and_equals_the_dynamic_cache_forward(ragged_pair):
-    """What a CUDA graph replays (moesd.bench.static_step): the same logits every call, the dynamic cache's logits."""
+    """What a CUDA graph replays (moesd.measure.bench.static_step): the same logits every call, the dynamic cache's logits."""
     target, _ = ragged_pair
     new = torch.randint(1, target.config.vocab_size, (3, 4), generator=torch.Generator().manual_seed(5))
     static = bench.filled_cache(target, 3, 8, "cpu", static_tokens=4)
@@ -331,13 +331,13 @@ def test_pretrained_weights_default_to_real_acceptance():
 
 
 def test_summarize_keeps_its_old_home():
-    from moesd import measurements
+    from moesd.measure import studies as measurements
 
     assert bench.summarize is measurements.summarize
 
 
 def test_presets_keep_the_paper_settings():
-    from moesd.predict import PAPER_BATCH_SIZES
+    from moesd.model.predict import PAPER_BATCH_SIZES
     from moesd.zoo import depth_scaled_vocab
 
     sparsity = preset("sparsity")
@@ -360,7 +360,7 @@ def test_presets_keep_the_paper_settings():
 
 def test_paper_sigma_is_table_2s_greedy_humaneval_row_on_every_device():
     """PAPER_SIGMA against data/paper/tables_1_2.csv (transcribed from the paper, not from this code)."""
-    from moesd.paper import paper_table
+    from moesd.paper.tables import paper_table
 
     table = paper_table("tables_1_2")
     rows = table[(table["table"] == 2) & (table["dataset"] == "humaneval") & (table["temperature"] == 0)]
@@ -425,7 +425,7 @@ CLI_TINY = ["--layers", "1", "--draft-layers", "1", "--width", "0.03125", "--bat
 
 def test_cli_sweep_says_when_rows_break_a_physical_bound(tmp_path, capsys, monkeypatch):
     """A short window can time a verification faster than a decode step: the command says so on stderr."""
-    import moesd.bench
+    import moesd.measure.bench
     from moesd.cli import main
 
     def timed_too_short(config, folder, overwrite=False):  # a row of speedup 3.4 > sigma (gamma + 1) = 3
@@ -433,7 +433,7 @@ def test_cli_sweep_says_when_rows_break_a_physical_bound(tmp_path, capsys, monke
                       "speedup": [3.4], "target_efficiency": [1.37]}).to_csv(folder / "e2e.csv", index=False)
         (folder / "e2e.json").write_text("{}")
 
-    monkeypatch.setattr(moesd.bench, "run_sweep", timed_too_short)
+    monkeypatch.setattr(moesd.measure.bench, "run_sweep", timed_too_short)
     assert main(["sweep", "e2e", *CLI_TINY, "--out-dir", str(tmp_path)]) == 0
     err = capsys.readouterr().err
     assert "warning: e2e.csv: line 2 (run=0, batch_size=2, gamma=2, num_experts_per_tok=8): speedup = 3.4" in err

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from moesd.capture import RoutingRecorder, capture_generate, moe_layers  # noqa: E402
+from moesd.routing.capture import RoutingRecorder, capture_generate, moe_layers  # noqa: E402
 
 COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
@@ -131,7 +131,7 @@ def test_cli_traces_a_local_model(tmp_path):
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
     from moesd.cli import main
-    from moesd.traces import RoutingTrace
+    from moesd.routing.traces import RoutingTrace
 
     characters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,?$%'-+*/=()"
     vocab = {"<pad>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(characters)}}
@@ -177,7 +177,7 @@ def test_cli_refuses_bad_trace_arguments_before_any_work(tmp_path, capsys, chang
 
 
 def test_trace_prompts_refuses_an_unknown_dtype(tmp_path):
-    from moesd.capture import trace_prompts
+    from moesd.routing.capture import trace_prompts
 
     with pytest.raises(ValueError, match="dtype must be 'auto' or a torch dtype name"):
         trace_prompts(str(tmp_path / "no-model"), None, 1, 1, dtype="bogus")
@@ -186,7 +186,7 @@ def test_trace_prompts_refuses_an_unknown_dtype(tmp_path):
 def test_random_model_trace_labels_its_weights():
     import pandas as pd
 
-    from moesd.capture import trace_random_model
+    from moesd.routing.capture import trace_random_model
 
     prompts = pd.DataFrame({"id": ["a", "b", "c"], "prompt": ["def f(x):", "Hi", "é 1+1"]})
     trace = trace_random_model("olmoe-1b-7b", prompts, batch_size=2, max_new_tokens=3, num_layers=2,
@@ -206,7 +206,7 @@ def test_one_new_token_traces_only_the_prefill():
     """max_new_tokens = 1: generate runs the prefill alone (its logits give the one new token)."""
     import pandas as pd
 
-    from moesd.capture import trace_random_model
+    from moesd.routing.capture import trace_random_model
 
     prompts = pd.DataFrame({"id": ["a", "b"], "prompt": ["Hi", "def f"]})
     trace = trace_random_model("olmoe-1b-7b", prompts, batch_size=2, max_new_tokens=1, num_layers=1, width=1 / 32)

@@ -40,7 +40,7 @@ def write_sweep(folder, hardware=HOST, target="mixtral-8x7b", name="sparsity.csv
 
     import pandas as pd
 
-    from moesd.fit import compute_speedup
+    from moesd.model.fit import compute_speedup
 
     rp = HOST["peak_flops"] / HOST["memory_bandwidth"]
     rows = pd.DataFrame([dict(run=0, batch_size=b, gamma=g, num_experts_per_tok=k, sigma=0.9)
@@ -97,7 +97,7 @@ def test_fit_without_a_measured_roofline_needs_hardware(tmp_path, capsys):
 
 def test_fit_with_appendix_c2_bounds(tmp_path, capsys):
     """The paper's volume bounds make the fitted time-like parameters seconds within them."""
-    from moesd.measurements import appendix_c2_bounds, load, measurements_dir
+    from moesd.measure.studies import appendix_c2_bounds, load, measurements_dir
 
     path = measurements_dir() / "cpu" / "sparsity.csv"
     assert main(["fit", str(path), "--stride", "2", "--bounds", "appendix-c2"]) == 0

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moesd.experts import (
+from moesd.theory.experts import (
     appendix_b_f,
     expected_active_experts,
     expected_active_experts_from_popularity,

@@ -6,13 +6,13 @@ import pandas as pd
 import pytest
 from scipy.optimize import least_squares
 
-from moesd.fit import (PAPER_CURVES, PAPER_STRIDES, PARAMETERS, SOLVERS, TIME_PARAMETERS, SpeedupInputs,
+from moesd.model.fit import (PAPER_CURVES, PAPER_STRIDES, PARAMETERS, SOLVERS, TIME_PARAMETERS, SpeedupInputs,
                        SpeedupParams, best_model_variant, compare_stage_times, compute_speedup, fit_speedup_model,
                        fit_stage_times, from_sweep, held_out_errors, mean_over_repeats, model_variant_errors,
                        parameter_bounds, residual_table, robustness_study, spread_sample, stage_times, stride_coverage,
                        stride_sample, target_time)
-from moesd.roofline import G
-from moesd.speedup_model import _growth
+from moesd.theory.roofline import G
+from moesd.model.algorithm1 import _growth
 
 BATCH_SIZES = (1, 2, 4, *range(8, 61, 4), 80, 100)
 TRUE = dict(bias=1e-2, k1=2e-4, k2=2e-4, k3=5e-4, draft_bias=6e-4, draft_k=2e-5, reject_bias=2e-4, reject_k=2e-6,
@@ -42,7 +42,7 @@ def test_named_parameters():
 
 
 def reference_speedup(p, B, g, K, E, sigma, rp, variant):
-    """The digest's sketch of Algorithm 1, written independently of moesd.fit."""
+    """The digest's sketch of Algorithm 1, written independently of moesd.model.fit."""
     bias, k1, k2, k3, db, dk, rb, rk, lam, s = p
 
     def growth(t, L):
@@ -320,7 +320,7 @@ def test_spread_sample_is_the_stride_sample_where_the_stride_is_whole():
 
 def test_stride_coverage_is_table_3s_coverage_column():
     """The batch sizes of the paper's design covered by each stride, without a frame: the same as stride_sample's."""
-    from moesd.predict import PAPER_BATCH_SIZES
+    from moesd.model.predict import PAPER_BATCH_SIZES
 
     frame, _ = synthetic()
     coverage = stride_coverage(PAPER_BATCH_SIZES, PAPER_CURVES)
@@ -356,7 +356,7 @@ def test_same_answers_as_the_old_fit_on_the_shipped_data(variant):
     relative difference is 1.2e-5 (eq4; the new MSE lower by 1.4e-6 relative) and 4.1e-6 (printed); on
     the data before it, 1.0e-6 and 1.9e-6. The new fit must be at least as good and agree to 5e-5.
     """
-    from moesd.measurements import load
+    from moesd.measure.studies import load
 
     raw, _ = load("sparsity", "cpu-dispatch")  # the float32 study these numbers describe
     frame = from_sweep(raw, num_experts=64)
@@ -369,7 +369,7 @@ def test_same_answers_as_the_old_fit_on_the_shipped_data(variant):
 def shipped_sparsity():
     """The shipped 1/8-width float32 CPU sparsity study (one repeat of 228 points, cpu-dispatch/) as a fitting
     frame, with the ridge point in tokens of its sidecar: the data the solver tests below were written on."""
-    from moesd.measurements import load, ridge_tokens_for
+    from moesd.measure.studies import load, ridge_tokens_for
 
     raw, sidecar = load("sparsity", "cpu-dispatch")
     return from_sweep(raw, num_experts=64), ridge_tokens_for(sidecar)
@@ -378,7 +378,7 @@ def shipped_sparsity():
 def trf_alone(frame, rp, stride, variant, max_nfev=None):
     """least_squares(trf) on a stride sample with the fit's options and start, as the fit ran before L-BFGS-B
     took over from it: the solution, and a function of parameters giving the predictions on every row."""
-    from moesd.fit import TOLERANCE, _initial_guess
+    from moesd.model.fit import TOLERANCE, _initial_guess
 
     data = stride_sample(frame, stride)
     inputs = SpeedupInputs.build(*(data[c].to_numpy(float) for c in ("B", "gamma", "K", "E", "sigma")), rp)
@@ -393,7 +393,7 @@ def trf_alone(frame, rp, stride, variant, max_nfev=None):
 
 def test_a_fit_trf_finishes_within_its_share_is_trf_alone():
     """Printed denominator, stride 10: trf converges within TRF_EVALUATIONS evaluations: nothing else runs."""
-    from moesd.fit import TRF_EVALUATIONS
+    from moesd.model.fit import TRF_EVALUATIONS
 
     frame, rp = shipped_sparsity()
     result = fit_speedup_model(frame, rp, variant="printed", stride=10)
@@ -406,7 +406,7 @@ def test_a_fit_trf_finishes_within_its_share_is_trf_alone():
 def test_a_crawling_fit_reaches_the_floor_trf_reaches_slowly():
     """Eq. 4, stride 20: trf alone crawls along a flat valley (s climbing to 2) for 496 evaluations before its
     tests pass; after TRF_EVALUATIONS, L-BFGS-B carries it there, and trf, restarted, converges at the same floor."""
-    from moesd.fit import TRF_EVALUATIONS
+    from moesd.model.fit import TRF_EVALUATIONS
 
     frame, rp = shipped_sparsity()
     result = fit_speedup_model(frame, rp, stride=20)
@@ -495,7 +495,7 @@ def test_bad_arguments_raise(call, match):
 
 def test_stride_samples_cover_the_batch_sizes_of_table_3():
     """Sorting by K, gamma, B and taking df[::stride] reproduces the paper's coverage column."""
-    from moesd.paper import paper_table
+    from moesd.paper.tables import paper_table
 
     frame, _ = synthetic()
     for row in paper_table("table_3").itertuples():
@@ -514,8 +514,8 @@ def test_stride_samples_cover_the_batch_sizes_of_table_3():
 def test_ridge_point_in_tokens_is_the_ridge_point_times_bytes_over_two():
     """A GEMM over t tokens with weights of b bytes does 2 t / b FLOP per weight byte: it reaches the ridge
     point RP (FLOP/byte) at RP b / 2 tokens, RP itself for bf16 and 2 RP for float32."""
-    from moesd.measurements import load, ridge_point_for, ridge_tokens_for
-    from moesd.roofline import HARDWARE
+    from moesd.measure.studies import load, ridge_point_for, ridge_tokens_for
+    from moesd.theory.roofline import HARDWARE
 
     record = HARDWARE["H200"].as_dict()
     rp = 989.5e12 / 4.8e12
@@ -542,7 +542,7 @@ def test_ridge_point_in_tokens_is_the_ridge_point_times_bytes_over_two():
 
 def test_printed_variant_never_exceeds_its_ceiling():
     """Line 11's denominator holds ar + verify with verify >= ar, so no parameters reach sigma (gamma + 1) / 2."""
-    from moesd.speedup_model import compute_speedup, printed_variant_ceiling
+    from moesd.model.algorithm1 import compute_speedup, printed_variant_ceiling
 
     rng = np.random.default_rng(7)
     B = np.array([1, 2, 4, 8, 16, 32, 64, 100] * 3)
@@ -562,7 +562,7 @@ def test_printed_variant_never_exceeds_its_ceiling():
 
 def test_printed_variant_ceiling_against_the_papers_peak():
     """Table 2's 2.29x (sigma 0.90, gamma 4) lies above the printed variant's ceiling of 2.25."""
-    from moesd.speedup_model import printed_variant_ceiling
+    from moesd.model.algorithm1 import printed_variant_ceiling
 
     assert printed_variant_ceiling(0.90, 4) == pytest.approx(2.25)
     assert printed_variant_ceiling([0.9, 1.0], [1, 3]).tolist() == pytest.approx([0.9, 2.0])

@@ -1,4 +1,4 @@
-"""The measured roofline (moesd.hardware): counting, record structure, sidecar round trips, the CLI.
+"""The measured roofline (moesd.measure.hardware): counting, record structure, sidecar round trips, the CLI.
 
 Timings are never asserted: only structure, the FLOP and byte accounting, and invariants that hold
 for any timing (best >= median throughput, peak = best of the curve, ridge = peak / bandwidth).
@@ -11,11 +11,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from moesd import hardware  # noqa: E402
+from moesd.measure import hardware  # noqa: E402
 from moesd.cli import main  # noqa: E402
-from moesd.experts import expected_active_experts  # noqa: E402
-from moesd.measurements import ridge_point_for  # noqa: E402
-from moesd.roofline import Hardware  # noqa: E402
+from moesd.theory.experts import expected_active_experts  # noqa: E402
+from moesd.measure.studies import ridge_point_for  # noqa: E402
+from moesd.theory.roofline import Hardware  # noqa: E402
 from moesd.zoo import get_model  # noqa: E402
 
 
@@ -136,7 +136,7 @@ def test_a_sweep_measures_once_per_process(monkeypatch, quick):
 
 
 def test_sweep_sidecar_holds_the_measured_roofline(monkeypatch, quick):
-    from moesd import bench
+    from moesd.measure import bench
 
     monkeypatch.setattr(bench, "measured_roofline", lambda device, dtype: quick)
     sidecar = bench.environment(bench.preset("forward", "cpu"))

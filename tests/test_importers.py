@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from moesd.importers import (
+from moesd.routing.importers import (
     from_arrays,
     from_layer_csv,
     from_token_jsonl,
@@ -17,7 +17,7 @@ from moesd.importers import (
     from_vllm_routed_experts,
     save_vllm_routed_experts,
 )
-from moesd.traces import MISSING, window_union
+from moesd.routing.traces import MISSING, window_union
 
 EXCERPTS = Path(__file__).parent / "data" / "traces"
 
@@ -320,16 +320,8 @@ def test_save_and_read_vllm_routed_experts(tmp_path):
         from_vllm_routed_experts(tmp_path / "other.json")
 
 
-def test_old_names_still_import_from_traces():
-    from moesd import traces
-
-    assert traces.from_token_jsonl is from_token_jsonl and traces.from_vllm_moe_log is from_vllm_moe_log
-    with pytest.raises(AttributeError):
-        traces.from_nothing  # noqa: B018
-
-
 def test_the_book_reads_the_same_excerpts():
-    from moesd.paper import DATA_DIR
+    from moesd.paper.tables import DATA_DIR
 
     book = DATA_DIR / "traces" / "examples"
     ours = sorted(p.relative_to(EXCERPTS) for p in EXCERPTS.rglob("*") if p.is_file())

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moesd.fit import sigma_adjusted_speedup
-from moesd.measurements import (MeasurementWarning, available, check_rows, fitting_frame, forward_speedup,
+from moesd.model.fit import sigma_adjusted_speedup
+from moesd.measure.studies import (MeasurementWarning, available, check_rows, fitting_frame, forward_speedup,
                                 forward_target_efficiency, load, provenance, summarize)
 
 
@@ -22,9 +22,9 @@ def test_shipped_studies_load_with_provenance():
     with pytest.raises(FileNotFoundError, match="moesd sweep e2e"):
         load("e2e", "tpu")
     forward = load("forward", "cpu")[1]
-    assert provenance(forward).endswith("forward passes; moesd.bench")
+    assert provenance(forward).endswith("forward passes; moesd.measure.bench")
     graphs = {**forward, "settings": {**forward["settings"], "cuda_graphs": True}}
-    assert provenance(graphs).endswith("forward passes timed as CUDA graph replays; moesd.bench")
+    assert provenance(graphs).endswith("forward passes timed as CUDA graph replays; moesd.measure.bench")
 
 
 def _forward_study():
@@ -93,8 +93,8 @@ def test_sigma_adjustment():
 
 
 def test_ridge_point_comes_from_the_sidecars_measured_roofline():
-    from moesd.measurements import ridge_point_for
-    from moesd.roofline import HARDWARE
+    from moesd.measure.studies import ridge_point_for
+    from moesd.theory.roofline import HARDWARE
 
     record = HARDWARE["H200"].as_dict()
     assert ridge_point_for({"hardware": record}) == pytest.approx(989.5e12 / 4.8e12)
@@ -162,7 +162,7 @@ def test_summarize_and_the_read_side_need_no_torch():
     table = summarize(frame, ["b"], "v")
     assert table["median"].tolist() == [2.0, 5.0] and table["q25"].tolist() == [1.5, 5.0]
     assert table["runs"].tolist() == [3, 1]
-    code = ("import sys; from moesd.measurements import load, summarize, fitting_frame; "
+    code = ("import sys; from moesd.measure.studies import load, summarize, fitting_frame; "
             "load('forward'); print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
@@ -170,8 +170,8 @@ def test_summarize_and_the_read_side_need_no_torch():
 
 def test_appendix_c2_bounds_count_the_measured_models():
     """The volume bounds of the shipped sparsity study: the cut models' parameters over the measured bandwidth."""
-    from moesd.measurements import appendix_c2_bounds, load, measuring_hardware
-    from moesd.speedup_model import PARAMETERS
+    from moesd.measure.studies import appendix_c2_bounds, load, measuring_hardware
+    from moesd.model.algorithm1 import PARAMETERS
     from moesd.zoo import get_model
 
     rows, sidecar = load("sparsity", "cpu-dispatch")  # cut in width, vocabulary with it, float32
@@ -190,8 +190,8 @@ def test_appendix_c2_bounds_count_the_measured_models():
 
 def test_appendix_c2_bounds_count_the_cut_vocabulary_and_the_dtype():
     """The real-width study cuts the vocabulary by the depth factor and runs bf16: the bias bound counts both."""
-    from moesd.measurements import appendix_c2_bounds, load, measuring_hardware
-    from moesd.speedup_model import PARAMETERS
+    from moesd.measure.studies import appendix_c2_bounds, load, measuring_hardware
+    from moesd.model.algorithm1 import PARAMETERS
     from moesd.zoo import get_model
 
     rows, sidecar = load("sparsity", "cpu")
@@ -207,8 +207,8 @@ def test_appendix_c2_bounds_count_the_cut_vocabulary_and_the_dtype():
 
 def test_appendix_c2_bounds_count_target_and_draft_layers_apart():
     """The e2e study cuts the target to 4 layers and the draft to 3: each bound counts its own model's layers."""
-    from moesd.measurements import appendix_c2_bounds, load, measuring_hardware
-    from moesd.speedup_model import PARAMETERS
+    from moesd.measure.studies import appendix_c2_bounds, load, measuring_hardware
+    from moesd.model.algorithm1 import PARAMETERS
     from moesd.zoo import get_model
 
     rows, sidecar = load("e2e", "cpu-dispatch")
@@ -224,8 +224,8 @@ def test_appendix_c2_bounds_count_target_and_draft_layers_apart():
 
 
 def test_fit_takes_bounds_or_a_model_not_both():
-    from moesd.fit import fit_speedup_model
-    from moesd.measurements import fitting_frame, load, ridge_tokens_for
+    from moesd.model.fit import fit_speedup_model
+    from moesd.measure.studies import fitting_frame, load, ridge_tokens_for
 
     rows, sidecar = load("sparsity", "cpu")
     frame = fitting_frame(rows, sidecar)

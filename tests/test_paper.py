@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from moesd.experts import expected_active_experts
-from moesd.paper import paper_table
-from moesd.speedup import alpha_from_sigma
+from moesd.theory.experts import expected_active_experts
+from moesd.paper.tables import paper_table
+from moesd.theory.speedup import alpha_from_sigma
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from moesd.plots.measuring_sd import (expert_cost_fit, expert_read_seconds, plot
                                       plot_step_against_experts, protocol_checks, regime_steps,
                                       round_loop_source, sigma_standard_error, step_against_experts,
                                       streaming_shares, study_durations)
-from moesd.regime import RegimeCheck, study_sidecar
+from moesd.measure.regime import RegimeCheck, study_sidecar
 
 
 def test_round_loop_source_is_the_engine_s_while_block():

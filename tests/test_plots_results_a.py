@@ -5,10 +5,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moesd.measurements import forward_speedup, forward_target_efficiency
+from moesd.measure.studies import forward_speedup, forward_target_efficiency
 from moesd.plots.measuring_sd import eq4_terms, plot_eq4_check
 from moesd.plots.target_efficiency import plot_fig2, plot_fig3, plot_forward_speedup
-from moesd.speedup import speedup
+from moesd.theory.speedup import speedup
 
 
 def forward_study(runs=3, batch_sizes=(1, 2, 4, 8, 16), drift=0.3):

@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 
 import moesd  # noqa: E402
 from moesd.plots import diagrams, theory  # noqa: E402
-from moesd.roofline import HARDWARE  # noqa: E402
+from moesd.theory.roofline import HARDWARE  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -143,7 +143,7 @@ def test_engine_round_source_is_the_engines_loop():
     is a line of SpeculativeDecoder.generate (so the chapter shows the code that runs)."""
     import inspect
 
-    from moesd.sd import SpeculativeDecoder
+    from moesd.measure.sd import SpeculativeDecoder
 
     listing = theory.engine_round_source()
     lines = listing.splitlines()

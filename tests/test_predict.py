@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moesd.calibrate import calibrate, measured_device
-from moesd.experts import expected_active_experts, most_loaded_share
-from moesd.predict import (
+from moesd.model.calibrate import calibrate, measured_device
+from moesd.theory.experts import expected_active_experts, most_loaded_share
+from moesd.model.predict import (
     COMPONENTS,
     DTYPE_BYTES,
     Efficiency,
@@ -28,11 +28,11 @@ from moesd.predict import (
     weights_per_gpu,
     zipf_popularity,
 )
-from moesd.predict_paper import PAPER_ORDERINGS, efficiency_to_match, ordering_scan, paper_orderings
-from moesd.roofline import HARDWARE
-from moesd.speedup import sigma as speedup_sigma
-from moesd.speedup import speedup
-from moesd.traces import RoutingTrace, popularity
+from moesd.paper.predictor_check import PAPER_ORDERINGS, efficiency_to_match, ordering_scan, paper_orderings
+from moesd.theory.roofline import HARDWARE
+from moesd.theory.speedup import sigma as speedup_sigma
+from moesd.theory.speedup import speedup
+from moesd.routing.traces import RoutingTrace, popularity
 from moesd.zoo import get_model
 
 H100 = HARDWARE["H100"]
@@ -243,7 +243,7 @@ def test_predict_sd_satisfies_eq4_and_has_the_sweep_columns():
 
 
 def test_alpha_sets_sigma_per_gamma_by_eq5():
-    from moesd.speedup import sigma
+    from moesd.theory.speedup import sigma
 
     frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", [8, 32], [1, 3, 5], alpha=0.8, tp=2)
     np.testing.assert_allclose(frame["sigma"], sigma(0.8, frame["gamma"]), rtol=1e-12)
@@ -354,7 +354,7 @@ def test_paper_orderings_at_equal_sigma_compare_the_cost_of_a_round():
 
 def test_the_print_s_support_is_a_one_sided_sign_test_by_hand():
     """Tables 1-2 at equal sigma: 7, 10 and 11 of 12 pairs hold; P(at least k of 12 | 1/2) summed by hand."""
-    from moesd.predict_paper import paper_comparison
+    from moesd.paper.predictor_check import paper_comparison
 
     table = paper_orderings(paper_comparison(match=False)).set_index("better")
     assert table["printed_holds_at_equal_sigma"].tolist() == [7, 10, 11] and (table["pairs"] == 12).all()
@@ -379,7 +379,7 @@ def test_the_signed_rank_test_weighs_each_pair_by_its_difference():
 
 
 def test_ordering_scan_counts_what_paper_orderings_counts():
-    from moesd.predict_paper import paper_comparison
+    from moesd.paper.predictor_check import paper_comparison
 
     efficiency = Efficiency(step_seconds=2e-3)
     scan = ordering_scan({"default": None, "host": efficiency})
@@ -457,7 +457,7 @@ def test_bad_input_names_the_argument(call, name):
 
 
 def test_predict_does_not_import_torch():
-    code = "import sys, moesd.predict; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, moesd.model.predict; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -608,7 +608,7 @@ def test_fp8_weights_leave_router_head_and_norms_in_bf16():
 
 
 def test_hardware_is_found_by_name_in_any_case():
-    from moesd.predict import resolve_hardware
+    from moesd.model.predict import resolve_hardware
 
     assert resolve_hardware("h100") is HARDWARE["H100"] and resolve_hardware("H100") is HARDWARE["H100"]
     with pytest.raises(ValueError, match="hardware must be one of"):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from moesd.prompts import PROMPT_SETS, load_prompts
+from moesd.routing.prompts import PROMPT_SETS, load_prompts
 
 EXCERPTS = Path(__file__).resolve().parent / "data" / "prompts"
 FIRST_IDS = {"humaneval": "HumanEval/0", "mt_bench": "81", "gsm8k": "gsm8k/0"}

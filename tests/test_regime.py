@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moesd.regime import (RegimeCheck, StreamingShare, measured_streaming_share, step_bytes, streaming_share,
+from moesd.measure.regime import (RegimeCheck, StreamingShare, measured_streaming_share, step_bytes, streaming_share,
                           study_sidecar)
 from moesd.zoo import depth_scaled_vocab, get_model
 
@@ -84,7 +84,7 @@ def test_the_design_picks_the_dtype_that_streams_most():
 
 def test_the_shipped_regime_check_describes_this_project_s_cpu():
     """data/measurements/cpu/regime.json: every model and dtype measured, the products are most of the step."""
-    from moesd.measurements import measurements_dir
+    from moesd.measure.studies import measurements_dir
 
     check = RegimeCheck.from_dict(json.loads((measurements_dir() / "cpu" / "regime.json").read_text()))
     assert set(check.steps["dtype"]) == {"float32", "bfloat16"} and set(check.steps["model"]) == {"qwen2-57b-a14b",

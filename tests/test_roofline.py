@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moesd.experts import tokens_per_expert
-from moesd.roofline import (
+from moesd.theory.experts import tokens_per_expert
+from moesd.theory.roofline import (
     HARDWARE,
     G,
     Hardware,
@@ -35,7 +35,7 @@ def test_every_record_cites_its_source():
 
 
 #: Dense bf16 tensor peak (TFLOP/s) and memory bandwidth (TB/s) as the vendors' data sheets print them,
-#: typed here independently of moesd.roofline (dense: half the "with sparsity" figure).
+#: typed here independently of moesd.theory.roofline (dense: half the "with sparsity" figure).
 DATA_SHEETS = {"A800": (312, 2.039), "A100": (312, 2.039), "H800": (989.5, 3.35), "H100": (989.5, 3.35),
                "H200": (989.5, 4.8), "H20": (148, 4.0), "L40": (181.05, 0.864), "B200": (2250, 8.0),
                "MI300X": (1307.4, 5.3)}

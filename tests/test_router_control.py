@@ -7,10 +7,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from moesd._checks import UsageError  # noqa: E402
-from moesd.capture import RoutingRecorder  # noqa: E402
-from moesd.experts import expected_active_experts  # noqa: E402
-from moesd.router_control import RoutingControl, distinct_experts, num_experts, set_top_k  # noqa: E402
-from moesd.sweeps import SweepConfig  # noqa: E402
+from moesd.routing.capture import RoutingRecorder  # noqa: E402
+from moesd.theory.experts import expected_active_experts  # noqa: E402
+from moesd.measure.router_control import RoutingControl, distinct_experts, num_experts, set_top_k  # noqa: E402
+from moesd.measure.sweeps import SweepConfig  # noqa: E402
 from moesd.zoo import get_model  # noqa: E402
 
 TINY = dict(num_layers=2, width=1 / 32, seed=0)
@@ -97,7 +97,7 @@ def test_set_top_k_refuses_a_k_outside_one_to_e(moe, top_k):
 
 
 def _trace(tokens=50, layers=3, experts=64, top_k=8, seed=3):
-    from moesd.traces import RoutingTrace
+    from moesd.routing.traces import RoutingTrace
 
     rng = np.random.default_rng(seed)
     ids = np.stack([[rng.choice(experts, top_k, replace=False) for _ in range(layers)] for _ in range(tokens)])

@@ -1,12 +1,12 @@
 """Routing into the verification cost: activated experts under four routing models, the expert-bytes
-ratio and the roofline target efficiency, against hand computation and moesd.roofline."""
+ratio and the roofline target efficiency, against hand computation and moesd.theory.roofline."""
 
 import numpy as np
 import pytest
 
-from moesd.roofline import HARDWARE, ffn_target_efficiency
-from moesd.routing import activated_experts, routed_ffn_target_efficiency, verification_expert_ratio
-from moesd.traces import RoutingTrace
+from moesd.theory.roofline import HARDWARE, ffn_target_efficiency
+from moesd.routing.loads import activated_experts, routed_ffn_target_efficiency, verification_expert_ratio
+from moesd.routing.traces import RoutingTrace
 
 
 def correlated_trace(sequences=60, length=20, E=32, K=2, seed=0):

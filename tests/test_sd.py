@@ -9,9 +9,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 scipy_stats = pytest.importorskip("scipy.stats")
 
-from moesd.sd import (SpeculativeDecoder, accept_greedy, accept_sampling, accept_synthetic,  # noqa: E402
+from moesd.measure.sd import (SpeculativeDecoder, accept_greedy, accept_sampling, accept_synthetic,  # noqa: E402
                       generate_autoregressive)
-from moesd.speedup import sigma as sigma_of_alpha  # noqa: E402
+from moesd.theory.speedup import sigma as sigma_of_alpha  # noqa: E402
 from moesd.zoo import get_model  # noqa: E402
 from moesd.zoo import noisy_copy  # noqa: E402
 
@@ -181,7 +181,7 @@ def test_synthetic_acceptance_follows_eq5(alpha):
 
 
 def test_each_seed_draws_its_own_acceptance_coins():
-    """The sweeps give every point its own seed (moesd.sweeps.acceptance_seed): different seeds must give
+    """The sweeps give every point its own seed (moesd.measure.sweeps.acceptance_seed): different seeds must give
     different accepted counts, the same seed the same ones."""
     stub = FixedLogits()
     decoder = SpeculativeDecoder(stub, stub, 3)

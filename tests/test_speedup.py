@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moesd.speedup import (
+from moesd.theory.speedup import (
     alpha_from_sigma,
     expected_tokens_per_round,
     leviathan_speedup,

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moesd.experts import expected_active_experts, expected_active_experts_from_popularity
-from moesd.traces import (
+from moesd.theory.experts import expected_active_experts, expected_active_experts_from_popularity
+from moesd.routing.traces import (
     MISSING,
     RoutingTrace,
     adjacent_overlap,
@@ -340,7 +340,7 @@ def test_load_names_the_file_and_the_problem(tmp_path):
 def test_load_of_a_text_log_says_what_it_is(tmp_path):
     log = tmp_path / "routes.jsonl"
     log.write_text('{"problem_id": 0, "token_idx": 0, "layer": 0, "experts": [1, 2]}\n')
-    with pytest.raises(ValueError, match=r"routes\.jsonl: not a RoutingTrace \.npz.*moesd\.importers") as error:
+    with pytest.raises(ValueError, match=r"routes\.jsonl: not a RoutingTrace \.npz.*moesd\.routing\.importers") as error:
         RoutingTrace.load(log)
     assert "pickle" not in str(error.value)
 

@@ -7,11 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import moesd.measurements
-from moesd import verdicts as v
-from moesd.fit import stride_sample
-from moesd.paper import paper_table
-from moesd.roofline import HARDWARE
+import moesd.measure.studies
+from moesd.paper import verdicts as v
+from moesd.model.fit import stride_sample
+from moesd.paper.tables import paper_table
+from moesd.theory.roofline import HARDWARE
 
 GRID = np.array([1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 80, 100], dtype=float)
 """The paper's batch sizes (Table 3)."""
@@ -531,7 +531,7 @@ def test_table3_unmeasurable():
 
 
 def test_scorecard_reads_a_device_folder(tmp_path, monkeypatch):
-    monkeypatch.setattr(moesd.measurements, "measurements_dir", lambda: tmp_path)
+    monkeypatch.setattr(moesd.measure.studies, "measurements_dir", lambda: tmp_path)
     folder = tmp_path / "h100"
     folder.mkdir()
     e2e_study(lambda b: hump(b, 24), lambda b: hump(b, 20, 0.6, 0.3)).to_csv(folder / "e2e.csv", index=False)
@@ -563,7 +563,7 @@ def test_measured_with_names_each_kind_of_study_once():
 
 
 def test_scorecard_says_why_table3_cannot_be_fitted(tmp_path, monkeypatch):
-    monkeypatch.setattr(moesd.measurements, "measurements_dir", lambda: tmp_path)
+    monkeypatch.setattr(moesd.measure.studies, "measurements_dir", lambda: tmp_path)
     (tmp_path / "cpu").mkdir()
     sparsity_study().assign(sigma=0.9).to_csv(tmp_path / "cpu" / "sparsity.csv", index=False)
     sidecar = {"device": "old CPU", "complete": True, "settings": {"target": "qwen2-57b-a14b"}}
@@ -576,7 +576,7 @@ def test_scorecard_says_why_table3_cannot_be_fitted(tmp_path, monkeypatch):
 
 
 def test_robustness_for_fits_with_the_sidecars_ridge_point():
-    raw, sidecar = moesd.measurements.load("sparsity", "cpu")
+    raw, sidecar = moesd.measure.studies.load("sparsity", "cpu")
     sidecar = {**sidecar, "hardware": HARDWARE["H100"].as_dict()}
     study = v.robustness_for(raw, sidecar, strides=(4, 2))
     points = raw.groupby(["batch_size", "gamma", "num_experts_per_tok"]).ngroups  # repeats averaged first

@@ -1,4 +1,4 @@
-"""The vLLM engine (moesd.vllm_engine): counters against emitted tokens, 100 % acceptance with the target as its
+"""The vLLM engine (moesd.measure.vllm_engine): counters against emitted tokens, 100 % acceptance with the target as its
 own draft, greedy acceptance equal to the Hugging Face engine's on the same models and prompts, and a tiny sweep
 that writes a valid result file with the Hugging Face engine's columns.
 
@@ -19,11 +19,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from moesd import measurements  # noqa: E402
-from moesd.bench import SweepConfig, _random_ids, run_sweep, time_speculative  # noqa: E402
-from moesd.sd import SpeculativeDecoder  # noqa: E402
-from moesd.speedup import sigma as eq5  # noqa: E402
-from moesd.vllm_engine import (UNMEASURED_COLUMNS, check_config, save_model, synthetic_acceptance_rates,  # noqa: E402
+from moesd.measure import studies as measurements  # noqa: E402
+from moesd.measure.bench import SweepConfig, _random_ids, run_sweep, time_speculative  # noqa: E402
+from moesd.measure.sd import SpeculativeDecoder  # noqa: E402
+from moesd.theory.speedup import sigma as eq5  # noqa: E402
+from moesd.measure.vllm_engine import (UNMEASURED_COLUMNS, check_config, save_model, synthetic_acceptance_rates,  # noqa: E402
                                tiny_models)
 
 def needs_vllm(test):
@@ -75,7 +75,7 @@ def test_tiny_draft_agrees_with_target_on_some_tokens():
 
 def _recorded(passes, layers=(0,), num_experts=4):
     """A VllmRoutingRecorder holding hand-made passes: (requests, rows, start, input ids, experts of layer 0)."""
-    from moesd.vllm_capture import VllmRoutingRecorder, _Pass
+    from moesd.routing.vllm_capture import VllmRoutingRecorder, _Pass
 
     recorder = VllmRoutingRecorder(llm=None)
     recorder.layers, recorder.num_experts = list(layers), num_experts
@@ -138,8 +138,8 @@ def engines(folders):
     2), ``"same"`` (SD with the target as its own draft, gamma 3), and for routing capture (eager, in this
     process) ``"trace-ar"`` and ``"trace-draft"`` (SD with the dense draft, gamma 3). One at a time: vLLM keeps one set of
     metrics per process, so a new engine replaces the previous one's counters."""
-    from moesd.vllm_capture import make_tracing_llm
-    from moesd.vllm_engine import make_llm
+    from moesd.routing.vllm_capture import make_tracing_llm
+    from moesd.measure.vllm_engine import make_llm
 
     config, held = _config(folders), {}
 
@@ -166,7 +166,7 @@ def _prompts(folders, batch, seed=0):
 
 @needs_vllm
 def test_target_as_its_own_draft_accepts_everything(folders, engines):
-    from moesd.vllm_engine import time_window
+    from moesd.measure.vllm_engine import time_window
 
     window = time_window(engines("same"), _prompts(folders, 3).tolist(), ROUNDS, WARMUP, 3)
     assert window.drafts == 3 * ROUNDS and window.draft_tokens == 3 * window.drafts
@@ -177,8 +177,8 @@ def test_target_as_its_own_draft_accepts_everything(folders, engines):
 @needs_vllm
 def test_counters_match_emitted_tokens_and_the_hf_engine(folders, engines):
     """Greedy acceptance is a property of the models and prompts: vLLM's counters over the window equal the
-    accepted tokens of moesd's own engine (moesd.sd) on the same models, prompts and rounds."""
-    from moesd.vllm_engine import time_window
+    accepted tokens of moesd's own engine (moesd.measure.sd) on the same models, prompts and rounds."""
+    from moesd.measure.vllm_engine import time_window
 
     target, draft = folders["models"]
     for batch, seed in ((1, 0), (4, 1)):
@@ -192,7 +192,7 @@ def test_counters_match_emitted_tokens_and_the_hf_engine(folders, engines):
 
 @needs_vllm
 def test_ar_window_emits_one_token_per_request_and_step(folders, engines):
-    from moesd.vllm_engine import time_window
+    from moesd.measure.vllm_engine import time_window
 
     window = time_window(engines("ar"), _prompts(folders, 4).tolist(), ROUNDS, WARMUP)
     assert window.emitted == 4 * ROUNDS and window.drafts == window.accepted == 0 and window.seconds > 0
@@ -200,7 +200,7 @@ def test_ar_window_emits_one_token_per_request_and_step(folders, engines):
 
 @needs_vllm
 def test_tiny_sweep_writes_a_valid_result_file_with_the_hf_columns(folders, tmp_path):
-    from moesd.vllm_engine import run_sweep as run_vllm_sweep
+    from moesd.measure.vllm_engine import run_sweep as run_vllm_sweep
 
     config = _config(folders)
     path = run_vllm_sweep(config, tmp_path / "vllm", progress=False)
@@ -225,8 +225,8 @@ def _ragged_prompts(folders, lengths=(5, 7, 9, 6)):
 
 
 def _hf_routing(target, prompts, new_tokens):
-    """moesd.capture's routing of greedy generate on the left-padded prompts: {(sequence, position): sorted ids}."""
-    from moesd.capture import capture_generate
+    """moesd.routing.capture's routing of greedy generate on the left-padded prompts: {(sequence, position): sorted ids}."""
+    from moesd.routing.capture import capture_generate
 
     width = max(map(len, prompts))
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
@@ -245,7 +245,7 @@ def _by_token(trace):
 @needs_vllm
 def test_vllm_routing_equals_the_hf_capture(folders, engines):
     """The same model and prompts route every token, prompt and output, to the same experts in vLLM and in HF."""
-    from moesd.vllm_capture import capture_vllm
+    from moesd.routing.vllm_capture import capture_vllm
 
     prompts = _ragged_prompts(folders)
     trace = capture_vllm(engines("trace-ar"), prompts, 12, batch_size=3, ignore_eos=True, progress=False)
@@ -261,8 +261,8 @@ def test_vllm_routing_equals_the_hf_capture(folders, engines):
 def test_vllm_sd_routing_keeps_rejected_drafts_apart(folders, engines):
     """With a draft, the rows of the sequences' own tokens still equal the HF capture; the rows of rejected draft
     tokens are apart, bounded by vLLM's counters, and refused by sequence statistics until dropped."""
-    from moesd.traces import window_union, without_rejected
-    from moesd.vllm_capture import capture_vllm
+    from moesd.routing.traces import window_union, without_rejected
+    from moesd.routing.vllm_capture import capture_vllm
 
     prompts = _ragged_prompts(folders)
     trace = capture_vllm(engines("trace-draft"), prompts, 12, batch_size=4, ignore_eos=True, progress=False)
@@ -287,7 +287,7 @@ def test_vllm_sd_routing_keeps_rejected_drafts_apart(folders, engines):
 def test_moesd_trace_cli_through_vllm(tmp_path):
     """`moesd trace --engine vllm --random-weights` writes a trace whose metadata names the engine."""
     from moesd.cli import main
-    from moesd.traces import RoutingTrace
+    from moesd.routing.traces import RoutingTrace
 
     out = tmp_path / "vllm.npz"
     arguments = ["trace", "--engine", "vllm", "--random-weights", "--model", "qwen3-30b-a3b", "--layers", "1",

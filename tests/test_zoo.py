@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from moesd.paper import paper_table  # noqa: E402
+from moesd.paper.tables import paper_table  # noqa: E402
 from moesd.zoo import MODELS, get_model  # noqa: E402
 
 PAPER_MODELS = paper_table("models")

@@ -3,12 +3,12 @@
 The forward study times each forward eagerly: on a GPU a small-batch step is then partly kernel-launch
 time, which vLLM (the paper's engine) hides with CUDA graphs. A graph needs static shapes and no host
 synchronisation inside the forward, hence a ``StaticCache`` (what ``moesd sweep forward --cuda-graphs``
-times with :func:`moesd.bench.static_step`). This probe builds a 2-layer random-weight
+times with :func:`moesd.measure.bench.static_step`). This probe builds a 2-layer random-weight
 Qwen2-57B-A14B shape, fills a cache of 64 tokens, and for B in (1, 32) and s in (1, 5) times the
 forward of s new tokens over the dynamic cache (what the eager forward study times), over a rewound
 static cache, and on CUDA as a graph replay (medians of 20, CUDA events); it prints the largest
 differences of their logits, or the first error of a failed capture. On CUDA it then captures the
-forward again under uniform routing (:mod:`moesd.router_control`, the studies' default), whose
+forward again under uniform routing (:mod:`moesd.measure.router_control`, the studies' default), whose
 experts are drawn inside the graph, and checks that two replays draw different experts. It exits 1
 if the logits disagree, a capture failed or replays repeat their draws. On the CPU it runs the two
 eager forwards.
@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from moesd.bench import GraphStep, Timer, filled_cache, rewind, static_forward, static_step  # noqa: E402
-from moesd.router_control import RoutingControl, distinct_experts  # noqa: E402
+from moesd.measure.bench import GraphStep, Timer, filled_cache, rewind, static_forward, static_step  # noqa: E402
+from moesd.measure.router_control import RoutingControl, distinct_experts  # noqa: E402
 from moesd.zoo import get_model  # noqa: E402
 
 CONTEXT = 64

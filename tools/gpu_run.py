@@ -18,13 +18,13 @@ A lease is 15 minutes of device time in all (the machine's start included) and o
 4. ``e2e`` and 5. ``sparsity``: batched SD against AR under the steady-state protocol.
 
 Each study runs ``moesd sweep <study> --preset gpu`` (random bf16 weights built on the GPU, uniform
-routing for the MoE target, the preset's grid: :func:`moesd.sweeps.preset`) and has a cap of its own
+routing for the MoE target, the preset's grid: :func:`moesd.measure.sweeps.preset`) and has a cap of its own
 (:data:`STAGE_SECONDS`) within the budget, so that a slow study leaves time to the next; what a cap
 or the budget cuts is in the result file (each point is written atomically when measured) and
 resumes in a later call. The target keeps the most layers whose bf16 weights and KV cache, with the
 draft's, fit 80 % of the GPU's free memory in every study of its pair
-(:func:`moesd.sweeps.layers_that_fit`: all 28 of Qwen2-57B-A14B on an H200, about half on an H100),
-and the draft keeps the same share of its layers (:func:`moesd.sweeps.proportional_draft_layers`).
+(:func:`moesd.measure.sweeps.layers_that_fit`: all 28 of Qwen2-57B-A14B on an H200, about half on an H100),
+and the draft keeps the same share of its layers (:func:`moesd.measure.sweeps.proportional_draft_layers`).
 
 The results go to ``runs/gpu/<gpu>/`` (``h100``, ``h200``... from the GPU's name; ``runs/`` is
 ignored by git, so it stays on a warm machine between calls), starting from
@@ -47,8 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from moesd.measurements import measurements_dir  # noqa: E402
-from moesd.sweeps import (STUDIES, SweepConfig, cached_tokens, gpu_label, layers_that_fit,  # noqa: E402
+from moesd.measure.studies import measurements_dir  # noqa: E402
+from moesd.measure.sweeps import (STUDIES, SweepConfig, cached_tokens, gpu_label, layers_that_fit,  # noqa: E402
                           preset_settings, proportional_draft_layers)
 
 MOESD = [sys.executable, "-c", "import sys; from moesd.cli import main; sys.exit(main(sys.argv[1:]))"]
@@ -64,7 +64,7 @@ WORK = ROOT / "runs" / "gpu"
 
 
 def gpu() -> tuple[str, str, float]:
-    """This GPU's name, its folder name (:func:`moesd.sweeps.gpu_label`) and free memory (bytes).
+    """This GPU's name, its folder name (:func:`moesd.measure.sweeps.gpu_label`) and free memory (bytes).
 
     Asked of torch in a process of its own (it sees what CUDA will use), whose CUDA context ends
     with it instead of holding memory the sweeps need.

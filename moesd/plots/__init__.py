@@ -48,7 +48,7 @@ def caption(name: str, text: str) -> str:
     name : str
         The glue key, unique in the book (e.g. ``"fig2_source"``).
     text : str
-        The provenance, e.g. :func:`moesd.measurements.provenance` of a study's sidecar.
+        The provenance, e.g. :func:`moesd.measure.studies.provenance` of a study's sidecar.
     """
     from myst_nb import glue
 
@@ -57,7 +57,7 @@ def caption(name: str, text: str) -> str:
 
 
 def speedup_heatmap(frame, title: str = "", ax=None, vmax: float | None = None) -> plt.Figure:
-    """Predicted speedup over batch size (x, log scale) and draft length (y) of a ``moesd.predict`` frame.
+    """Predicted speedup over batch size (x, log scale) and draft length (y) of a ``moesd.model.predict`` frame.
 
     Colours are the speedup (1 = no gain; below 1 in red), a white line marks the best gamma per batch
     size. The frame must hold one ``sigma`` and one ``context``.
@@ -65,7 +65,7 @@ def speedup_heatmap(frame, title: str = "", ax=None, vmax: float | None = None) 
     Parameters
     ----------
     frame : pandas.DataFrame
-        :func:`moesd.predict.predict_sd` rows (columns ``batch_size``, ``gamma``, ``speedup``).
+        :func:`moesd.model.predict.predict_sd` rows (columns ``batch_size``, ``gamma``, ``speedup``).
     title : str
         Panel title.
     ax : matplotlib.axes.Axes, optional

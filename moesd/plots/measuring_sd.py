@@ -22,12 +22,12 @@ from moesd.plots import PALETTE
 
 
 def round_loop_source() -> str:
-    """The round loop of :meth:`moesd.sd.SpeculativeDecoder.generate`, dedented, as the package has it.
+    """The round loop of :meth:`moesd.measure.sd.SpeculativeDecoder.generate`, dedented, as the package has it.
 
     Read from the source with :mod:`inspect`, so that the chapter cannot drift from the engine:
     the ``while`` statement and its block (draft, verify, accept, emit, and the stage timers).
     """
-    from moesd.sd import SpeculativeDecoder
+    from moesd.measure.sd import SpeculativeDecoder
 
     lines = inspect.getsource(SpeculativeDecoder.generate).splitlines()
     start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("while "))
@@ -115,7 +115,7 @@ def eq4_terms(e2e: pd.DataFrame) -> pd.DataFrame:
 
     Eq. 4 reads ``speedup = sigma (gamma + 1) / (draft + verify + reject)`` with ``draft = gamma T_D(B, 1) /
     T_T(B, 1)``, ``verify = T_T(B, gamma) / T_T(B, 1)`` and ``reject = T_reject / T_T(B, 1)``, ``T_T(B, 1)``
-    the AR step (:func:`moesd.speedup.speedup_terms` with ``T_T(B, 1) = t_ar``, as the ``speedup_eq4`` column).
+    the AR step (:func:`moesd.theory.speedup.speedup_terms` with ``T_T(B, 1) = t_ar``, as the ``speedup_eq4`` column).
 
     Returns
     -------
@@ -123,7 +123,7 @@ def eq4_terms(e2e: pd.DataFrame) -> pd.DataFrame:
         One row per (gamma, batch size): ``gamma``, ``batch_size``, ``sigma``, ``draft``, ``verify``,
         ``reject``, ``speedup`` (measured), ``speedup_eq4``, ``target_efficiency``; means over repeats.
     """
-    from moesd.speedup import speedup_terms
+    from moesd.theory.speedup import speedup_terms
 
     terms = speedup_terms(e2e["sigma"], e2e["gamma"], e2e["t_ar"], e2e["t_target_gamma"], e2e["t_draft"],
                           e2e["t_reject"])
@@ -166,7 +166,7 @@ def regime_steps(check) -> pd.DataFrame:
 
     Parameters
     ----------
-    check : moesd.regime.RegimeCheck
+    check : moesd.measure.regime.RegimeCheck
 
     Returns
     -------
@@ -190,7 +190,7 @@ def plot_regime_gemm(check) -> plt.Figure:
 
     One line per real projection (colour) and dtype (solid bf16, dashed float32); on the left, the
     STREAM bandwidth measured in each dtype's run (dotted). ``check`` is a
-    :class:`moesd.regime.RegimeCheck`.
+    :class:`moesd.measure.regime.RegimeCheck`.
     """
     styles = {"bfloat16": "-", "float32": "--"}
     figure, axes = plt.subplots(1, 2, figsize=(11.5, 5.0))
@@ -257,13 +257,13 @@ def streaming_shares(studies: dict) -> pd.DataFrame:
     """The streaming share of each study's smallest-batch target step, read from its sidecar.
 
     Where a sidecar predates the ``streaming_share`` key, it is computed the way the sweeps now
-    record it (:func:`moesd.regime.measured_streaming_share` of the rows and sidecar), and the
+    record it (:func:`moesd.measure.regime.measured_streaming_share` of the rows and sidecar), and the
     ``source`` column says so.
 
     Parameters
     ----------
     studies : dict
-        Label -> ``(rows, sidecar)`` of a result file (:func:`moesd.measurements.load`).
+        Label -> ``(rows, sidecar)`` of a result file (:func:`moesd.measure.studies.load`).
 
     Returns
     -------
@@ -272,7 +272,7 @@ def streaming_shares(studies: dict) -> pd.DataFrame:
         ``T_T(B, 1)`` at the smallest B), ``bytes (GB)``, ``bandwidth (GB/s)`` (the sidecar's STREAM),
         ``streaming share``, ``source``.
     """
-    from moesd.regime import measured_streaming_share
+    from moesd.measure.regime import measured_streaming_share
 
     rows = {}
     for label, (frame, sidecar) in studies.items():
@@ -303,8 +303,8 @@ def expert_read_seconds(sidecar: dict, rate: float | None = None) -> float:
     float
         Seconds (s).
     """
-    from moesd.calibrate import measured_shapes
-    from moesd.measurements import measuring_hardware
+    from moesd.model.calibrate import measured_shapes
+    from moesd.measure.studies import measuring_hardware
 
     target, _ = measured_shapes(sidecar)
     if not target.expert_params:
@@ -376,7 +376,7 @@ def plot_step_against_experts(steps: pd.DataFrame, draft_terms: pd.DataFrame, fi
     steps : pandas.DataFrame
         :func:`step_against_experts`'s table.
     draft_terms : pandas.DataFrame
-        ``batch_size``, ``gamma``, ``draft_term`` (:func:`moesd.measurements.forward_speedup`).
+        ``batch_size``, ``gamma``, ``draft_term`` (:func:`moesd.measure.studies.forward_speedup`).
     fit : dict, optional
         :func:`expert_cost_fit`'s result: its line at each batch size is drawn.
     experts : int, optional

@@ -3,7 +3,7 @@
 :func:`settings_runs` draws the settings study (one panel per workload: every run and their mean,
 with the paper's peak speedup of that workload for reference); :func:`moe_vs_dense` draws the MoE
 and dense SD speedups against batch size, one panel per draft length, marking rows that
-:func:`moesd.measurements.check_rows` flags.
+:func:`moesd.measure.studies.check_rows` flags.
 """
 
 from __future__ import annotations
@@ -110,13 +110,13 @@ def moe_vs_dense(moe: pd.DataFrame, dense: pd.DataFrame, flagged: pd.DataFrame |
 
 
 TERMS = ("tokens_per_round", "verify", "draft", "reject")
-"""Eq. 4's terms (:class:`moesd.speedup.SpeedupTerms`), in the order of the tables."""
+"""Eq. 4's terms (:class:`moesd.theory.speedup.SpeedupTerms`), in the order of the tables."""
 
 
 def eq4_terms(study: pd.DataFrame, by=("setting", "batch_size")) -> pd.DataFrame:
     """Eq. 4's terms of every row of an e2e-type study, averaged over the rows of each group.
 
-    Each row's measured stage times go into :func:`moesd.speedup.speedup_terms`, with the forward
+    Each row's measured stage times go into :func:`moesd.theory.speedup.speedup_terms`, with the forward
     time ``t_target_1`` as ``T_T(B, 1)`` (the paper's definition; the AR step's token selection,
     ``t_ar - t_target_1``, is left out).
 
@@ -136,7 +136,7 @@ def eq4_terms(study: pd.DataFrame, by=("setting", "batch_size")) -> pd.DataFrame
         ``reject`` (``T_reject / T_T(B, 1)``), all dimensionless; ``denominator`` (their sum but the
         first: a round's cost in decode steps); ``recombined`` (Eq. 4 of the mean terms); ``rows``.
     """
-    from moesd.speedup import speedup_terms
+    from moesd.theory.speedup import speedup_terms
 
     terms = speedup_terms(study["sigma"], study["gamma"], study["t_target_1"], study["t_target_gamma"],
                           study["t_draft"], study["t_reject"])

@@ -8,10 +8,10 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from moesd.experts import expected_active_experts, expected_active_experts_from_popularity
+from moesd.theory.experts import expected_active_experts, expected_active_experts_from_popularity
 from moesd.plots import PALETTE
-from moesd.predict import best_gamma
-from moesd.traces import RoutingTrace, adjacent_overlap, batch_union, popularity, random_union, window_union
+from moesd.model.predict import best_gamma
+from moesd.routing.traces import RoutingTrace, adjacent_overlap, batch_union, popularity, random_union, window_union
 
 
 def label(name: str, trace: RoutingTrace) -> str:
@@ -25,14 +25,14 @@ def label(name: str, trace: RoutingTrace) -> str:
 def activation_curves(traces: dict, token_counts=(1, 2, 4, 8, 16, 32, 64)) -> plt.Figure:
     """Activated experts against the token count: Eq. 8, its popularity form, and three measured groupings.
 
-    One panel per trace, stacked so that each keeps the column's full width. Random tokens (:func:`~moesd.traces.random_union`) and consecutive tokens
-    (:func:`~moesd.traces.window_union`) are means over layers, with bands spanning the per-layer
-    means; decode calls (:func:`~moesd.traces.batch_union`) are one point.
+    One panel per trace, stacked so that each keeps the column's full width. Random tokens (:func:`~moesd.routing.traces.random_union`) and consecutive tokens
+    (:func:`~moesd.routing.traces.window_union`) are means over layers, with bands spanning the per-layer
+    means; decode calls (:func:`~moesd.routing.traces.batch_union`) are one point.
 
     Parameters
     ----------
     traces : dict
-        Name to a :class:`~moesd.traces.RoutingTrace` (decode tokens).
+        Name to a :class:`~moesd.routing.traces.RoutingTrace` (decode tokens).
     token_counts : sequence of int
         Token counts of the measured groupings.
     """
@@ -106,7 +106,7 @@ def routed_speedup(frames: dict, thresholds: dict, traces: dict) -> plt.Figure:
     Parameters
     ----------
     frames : dict
-        ``(trace name, routing model)`` to a :func:`moesd.predict.predict_sd` frame; routing models
+        ``(trace name, routing model)`` to a :func:`moesd.model.predict.predict_sd` frame; routing models
         ``"uniform"``, ``"popularity"``, ``"windows"``.
     thresholds : dict
         Trace name to ``T_thres`` of Eq. 9 (a vertical line).

@@ -16,7 +16,7 @@ _LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)))
 
 def sigma_curves(gammas=(1, 2, 3, 4, 6, 8)) -> plt.Figure:
     """Eq. 5: the emitted fraction ``sigma`` against the acceptance probability ``alpha``, one line per gamma."""
-    from moesd.speedup import sigma
+    from moesd.theory.speedup import sigma
 
     alpha = np.linspace(0, 1, 201)
     figure, ax = plt.subplots()
@@ -41,7 +41,7 @@ def speedup_against_efficiency(sigma: float = 0.90, gamma: int = 4, draft_costs=
     reference : (float, str), optional
         A speedup to mark with a dotted line, and its legend label.
     """
-    from moesd.speedup import speedup
+    from moesd.theory.speedup import speedup
 
     efficiency = np.linspace(1 / (gamma + 1), 1, 200)  # from a verification that costs gamma + 1 decode steps
     figure, ax = plt.subplots()
@@ -83,7 +83,7 @@ def activated_fraction(models, max_tokens: int = 128) -> plt.Figure:
 
     ``models`` holds ``model``, ``E``, ``K`` and ``T_thres`` (one row per MoE).
     """
-    from moesd.experts import expected_active_experts
+    from moesd.theory.experts import expected_active_experts
 
     tokens = np.arange(0, max_tokens + 1)
     figure, ax = plt.subplots()
@@ -101,7 +101,7 @@ def activated_fraction(models, max_tokens: int = 128) -> plt.Figure:
 
 def normalised_tokens_per_expert(token_counts=(4, 16, 64, 256, 1024), marks=None) -> plt.Figure:
     """Fig. 1c: ``T_exp(T; rho) / T`` against ``rho``, one line per ``T``; ``marks`` names sparsities to mark."""
-    from moesd.experts import tokens_per_expert
+    from moesd.theory.experts import tokens_per_expert
 
     rho = np.logspace(-3, 0, 400)
     figure, ax = plt.subplots()
@@ -118,7 +118,7 @@ def normalised_tokens_per_expert(token_counts=(4, 16, 64, 256, 1024), marks=None
 
 def threshold_against_k(E: int = 64, K=np.arange(1, 33), taus=(0.95, 0.99)) -> plt.Figure:
     """Eq. 9: ``T_thres`` against ``K`` for ``E`` experts, one line per fraction ``tau``."""
-    from moesd.experts import full_activation_threshold
+    from moesd.theory.experts import full_activation_threshold
 
     K = np.asarray(K)
     figure, ax = plt.subplots()
@@ -135,7 +135,7 @@ def threshold_against_k(E: int = 64, K=np.arange(1, 33), taus=(0.95, 0.99)) -> p
 
 def tokens_per_expert_asymptotes(rho: float = 0.125, max_tokens: int = 200) -> plt.Figure:
     """Eq. 10 against ``t`` at one ``rho``, with its two asymptotes and ``T_thres`` marked."""
-    from moesd.experts import full_activation_threshold, tokens_per_expert
+    from moesd.theory.experts import full_activation_threshold, tokens_per_expert
 
     t = np.linspace(1, max_tokens, 400)
     threshold = full_activation_threshold(rho)
@@ -152,7 +152,7 @@ def tokens_per_expert_asymptotes(rho: float = 0.125, max_tokens: int = 200) -> p
 
 def appendix_b_f(token_counts=(2, 4, 16, 64)) -> plt.Figure:
     """Appendix B, Eq. 13: ``F(rho; T)`` against ``rho``, one line per ``T``."""
-    from moesd.experts import appendix_b_f as f
+    from moesd.theory.experts import appendix_b_f as f
 
     rho = np.linspace(0, 1, 400)[1:]
     figure, ax = plt.subplots()
@@ -179,10 +179,10 @@ def rooflines(records, measured=None) -> plt.Figure:
 
     Parameters
     ----------
-    records : sequence of moesd.roofline.Hardware
+    records : sequence of moesd.theory.roofline.Hardware
         Data-sheet records.
-    measured : moesd.hardware.RooflineMeasurement, optional
-        A measured roofline (:meth:`~moesd.hardware.RooflineMeasurement.from_sidecar`).
+    measured : moesd.measure.hardware.RooflineMeasurement, optional
+        A measured roofline (:meth:`~moesd.measure.hardware.RooflineMeasurement.from_sidecar`).
     """
     intensity = np.logspace(-1, 4, 400)
     panels = 2 if measured is not None else 1
@@ -252,7 +252,7 @@ def ffn_efficiency(batch, gamma: int, curves: dict) -> plt.Figure:
 def g_curves(rp: float, settings=((1.0, 1.005), (0.5, 1.005), (0.5, 1.01), (0.2, 1.02)),
              max_tokens: int = 600, device: str = "") -> plt.Figure:
     """Eq. 11's ``G(t; lambda RP, s)`` for several ``(lambda, s)``, a dot at each transition ``lambda RP``."""
-    from moesd.roofline import G
+    from moesd.theory.roofline import G
 
     t = np.linspace(0, max_tokens, max_tokens + 1)
     figure, ax = plt.subplots()
@@ -268,7 +268,7 @@ def g_curves(rp: float, settings=((1.0, 1.005), (0.5, 1.005), (0.5, 1.01), (0.2,
 # ---- The algorithm of speculative decoding, run (the speculative decoding chapter) --------------------
 
 def engine_round_source() -> str:
-    """The source of one round of :meth:`moesd.sd.SpeculativeDecoder.generate`, verbatim and dedented.
+    """The source of one round of :meth:`moesd.measure.sd.SpeculativeDecoder.generate`, verbatim and dedented.
 
     The lines of its loop, from ``while`` to the call that records the round, so that a chapter shows the
     engine's own round and cannot drift from it.
@@ -276,7 +276,7 @@ def engine_round_source() -> str:
     import inspect
     import textwrap
 
-    from moesd.sd import SpeculativeDecoder
+    from moesd.measure.sd import SpeculativeDecoder
 
     lines = inspect.getsource(SpeculativeDecoder.generate).splitlines()
     start = next(i for i, line in enumerate(lines) if line.strip().startswith("while "))

@@ -587,7 +587,7 @@ def forward_efficiency(forward: pd.DataFrame, gamma: int) -> pd.DataFrame:
     """Target efficiency ``T_T(B, 1) / T_T(B, gamma + 1)`` per run and batch size, from a forward study.
 
     The verification pass scores ``gamma + 1`` positions per sequence (as in
-    :func:`moesd.measurements.forward_target_efficiency`); the ratio is taken within each run, so
+    :func:`moesd.measure.studies.forward_target_efficiency`); the ratio is taken within each run, so
     the runs are the repeats of the curve. Columns ``run``, ``batch_size``, ``efficiency``; empty
     when the study has no pass of 1 or of ``gamma + 1`` tokens per sequence.
     """
@@ -665,7 +665,7 @@ def sparser_peaks_later_and_wider(sparsity: pd.DataFrame | None, monotone_ks=(1,
 
     Input: the sparsity study (columns ``batch_size``, ``gamma``, ``num_experts_per_tok`` (K),
     ``speedup``; often one repeat, so the noise is the neighbour scatter). The paper plots speedups
-    rescaled by ``sigma_{K=8} / sigma_K`` (:func:`moesd.fit.sigma_adjusted_speedup`); that factor is
+    rescaled by ``sigma_{K=8} / sigma_K`` (:func:`moesd.model.fit.sigma_adjusted_speedup`); that factor is
     one constant per (K, gamma) curve, and every quantity below (peak position, the range relative
     to the curve's own peak x, margins) is unchanged when a curve is scaled, so the raw speedup gives
     the same verdict and needs no K = 8 run.
@@ -907,7 +907,7 @@ def longest_missing_run(sample, grid) -> int:
 def poor_coverage_worst_fits(robustness: pd.DataFrame | None, batch_sizes=None, parameters: int = 10) -> Verdict:
     """Table 3: the worst fits of Algorithm 1 are those whose samples cover the batch sizes poorly.
 
-    Input: :func:`moesd.fit.robustness_study` (one row per stride: ``m``, ``mse`` over every
+    Input: :func:`moesd.model.fit.robustness_study` (one row per stride: ``m``, ``mse`` over every
     measurement, ``batch_sizes`` of the sample as a space-separated string). ``batch_sizes`` is the
     study's grid (default: every batch size any sample holds).
 
@@ -968,10 +968,10 @@ def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.D
     """Appendix C.3's robustness study of a device's sparsity study, with that device's ridge point.
 
     E comes from the target named in the sidecar (:func:`moesd.zoo.get_model`), the ridge point from
-    the sidecar's measured roofline, in tokens (:func:`moesd.measurements.ridge_tokens_for`). A point
-    measured in several repeats is first averaged over them (:func:`moesd.fit.mean_over_repeats`; the
+    the sidecar's measured roofline, in tokens (:func:`moesd.measure.studies.ridge_tokens_for`). A point
+    measured in several repeats is first averaged over them (:func:`moesd.model.fit.mean_over_repeats`; the
     paper's points are means over runs too). Unless ``fit_options`` name the samples, a study of the
-    paper's 228 points takes its strides (:data:`moesd.fit.PAPER_STRIDES`) and any other design a
+    paper's 228 points takes its strides (:data:`moesd.model.fit.PAPER_STRIDES`) and any other design a
     spread sample of every size from the model's 10 parameters to all points (``sizes``), as the
     Fitting robustness chapter does.
 
@@ -981,8 +981,8 @@ def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.D
         If the sidecar holds no measured roofline or names no known MoE target, or the study has
         too few rows for a fit.
     """
-    from moesd.fit import from_sweep, robustness_study
-    from moesd.measurements import ridge_tokens_for
+    from moesd.model.fit import from_sweep, robustness_study
+    from moesd.measure.studies import ridge_tokens_for
     from moesd.zoo import get_model
 
     target = sidecar.get("settings", {}).get("target")
@@ -992,7 +992,7 @@ def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.D
         raise ValueError(f"the sidecar's target {target!r} is not a known model") from error
     if not num_experts:
         raise ValueError(f"the sidecar's target {target!r} is not an MoE")
-    from moesd.fit import PARAMETERS, mean_over_repeats
+    from moesd.model.fit import PARAMETERS, mean_over_repeats
 
     if "run" in sparsity and sparsity["run"].nunique() > 1:
         sparsity = mean_over_repeats(sparsity)
@@ -1008,7 +1008,7 @@ def load_studies(device: str) -> tuple[dict, dict]:
     Missing files and files whose sidecar says the sweep did not finish (``complete: false``) are left
     out: a study stopped part-way has fewer points than its design, and the claims judge designs.
     """
-    from moesd.measurements import load
+    from moesd.measure.studies import load
 
     frames, sidecars = {}, {}
     for study in STUDIES:
@@ -1024,7 +1024,7 @@ def load_studies(device: str) -> tuple[dict, dict]:
 def verdicts(frames: dict, robustness: pd.DataFrame | None = None, robustness_note: str | None = None) -> list:
     """Every claim's :class:`Verdict` from a dict of study frames (keys of :data:`STUDIES`; any may be missing).
 
-    ``robustness`` is the Table 3 input (:func:`moesd.fit.robustness_study`); without it, Table 3 is
+    ``robustness`` is the Table 3 input (:func:`moesd.model.fit.robustness_study`); without it, Table 3 is
     not measurable, for the reason ``robustness_note`` (default: no robustness study).
     """
     table3 = poor_coverage_worst_fits(robustness)
@@ -1075,6 +1075,6 @@ def measured_with(sidecars: dict) -> str:
 
 def devices() -> list[str]:
     """Device folders of ``data/measurements/`` (each gets a scorecard)."""
-    from moesd.measurements import measurements_dir
+    from moesd.measure.studies import measurements_dir
 
     return sorted(path.name for path in measurements_dir().iterdir() if path.is_dir())

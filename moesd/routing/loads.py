@@ -8,17 +8,17 @@ A decode step of ``B`` sequences routes ``B`` tokens; a verification pass routes
 
 * ``"uniform"``: Eq. 8, every token picks ``K`` of ``E`` experts uniformly and independently;
 * ``"popularity"``: tokens independent, expert ``e`` chosen with its measured probability ``p_e``
-  (:func:`moesd.experts.expected_active_experts_from_popularity`);
+  (:func:`moesd.theory.experts.expected_active_experts_from_popularity`);
 * ``"windows"``: sequences independent, each run of ``w`` consecutive tokens activating expert
-  ``e`` with its measured probability ``q_e(w)`` (:func:`moesd.traces.window_activation_probability`),
+  ``e`` with its measured probability ``q_e(w)`` (:func:`moesd.routing.traces.window_activation_probability`),
   so ``N = sum_e 1 - (1 - q_e(w))**B``: it keeps the correlation of consecutive tokens;
-* ``"measured"``: the mean of :func:`moesd.traces.verify_union`, sampled from the trace.
+* ``"measured"``: the mean of :func:`moesd.routing.traces.verify_union`, sampled from the trace.
 
 :func:`verification_expert_ratio` turns the counts into the expert-weight bytes a verification
 pass loads relative to a decode step, and :func:`routed_ffn_target_efficiency` into the roofline
-floor of the MoE FFN's target efficiency, the cost model of :func:`moesd.roofline.ffn_cost` with
+floor of the MoE FFN's target efficiency, the cost model of :func:`moesd.theory.roofline.ffn_cost` with
 ``N`` from routing instead of Eq. 8. For the whole model (attention, shared experts, dense layers and
-LM head as well) pass the trace to :func:`moesd.predict.step_time` or :func:`moesd.predict.predict_sd`
+LM head as well) pass the trace to :func:`moesd.model.predict.step_time` or :func:`moesd.model.predict.predict_sd`
 as ``routing=trace`` (with ``routing_model="windows"`` or ``"popularity"``): the same counts then reach
 target efficiency and the speedup of Eq. 4.
 """
@@ -28,9 +28,9 @@ from __future__ import annotations
 import numpy as np
 
 from moesd._checks import as_array
-from moesd.experts import expected_active_experts, expected_active_experts_from_popularity
-from moesd.roofline import Hardware
-from moesd.traces import RoutingTrace, _selection_probability, verify_union, window_activation_probability
+from moesd.theory.experts import expected_active_experts, expected_active_experts_from_popularity
+from moesd.theory.roofline import Hardware
+from moesd.routing.traces import RoutingTrace, _selection_probability, verify_union, window_activation_probability
 
 ROUTING_MODELS = ("uniform", "popularity", "windows", "measured")
 
@@ -53,7 +53,7 @@ def activated_experts(source, batch_size, tokens_per_sequence=1, model: str = "p
     ----------
     source : RoutingTrace or array_like
         A trace, or expert popularity: the chance one token picks each expert, shape (E,) or
-        (layers, E), each row summing to ``K`` (what :func:`moesd.traces.popularity` measures). A
+        (layers, E), each row summing to ``K`` (what :func:`moesd.routing.traces.popularity` measures). A
         popularity array serves ``"uniform"`` (its E and K) and ``"popularity"``; ``"windows"`` and
         ``"measured"`` need a trace.
     batch_size : array_like
@@ -131,10 +131,10 @@ def routed_ffn_target_efficiency(source, batch_size, tokens_per_sequence, hardwa
     """Roofline-floor target efficiency of the MoE FFN layers with routing-aware expert counts.
 
     ``sum_l T_l(B) / sum_l T_l(B w)`` where each layer's time is the roofline floor
-    ``max(traffic / bandwidth, flops / peak)`` of :func:`moesd.roofline.ffn_cost`'s cost model:
+    ``max(traffic / bandwidth, flops / peak)`` of :func:`moesd.theory.roofline.ffn_cost`'s cost model:
     ``2 m d d_ff`` FLOPs per routed token per expert, and the ``N_l`` loaded experts' weights plus
     each routed token's input and output as traffic, with ``N_l`` from :func:`activated_experts`.
-    With ``model="uniform"`` it equals :func:`moesd.roofline.ffn_target_efficiency` at
+    With ``model="uniform"`` it equals :func:`moesd.theory.roofline.ffn_target_efficiency` at
     ``gamma = w``. Attention and dense parts are left out, as there.
 
     Parameters
@@ -167,7 +167,7 @@ def routed_ffn_target_efficiency(source, batch_size, tokens_per_sequence, hardwa
         loaded = activated_experts(source, batch_size, width, model, samples, seed)
         flops = 2.0 * weights_per_expert * tokens * top_k
         traffic = (loaded * weights_per_expert + (2.0 * tokens * top_k * d_model)[..., None]) * bytes_per_value
-        # The roofline floor of moesd.roofline.time_floor, layer by layer; a layer without tokens
+        # The roofline floor of moesd.theory.roofline.time_floor, layer by layer; a layer without tokens
         # (NaN experts) is left out of the sum.
         seconds = np.maximum(traffic / hardware.memory_bandwidth, (flops / hardware.peak_flops)[..., None])
         return np.nansum(seconds, axis=-1)

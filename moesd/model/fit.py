@@ -1,9 +1,9 @@
 """Fitting Algorithm 1 to measured speedups (Appendix C), its robustness study and its diagnostics.
 
-The forward model (``ComputeSpeedup``, stage times, bounds) lives in :mod:`moesd.speedup_model`; its
+The forward model (``ComputeSpeedup``, stage times, bounds) lives in :mod:`moesd.model.algorithm1`; its
 names are importable from here too. :func:`fit_speedup_model` runs ``least_squares`` (trust region
 reflective, as the paper) with the model's analytic Jacobian on inputs precomputed once
-(:class:`moesd.speedup_model.SpeedupInputs`). Where trf crawls along a flat valley of the MSE, L-BFGS-B
+(:class:`moesd.model.algorithm1.SpeedupInputs`). Where trf crawls along a flat valley of the MSE, L-BFGS-B
 carries it to the valley's floor and trf finishes from there (:func:`_minimise`).
 
 Speedup is a ratio of times: multiplying the eight time-like parameters by one constant changes no
@@ -38,7 +38,7 @@ import pandas as pd
 from scipy.optimize import Bounds, OptimizeResult, least_squares, minimize
 
 from moesd._checks import as_array
-from moesd.speedup_model import (PARAMETERS, TIME_PARAMETERS, VARIANTS, VERIFY_TOKENS, SpeedupInputs,
+from moesd.model.algorithm1 import (PARAMETERS, TIME_PARAMETERS, VARIANTS, VERIFY_TOKENS, SpeedupInputs,
                                  SpeedupParams, as_params, compute_speedup, parameter_bounds, stage_times,
                                  target_time)
 
@@ -74,7 +74,7 @@ SOLVERS = ("trf", "trf, L-BFGS-B, trf")
 
 
 def from_sweep(rows: pd.DataFrame, num_experts: int) -> pd.DataFrame:
-    """The fitting frame (columns :data:`COLUMNS`) of an e2e or sparsity result file of :mod:`moesd.bench`."""
+    """The fitting frame (columns :data:`COLUMNS`) of an e2e or sparsity result file of :mod:`moesd.measure.bench`."""
     missing = [c for c in ("batch_size", "gamma", "num_experts_per_tok", "sigma", "speedup") if c not in rows]
     if missing:
         raise ValueError(f"rows lack the column(s) {', '.join(missing)} of an e2e or sparsity result file")
@@ -87,7 +87,7 @@ def mean_over_repeats(rows: pd.DataFrame, errors=("speedup",)) -> pd.DataFrame:
     """One row per point of a result file measured in several repeats: each numeric column's mean over them.
 
     A point is a (``batch_size``, ``gamma``, ``num_experts_per_tok``) of an e2e-type result file of
-    :mod:`moesd.bench`; the paper's points are likewise means over runs (the last 5 of 10, Sec. 4).
+    :mod:`moesd.measure.bench`; the paper's points are likewise means over runs (the last 5 of 10, Sec. 4).
     Speedups and sigma are averaged as measured (the mean of the repeats' ratios), stage times in
     seconds likewise; ``run`` and ``seed`` are dropped.
 
@@ -203,7 +203,7 @@ class FitResult:
     fitted : pandas.DataFrame
         The measurements used, with the index labels of the frame they came from.
     verify_tokens : str
-        ``"gamma"`` (Algorithm 1's ``B gamma`` verified tokens) or ``"gamma+1"`` (vLLM's, moesd.sd's).
+        ``"gamma"`` (Algorithm 1's ``B gamma`` verified tokens) or ``"gamma+1"`` (vLLM's, moesd.measure.sd's).
     lower, upper : numpy.ndarray
         The bounds, in :data:`PARAMETERS` order.
     status, message
@@ -406,7 +406,7 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
         Measurements with columns ``B``, ``gamma``, ``K``, ``E``, ``sigma``, ``speedup`` and a unique index.
     rp : float
         Ridge point of the hardware measured, in tokens (> 0): G turns linear at ``lam * rp`` tokens. From
-        a result file, :func:`moesd.measurements.ridge_tokens_for` of its sidecar; for bf16 weights it
+        a result file, :func:`moesd.measure.studies.ridge_tokens_for` of its sidecar; for bf16 weights it
         equals the ridge point in FLOP/byte, for float32 twice that.
     model, hardware, draft, bytes_per_parameter, t_reject
         Passed to :func:`parameter_bounds`.
@@ -422,7 +422,7 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
         Tokens per sequence in the verification forward: Algorithm 1's ``gamma`` or vLLM's ``gamma + 1``.
     bounds : (numpy.ndarray, numpy.ndarray), optional
         ``(lower, upper)`` in :data:`PARAMETERS` order, as :func:`parameter_bounds` returns them (for a
-        result file: :func:`moesd.measurements.appendix_c2_bounds`), instead of ``model``, ``hardware``,
+        result file: :func:`moesd.measure.studies.appendix_c2_bounds`), instead of ``model``, ``hardware``,
         ``draft``, ``bytes_per_parameter`` and ``t_reject``.
     m : int, optional
         Fit only :func:`spread_sample` ``(frame, m, begin)``: ``m`` rows at a fractional stride (not
@@ -606,7 +606,7 @@ def residual_table(result: FitResult, frame: pd.DataFrame) -> pd.DataFrame:
 
 STAGE_COLUMNS = ("t_draft", "t_reject", "t_target_1")
 """Measured stage times a result file holds per point (seconds): one draft forward of one token per
-sequence, rejection sampling per round, one target decode step (``moesd.bench``)."""
+sequence, rejection sampling per round, one target decode step (``moesd.measure.bench``)."""
 
 
 def compare_stage_times(result: FitResult, measured: pd.DataFrame, num_experts: int | None = None) -> pd.DataFrame:
@@ -615,7 +615,7 @@ def compare_stage_times(result: FitResult, measured: pd.DataFrame, num_experts: 
     Absolute times are not identifiable from speedups (see the module docstring), so the comparison
     is of ``draft_time / ar_time`` with ``t_draft / t_target_1`` and ``reject_time / ar_time`` with
     ``t_reject / t_target_1`` (and, when ``t_target_gamma`` is there, ``verify_time / ar_time`` with
-    ``t_target_gamma / t_target_1``; :mod:`moesd.sd` verifies ``gamma + 1`` positions, the fitted term
+    ``t_target_gamma / t_target_1``; :mod:`moesd.measure.sd` verifies ``gamma + 1`` positions, the fitted term
     the fit's ``verify_tokens``). The round's cost outside the verification, ``gamma draft + reject``
     (Eq. 4's denominator less ``verify``), is compared too (``overhead``): a speedup fit sees the draft
     and rejection terms only through it, and can trade one for the other.

@@ -1,4 +1,4 @@
-"""The predictor (:mod:`moesd.predict`) beside the paper's Tables 1-2: peaks, orderings and what closes the gap.
+"""The predictor (:mod:`moesd.model.predict`) beside the paper's Tables 1-2: peaks, orderings and what closes the gap.
 
 * :func:`paper_comparison`: every Qwen2-57B-A14B + Qwen2-0.5B row of Tables 1-2 beside the predicted peak of
   the same setup (nothing fitted to the tables);
@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import as_array
-from moesd.predict import PAPER_BATCH_SIZES, Efficiency, predict_sd, resolve_hardware
+from moesd.model.predict import PAPER_BATCH_SIZES, Efficiency, predict_sd, resolve_hardware
 
 
 def efficiency_to_match(speedup, target, draft, hardware, batch_size, gamma, sigma, field="step_seconds",
@@ -99,7 +99,7 @@ def paper_comparison(context=256, efficiency: Efficiency | None = None, batch_si
         with ``match``, ``step_ms_to_match`` and ``draft_step_ms_to_match`` (milliseconds, NaN where
         no overhead within 0-100 ms reaches x).
     """
-    from moesd.paper import paper_table
+    from moesd.paper.tables import paper_table
 
     rows = paper_table("tables_1_2")
     rows = rows[rows["model"].str.startswith("Qwen2")]

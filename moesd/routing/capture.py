@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from moesd.traces import RoutingTrace, concatenate
+from moesd.routing.traces import RoutingTrace, concatenate
 
 SUPPORTED_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "olmoe")
 
@@ -163,7 +163,7 @@ def trace_prompts(model_id: str, prompts, batch_size: int, max_new_tokens: int, 
     model_id : str
         A Hugging Face hub id (e.g. ``deepseek-ai/DeepSeek-V2-Lite-Chat``) or a local folder.
     prompts : pandas.DataFrame
-        With columns ``id`` and ``prompt``, as :func:`moesd.prompts.load_prompts` returns.
+        With columns ``id`` and ``prompt``, as :func:`moesd.routing.prompts.load_prompts` returns.
     batch_size : int
         Sequences per ``generate`` call.
     max_new_tokens : int
@@ -260,7 +260,7 @@ def random_weights_note(spec, config, seed: int, width: float) -> str:
 
 def _meta(trace, model, model_id, prompts, dataset, batch_size, max_new_tokens, **details) -> dict:
     """A trace's metadata: model, E, K, prompts and capture settings, plus ``details``."""
-    return {"source": "moesd.capture", "model_id": model_id, "model_type": model.config.model_type, "E": trace.num_experts,
+    return {"source": "moesd.routing.capture", "model_id": model_id, "model_type": model.config.model_type, "E": trace.num_experts,
             "K": trace.top_k, "dataset": dataset, "prompt_ids": prompts["id"].astype(str).tolist(),
             "batch_size": batch_size, "max_new_tokens": max_new_tokens, "dtype": str(model.dtype), **details}
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moesd.roofline import Hardware
+from moesd.theory.roofline import Hardware
 
 SPEEDUP_TOLERANCE = 0.02
 """Relative timing noise allowed above Eq. 4's ceiling ``sigma (gamma + 1)`` before a row is flagged."""
@@ -44,7 +44,7 @@ class MeasurementWarning(UserWarning):
 
 def measurements_dir() -> Path:
     """The measurements folder: ``$MOESD_DATA/measurements``, read when called."""
-    default = Path(__file__).resolve().parents[1] / "data"
+    default = Path(__file__).resolve().parents[2] / "data"
     return Path(os.environ.get("MOESD_DATA", default)) / "measurements"
 
 
@@ -177,7 +177,7 @@ def routed_experts(sidecar: dict) -> int:
 
     target = sidecar.get("settings", {}).get("target")
     if target is None:
-        raise ValueError("the sidecar names no target (settings.target); is it a moesd.bench sidecar?")
+        raise ValueError("the sidecar names no target (settings.target); is it a moesd.measure.bench sidecar?")
     spec = get_model(target)
     if not spec.is_moe:
         raise ValueError(f"{target} is dense: Algorithm 1 needs routed experts")
@@ -220,13 +220,13 @@ def provenance(sidecar: dict) -> str:
     if settings.get("layers") or settings.get("width", 1) < 1:
         layers = settings.get("layers") or "all"
         shape += f" shape ({layers} layer{'' if layers == 1 else 's'}, widths x {settings.get('width', 1):g})"
-    return f"{sidecar.get('device')}, {sidecar.get('weights')} weights, {shape}, {accept}; moesd.bench"
+    return f"{sidecar.get('device')}, {sidecar.get('weights')} weights, {shape}, {accept}; moesd.measure.bench"
 
 
 def forward_target_efficiency(forward: pd.DataFrame, gammas=(2, 3, 4), role: str = "target") -> pd.DataFrame:
     """Target efficiency ``T_T(B, 1) / T_T(B, gamma)`` from a forward study, per batch size.
 
-    The verification pass scores ``gamma + 1`` positions per sequence (as vLLM and :mod:`moesd.sd` do).
+    The verification pass scores ``gamma + 1`` positions per sequence (as vLLM and :mod:`moesd.measure.sd` do).
     The ratio is taken within each repeat (``run``), whose passes are timed minutes apart at most, and
     then summarised over repeats: a slow drift of the machine (seen on the shared CPU host as whole
     repeats running 30 % slower) scales both passes of a repeat alike and cancels, where a ratio of
@@ -264,7 +264,7 @@ def forward_speedup(forward: pd.DataFrame, sigma, gammas=(2, 3, 4), per_repeat: 
 
     Within each repeat (``run``): ``T_T(B, 1)`` and ``T_T(B, gamma + 1)`` of the target (the verification
     scores ``gamma + 1`` positions per sequence, as in :func:`forward_target_efficiency`) and ``T_D(B, 1)``
-    of the draft go into :func:`moesd.speedup.speedup_terms` with the given sigma and no rejection cost;
+    of the draft go into :func:`moesd.theory.speedup.speedup_terms` with the given sigma and no rejection cost;
     the result is summarised over repeats like :func:`forward_target_efficiency` (pairing a repeat's passes
     cancels slow drifts of the machine). Every sequence is active in every round by construction, so
     this is the speedup of the steady-state protocol without its selection and bookkeeping time.
@@ -291,7 +291,7 @@ def forward_speedup(forward: pd.DataFrame, sigma, gammas=(2, 3, 4), per_repeat: 
         ``gamma``, ``sigma``, ``speedup`` and Eq. 4's denominator terms ``verify``
         (``T_T(B, gamma + 1) / T_T(B, 1)``) and ``draft`` (``gamma T_D(B, 1) / T_T(B, 1)``).
     """
-    from moesd.speedup import speedup_terms
+    from moesd.theory.speedup import speedup_terms
 
     passes = forward.pivot_table(index=["run", "batch_size"], columns=["role", "tokens"], values="seconds")
     parts = []
@@ -362,7 +362,7 @@ def ridge_tokens_for(sidecar: dict) -> float:
 
 def _bytes_per_weight(sidecar: dict, purpose: str) -> int:
     """Bytes per weight of a sweep's dtype (``settings.dtype``, else its roofline's), for ``purpose``."""
-    from moesd.predict import DTYPE_BYTES, _check_dtype
+    from moesd.model.predict import DTYPE_BYTES, _check_dtype
 
     dtypes = {_check_dtype(dtype) for dtype in (sidecar.get("settings", {}).get("dtype"),
                                                  sidecar.get("roofline_measurement", {}).get("settings", {})
@@ -382,14 +382,14 @@ def appendix_c2_bounds(rows: pd.DataFrame, sidecar: dict) -> tuple[np.ndarray, n
     (:func:`measuring_hardware`) and 5 times that, counting the parameters of the models as the sweep
     built them (its layers, width and vocabulary, ``settings``) at the bytes of its dtype; ``reject_bias`` and
     ``reject_k`` lie below the largest measured rejection time (``rows["t_reject"]``, seconds). See
-    :func:`moesd.speedup_model.parameter_bounds`.
+    :func:`moesd.model.algorithm1.parameter_bounds`.
 
     Returns
     -------
     (numpy.ndarray, numpy.ndarray)
-        ``(lower, upper)`` in :data:`moesd.speedup_model.PARAMETERS` order (seconds for the time-like ones).
+        ``(lower, upper)`` in :data:`moesd.model.algorithm1.PARAMETERS` order (seconds for the time-like ones).
     """
-    from moesd.speedup_model import parameter_bounds
+    from moesd.model.algorithm1 import parameter_bounds
     from moesd.zoo import get_model
 
     settings = sidecar.get("settings", {})

@@ -1,6 +1,6 @@
-"""Capture expert routing through vLLM into a :class:`~moesd.traces.RoutingTrace`, with speculative decoding or without.
+"""Capture expert routing through vLLM into a :class:`~moesd.routing.traces.RoutingTrace`, with speculative decoding or without.
 
-:mod:`moesd.capture` hooks Hugging Face models; this module records what vLLM's own MoE layers route,
+:mod:`moesd.routing.capture` hooks Hugging Face models; this module records what vLLM's own MoE layers route,
 so a trace comes from the engine the paper measured with, at its batch composition, and, with a
 draft model, with the verification rows of speculative decoding. Two callbacks, bound in this
 process (vLLM's engine core runs in it: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; one device, no tensor
@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from moesd.traces import RoutingTrace
-from moesd.vllm_engine import CPU_ENVIRONMENT, CPU_HEAD_DIMS, _import_vllm, spec_counters
+from moesd.routing.traces import RoutingTrace
+from moesd.measure.vllm_engine import CPU_ENVIRONMENT, CPU_HEAD_DIMS, _import_vllm, spec_counters
 
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
 """vLLM's engine core in this process, so that the callbacks write into this process's memory, with the model
@@ -296,7 +296,7 @@ def capture_vllm(llm, prompts: list, max_new_tokens: int, batch_size: int, tempe
                         sequences[_external_id(output.request_id, sequences)] += list(output.outputs[0].token_ids)
             finally:
                 engine.abort_request(batch)
-    details = {"source": "moesd.vllm_capture", "engine": "vllm", "engine_version": vllm.__version__,
+    details = {"source": "moesd.routing.vllm_capture", "engine": "vllm", "engine_version": vllm.__version__,
                "batch_size": int(batch_size), "max_new_tokens": int(max_new_tokens), "temperature": temperature,
                "ignore_eos": ignore_eos}
     drafts, draft_tokens, accepted = (int(count) for count in spec_counters(llm) - counters)
@@ -328,7 +328,7 @@ def trace_with_vllm(model: str, prompts, batch_size: int, max_new_tokens: int, *
                     dtype: str = "auto", draft: str | None = None, gamma: int | None = None,
                     temperature: float = 0.0, random_weights: bool = False, num_layers: int | None = None,
                     width: float = 1.0, seed: int = 0, folder=None) -> RoutingTrace:
-    """Capture routing over prompts through vLLM: the vLLM counterpart of :func:`moesd.capture.trace_prompts`.
+    """Capture routing over prompts through vLLM: the vLLM counterpart of :func:`moesd.routing.capture.trace_prompts`.
 
     Parameters
     ----------
@@ -336,9 +336,9 @@ def trace_with_vllm(model: str, prompts, batch_size: int, max_new_tokens: int, *
         A hub id or local folder; with ``random_weights``, a :data:`moesd.zoo.MODELS` name whose shape
         is built with random weights (seed ``seed``, ``num_layers`` and ``width`` as in
         :meth:`moesd.zoo.ModelSpec.random_model`), saved under ``folder`` (default: a temporary folder)
-        and tokenised as UTF-8 bytes, as :func:`moesd.capture.trace_random_model` does.
+        and tokenised as UTF-8 bytes, as :func:`moesd.routing.capture.trace_random_model` does.
     prompts : pandas.DataFrame
-        With columns ``id`` and ``prompt`` (:func:`moesd.prompts.load_prompts`).
+        With columns ``id`` and ``prompt`` (:func:`moesd.routing.prompts.load_prompts`).
     batch_size, max_new_tokens, temperature
         As in :func:`capture_vllm`.
     dataset : str
@@ -358,8 +358,8 @@ def trace_with_vllm(model: str, prompts, batch_size: int, max_new_tokens: int, *
                "draft": draft, "gamma": gamma, "dtype": dtype}
     with tempfile.TemporaryDirectory() as scratch:
         if random_weights:
-            from moesd.capture import random_weights_note
-            from moesd.vllm_engine import save_model
+            from moesd.routing.capture import random_weights_note
+            from moesd.measure.vllm_engine import save_model
             from moesd.zoo import get_model
 
             spec = get_model(model)
@@ -372,7 +372,7 @@ def trace_with_vllm(model: str, prompts, batch_size: int, max_new_tokens: int, *
         else:
             from transformers import AutoTokenizer
 
-            from moesd.capture import chat_texts
+            from moesd.routing.capture import chat_texts
 
             path = model
             tokenizer = AutoTokenizer.from_pretrained(model)

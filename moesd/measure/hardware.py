@@ -1,6 +1,6 @@
 """The measured roofline of the machine that measures, and where a decode step's time goes.
 
-Data sheets give the peak FLOP/s and bandwidth of accelerators (:data:`moesd.roofline.HARDWARE`);
+Data sheets give the peak FLOP/s and bandwidth of accelerators (:data:`moesd.theory.roofline.HARDWARE`);
 a sweep needs those of the device it ran on, in its dtype and thread count, for the ridge point of
 Eq. 1. :func:`measure_roofline` measures them the way STREAM and a GEMM sweep do:
 
@@ -13,8 +13,8 @@ Eq. 1. :func:`measure_roofline` measures them the way STREAM and a GEMM sweep do
   does; achieved FLOP/s = ``2 M N K / seconds``, the peak is the best achieved over ``M``.
 
 The result is a :class:`RooflineMeasurement`: the two curves and a
-:class:`~moesd.roofline.Hardware` record whose ridge point is that of this machine in this dtype.
-Every sweep stores both in its sidecar (``moesd.bench.environment``).
+:class:`~moesd.theory.roofline.Hardware` record whose ridge point is that of this machine in this dtype.
+Every sweep stores both in its sidecar (``moesd.measure.bench.environment``).
 
 :func:`decode_step_breakdown` splits a measured decode step of a scaled model into weight
 streaming (bytes / measured bandwidth), per-expert dispatch and the rest of the call overhead
@@ -44,8 +44,8 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import as_array
-from moesd.experts import expected_active_experts, tokens_per_expert
-from moesd.roofline import Hardware
+from moesd.theory.experts import expected_active_experts, tokens_per_expert
+from moesd.theory.roofline import Hardware
 
 STREAM_ARRAYS = {"copy": 2, "triad": 3}
 """Arrays a STREAM kernel reads or writes once per element: copy ``a = b``, triad ``a = b + s c``."""
@@ -467,7 +467,7 @@ def measure_roofline(device: str = "cpu", dtype: str = "float32", threads: int |
     name += f" ({dtype}), measured" if is_cuda else f" ({used_threads} threads, {dtype}), measured"
     best_stream = bandwidth.loc[bandwidth["bandwidth"].idxmax()]
     best_gemm = gemm.loc[gemm["flop_per_s"].idxmax()]
-    source = (f"measured by moesd.hardware.measure_roofline on {date}{' (quick)' if quick else ''}: "
+    source = (f"measured by moesd.measure.hardware.measure_roofline on {date}{' (quick)' if quick else ''}: "
               f"peak = best {dtype} GEMM (torch.nn.functional.linear, weight {out_features} x {in_features} "
               f"read from memory) over M = {min(gemm['tokens'])}..{max(gemm['tokens'])}, "
               f"{best_gemm['flop_per_s'] / 1e9:.4g} GFLOP/s at M = {int(best_gemm['tokens'])}; bandwidth = best STREAM "

@@ -1,13 +1,13 @@
 """A whole-model performance model of autoregressive and speculative decoding (beyond the paper).
 
 The paper fits Algorithm 1 to measurements; this module predicts the same quantities from first
-principles, for any :class:`moesd.zoo.ModelSpec` on any :class:`moesd.roofline.Hardware`:
+principles, for any :class:`moesd.zoo.ModelSpec` on any :class:`moesd.theory.roofline.Hardware`:
 
 * :func:`step_time`: seconds of one forward pass of ``B`` sequences with ``s`` new tokens each, summed
   over the model's components. Every weight matrix is a roofline, ``max(bytes / bandwidth, FLOPs /
   peak)`` at the achieved fractions of the data-sheet peaks, plus a fixed cost per kernel. Routed
   experts load the ``N(t)`` experts that ``t = B s`` tokens activate (Eq. 8, a measured popularity, or
-  a :class:`~moesd.traces.RoutingTrace` whose consecutive tokens' correlation is kept) and give each
+  a :class:`~moesd.routing.traces.RoutingTrace` whose consecutive tokens' correlation is kept) and give each
   ``t K / N`` tokens (Eq. 10); attention reads the KV cache of ``context`` tokens per
   sequence; tensor parallelism (TP) splits weights and FLOPs and adds two all-reduces per layer priced
   by the interconnect; expert parallelism (EP) splits the experts.
@@ -15,8 +15,8 @@ principles, for any :class:`moesd.zoo.ModelSpec` on any :class:`moesd.roofline.H
   from them target efficiency and the speedup of Eq. 4 with its decomposition, over a grid of batch
   sizes, draft lengths, acceptance and contexts. The draft runs on GPUs of its own, as in the paper.
 
-The model checked against the paper's Tables 1-2 lives in :mod:`moesd.predict_paper`, and fitted to a
-measured forward study in :mod:`moesd.calibrate`.
+The model checked against the paper's Tables 1-2 lives in :mod:`moesd.paper.predictor_check`, and fitted to a
+measured forward study in :mod:`moesd.model.calibrate`.
 
 Pure numpy; no torch.
 """
@@ -30,21 +30,21 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import as_array
-from moesd.experts import expected_active_experts, expected_active_experts_from_popularity, most_loaded_share
-from moesd.roofline import HARDWARE, Hardware
-from moesd.speedup import sigma as emitted_fraction
-from moesd.speedup import speedup_terms
-from moesd.traces import RoutingTrace
+from moesd.theory.experts import expected_active_experts, expected_active_experts_from_popularity, most_loaded_share
+from moesd.theory.roofline import HARDWARE, Hardware
+from moesd.theory.speedup import sigma as emitted_fraction
+from moesd.theory.speedup import speedup_terms
+from moesd.routing.traces import RoutingTrace
 from moesd.zoo import MODELS, Architecture, ModelSpec, get_model
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}
 """Bytes per weight of each supported weight dtype."""
 
 PAPER_BATCH_SIZES = (1, 2, 4, *range(8, 61, 4), 80, 100)
-"""The paper's batch sizes (Sec. 7): 19 values from 1 to 100; ``moesd.sweeps.BATCH_SIZES`` is this tuple."""
+"""The paper's batch sizes (Sec. 7): 19 values from 1 to 100; ``moesd.measure.sweeps.BATCH_SIZES`` is this tuple."""
 
 TRACE_ROUTING_MODELS = ("windows", "popularity")
-"""How :func:`step_time` reads a :class:`~moesd.traces.RoutingTrace` (see :mod:`moesd.routing`)."""
+"""How :func:`step_time` reads a :class:`~moesd.routing.traces.RoutingTrace` (see :mod:`moesd.routing.loads`)."""
 
 #: Kernels per block as inference engines fuse them, each adding ``Efficiency.kernel_seconds``: GQA attention
 #: (input norm, fused QKV GEMM, rotary embedding and cache write, attention, output GEMM), MLA (also the two
@@ -145,7 +145,7 @@ def resolve_model(model) -> Architecture:
 
 
 def resolve_hardware(hardware) -> Hardware:
-    """A :class:`~moesd.roofline.Hardware` record from its :data:`~moesd.roofline.HARDWARE` name or itself."""
+    """A :class:`~moesd.theory.roofline.Hardware` record from its :data:`~moesd.theory.roofline.HARDWARE` name or itself."""
     if isinstance(hardware, Hardware):
         return hardware
     names = {name.lower(): name for name in HARDWARE}
@@ -327,7 +327,7 @@ def expert_gemm_time(hardware, experts, tokens_per_expert, in_features, out_feat
     Parameters
     ----------
     hardware : Hardware or str
-        The device (a :data:`~moesd.roofline.HARDWARE` name or a record).
+        The device (a :data:`~moesd.theory.roofline.HARDWARE` name or a record).
     experts : array_like
         Experts whose weights are loaded (>= 0; real values allowed, e.g. an expected ``N(t)``).
     tokens_per_expert : array_like
@@ -376,7 +376,7 @@ def _active_experts(arch: Architecture, B: np.ndarray, s: np.ndarray, top_k: np.
     if routing is None:
         return expected_active_experts(tokens, E, top_k)[None]
     if isinstance(routing, RoutingTrace):
-        from moesd.routing import activated_experts
+        from moesd.routing.loads import activated_experts
 
         if routing.num_experts != E:
             raise ValueError(f"routing: the trace has E = {routing.num_experts} experts, {arch.name} has {E}")
@@ -409,7 +409,7 @@ def zipf_popularity(num_experts, top_k, exponent=1.0) -> np.ndarray:
 
     Probabilities above 1 (an expert cannot be chosen twice by one token) are capped at 1 and the rest
     rescaled until the vector sums to ``top_k``. A stand-in for a measured popularity
-    (:class:`moesd.traces.RoutingTrace`), not a property of any real model.
+    (:class:`moesd.routing.traces.RoutingTrace`), not a property of any real model.
 
     Returns
     -------
@@ -552,7 +552,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     and attention over the (bf16) KV cache runs at the bf16 rate.
     With ``ep`` > 1 the routed experts are dealt to ``ep`` of the ``tp`` GPUs (each keeps ``E / ep`` whole
     experts, widths split ``tp / ep`` ways), and the step waits for the GPU that loads the most activated
-    experts: :func:`moesd.experts.most_loaded_share` of ``N`` (above ``N / ep`` at small batches).
+    experts: :func:`moesd.theory.experts.most_loaded_share` of ``N`` (above ``N / ep`` at small batches).
 
     Parameters
     ----------
@@ -572,10 +572,10 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
         Weight dtype.
     routing : array_like, callable or RoutingTrace, optional
         Expert popularity, shape ``(E,)`` or ``(moe_layers, E)``, each row summing to ``K`` (uses
-        :func:`moesd.experts.expected_active_experts_from_popularity`); a function of the token
-        count returning ``N(tokens)``; or a :class:`~moesd.traces.RoutingTrace` of the model's routing
+        :func:`moesd.theory.experts.expected_active_experts_from_popularity`); a function of the token
+        count returning ``N(tokens)``; or a :class:`~moesd.routing.traces.RoutingTrace` of the model's routing
         (its ``E``; its ``K`` replaces the model's), read as ``routing_model`` says through
-        :func:`moesd.routing.activated_experts`. A trace of some layers stands for every MoE layer by
+        :func:`moesd.routing.loads.activated_experts`. A trace of some layers stands for every MoE layer by
         their mean. Default: uniform routing, Eq. 8.
     cuda_graphs : bool, default True
         Whether the engine replays CUDA graphs (else every kernel adds a launch cost).
@@ -717,7 +717,7 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
     The target verifies on ``tp`` GPUs; the draft proposes on ``draft_tp`` GPUs of its own (the paper's
     setup: the draft stays on one GPU). A round costs ``gamma T_D(B, 1) + T_T(B, gamma + 1) + T_reject``;
     the verification pass scores ``gamma + 1`` positions per sequence (the drafts and the bonus token,
-    as vLLM and :mod:`moesd.sd` do; ``verify_tokens="gamma"`` scores ``gamma``, as Algorithm 1 writes).
+    as vLLM and :mod:`moesd.measure.sd` do; ``verify_tokens="gamma"`` scores ``gamma``, as Algorithm 1 writes).
 
     Parameters
     ----------
@@ -737,7 +737,7 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
         Tokens in each sequence's KV cache (prompt and generated so far).
     ep, top_k, dtype, routing, routing_model, cuda_graphs, grouped_experts, efficiency
         As in :func:`step_time` (the target's); ``top_k`` may be an array (a grid axis). A
-        :class:`~moesd.traces.RoutingTrace` as ``routing`` gives ``N(B)`` of the decode step and
+        :class:`~moesd.routing.traces.RoutingTrace` as ``routing`` gives ``N(B)`` of the decode step and
         ``N(B (gamma + 1))`` of verification from the measured routing (its consecutive tokens'
         correlation kept with ``routing_model="windows"``), so real routing reaches the speedup.
     draft_dtype : str, optional

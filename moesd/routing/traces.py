@@ -19,7 +19,7 @@ Tokens are *consecutive* when they belong to the same sequence and their positio
 a gap in the positions (a token the log lost) ends a window. Unions are computed on bitmasks
 (``ceil(E / 64)`` 64-bit words per token and layer) built once per trace and kept with it, so any
 ``E`` works and nothing loops over tokens in Python. Readers of other tools' logs live in
-:mod:`moesd.importers`; turning the statistics into verification cost is :mod:`moesd.routing`.
+:mod:`moesd.routing.importers`; turning the statistics into verification cost is :mod:`moesd.routing.loads`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from moesd._files import atomic_write
-from moesd.experts import expected_active_experts, expected_active_experts_from_popularity
+from moesd.theory.experts import expected_active_experts, expected_active_experts_from_popularity
 
 PHASES = ("prefill", "decode", "unknown", "rejected")
 """Allowed ``phase`` values; ``"unknown"`` marks tokens whose forward pass the source did not name, and
@@ -236,7 +236,7 @@ class RoutingTrace:
         with open(path, "rb") as file:
             if file.read(4) != b"PK\x03\x04":
                 raise ValueError(f"{path}: not a RoutingTrace .npz archive (it does not start like a zip file); "
-                                 "logs of other tools (JSONL, CSV, vLLM output) are read by moesd.importers")
+                                 "logs of other tools (JSONL, CSV, vLLM output) are read by moesd.routing.importers")
             file.seek(0)
             try:
                 with np.load(file, allow_pickle=False) as data:
@@ -576,7 +576,7 @@ def popularity(trace: RoutingTrace) -> pd.DataFrame:
     pandas.DataFrame
         Columns ``layer``, ``expert``, ``count``, ``probability`` (the chance that one token picks
         the expert; it sums to ``K`` over a layer's experts, the ``p`` of
-        :func:`moesd.experts.expected_active_experts_from_popularity`; NaN for a layer without
+        :func:`moesd.theory.experts.expected_active_experts_from_popularity`; NaN for a layer without
         tokens).
     """
     return pd.DataFrame({
@@ -668,7 +668,7 @@ def verify_union_predictions(trace: RoutingTrace, batch_size: int, window: int, 
 
     * ``uniform``: Eq. 8 at ``t = batch_size * window`` tokens, the paper's i.i.d. uniform model;
     * ``popularity``: the same tokens independent but with each expert's measured popularity
-      (:func:`moesd.experts.expected_active_experts_from_popularity`);
+      (:func:`moesd.theory.experts.expected_active_experts_from_popularity`);
     * ``windows``: windows of different sequences independent, each activating expert ``e`` with the
       measured probability ``q_e`` that one window of ``window`` consecutive tokens does
       (:func:`window_activation_probability`), so ``sum_e 1 - (1 - q_e)**batch_size``. It keeps the
@@ -690,16 +690,3 @@ def verify_union_predictions(trace: RoutingTrace, batch_size: int, window: int, 
         "popularity": expected_active_experts_from_popularity(tokens, _selection_probability(trace)),
         "windows": (1.0 - (1.0 - hit) ** batch_size).sum(axis=-1),
     })
-
-
-_MOVED_TO_IMPORTERS = ("from_vllm_moe_log", "from_token_jsonl", "from_layer_csv", "from_arrays",
-                       "from_vllm_routed_experts", "save_vllm_routed_experts")
-
-
-def __getattr__(name: str):
-    """The importers moved to :mod:`moesd.importers`; ``moesd.traces.from_...`` keeps working."""
-    if name in _MOVED_TO_IMPORTERS:
-        from moesd import importers
-
-        return getattr(importers, name)
-    raise AttributeError(f"module 'moesd.traces' has no attribute {name!r}")

@@ -4,11 +4,11 @@ Stage times are built from the expected activated experts N(t) (Eq. 8), the toke
 ``t K / N(t)`` (Eq. 10) and the roofline growth ``G(t) = G(t; lam RP, s)`` (Eq. 11), where ``RP`` (the
 argument ``rp``) is the ridge point in tokens: the tokens at which a GEMM reaches the hardware's
 ridge point in FLOP/byte (equal to it for bf16 weights, as in the paper; twice it for float32; see
-:func:`moesd.measurements.ridge_tokens_for`):
+:func:`moesd.measure.studies.ridge_tokens_for`):
 
 * ``ar_time     = bias + k1 G(B) + k2 N(B) + k3 G(B K / N(B))``
 * ``verify_time = bias + k1 G(B w) + k2 N(B w) + k3 G(B w K / N(B w))``, ``w = gamma`` as Algorithm 1
-  writes it, or ``w = gamma + 1`` as vLLM and :mod:`moesd.sd` verify
+  writes it, or ``w = gamma + 1`` as vLLM and :mod:`moesd.measure.sd` verify
 * ``draft_time  = draft_bias + draft_k G(B)``,  ``reject_time = reject_bias + reject_k B``
 
 and the speedup is ``sigma (gamma + 1) ar_time / denominator``. Line 11 of the paper prints
@@ -20,7 +20,7 @@ prediction. Only bounds (Appendix C.2: parameter volumes over memory bandwidth) 
 
 :class:`SpeedupInputs` holds everything that does not depend on the parameters (N, tokens per
 expert), computed once, and evaluates the speedup with its analytic Jacobian, which is what the fit
-in :mod:`moesd.fit` calls many times. This module is pure numpy (``parameter_bounds`` with a model
+in :mod:`moesd.model.fit` calls many times. This module is pure numpy (``parameter_bounds`` with a model
 counts its parameters through :mod:`moesd.zoo`, which imports torch only then).
 """
 
@@ -32,8 +32,8 @@ from dataclasses import astuple, dataclass, fields
 import numpy as np
 
 from moesd._checks import as_array
-from moesd.experts import expected_active_experts
-from moesd.roofline import HARDWARE, G
+from moesd.theory.experts import expected_active_experts
+from moesd.theory.roofline import HARDWARE, G
 
 PARAMETERS = ("bias", "k1", "k2", "k3", "draft_bias", "draft_k", "reject_bias", "reject_k", "lam", "s")
 """Algorithm 1's ten parameters, in its order (the order of :meth:`SpeedupParams.vector`)."""
@@ -142,7 +142,7 @@ def as_params(params) -> SpeedupParams:
 def _growth(t, transition: float, s: float, derivatives: bool = False):
     """G(t; transition, s) of Eq. 11 and, if asked, its derivatives in the transition point and in s.
 
-    The formulas of :func:`moesd.roofline.G`, without its input checks; the transition and s are
+    The formulas of :func:`moesd.theory.roofline.G`, without its input checks; the transition and s are
     scalars. Below the transition ``G = s**t``: ``dG/dL = 0``,
     ``dG/ds = t s**(t - 1)``. Above it ``G = s**L (1 + ln s (t - L))``: ``dG/dL = s**L (ln s)**2 (t - L)``
     and ``dG/ds = s**(L - 1) (L (1 + ln s (t - L)) + t - L)``. Both derivatives are continuous at
@@ -384,13 +384,13 @@ def compute_speedup(params, B, gamma, K, E, sigma, rp, variant: str = "eq4", ver
         Measured sigma (Eq. 5), in [1/(gamma+1), 1].
     rp : float
         Ridge point in tokens (> 0): ``RP b / 2`` for a ridge point RP in FLOP/byte and weights of ``b``
-        bytes (:func:`moesd.measurements.ridge_tokens_for`), RP itself for bf16 as in the paper.
+        bytes (:func:`moesd.measure.studies.ridge_tokens_for`), RP itself for bf16 as in the paper.
     variant : {"eq4", "printed"}
         The denominator: ``gamma draft + verify + reject`` (Eq. 4) or, as line 11 prints it,
         ``draft + ar + verify + reject``.
     verify_tokens : {"gamma", "gamma+1"} or array_like, optional
         Tokens per sequence in the verification forward: ``gamma`` as Algorithm 1 writes it (default)
-        or ``gamma + 1`` as vLLM and :mod:`moesd.sd` verify (or any numbers >= 1).
+        or ``gamma + 1`` as vLLM and :mod:`moesd.measure.sd` verify (or any numbers >= 1).
 
     Returns
     -------
@@ -445,7 +445,7 @@ def parameter_bounds(model=None, hardware=None, draft=None, bytes_per_parameter:
     """Bounds of Appendix C.2 as (lower, upper) arrays in :data:`PARAMETERS` order.
 
     With a target ``model`` (a :class:`moesd.zoo.ModelSpec`), a ``draft`` and ``hardware`` (a
-    :class:`moesd.roofline.Hardware` or its name), ``bias``, ``k2`` and ``draft_bias`` lie between
+    :class:`moesd.theory.roofline.Hardware` or its name), ``bias``, ``k2`` and ``draft_bias`` lie between
     the time to read their parameters at peak bandwidth (dense part, one expert of every MoE layer,
     the draft) and 5 times that (seconds). ``layers``, ``draft_layers`` and ``width`` count the
     parameters of a model cut to that many layers and scaled in width, as the sweeps build it

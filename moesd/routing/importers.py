@@ -1,4 +1,4 @@
-"""Read other tools' routing logs into a :class:`moesd.traces.RoutingTrace`.
+"""Read other tools' routing logs into a :class:`moesd.routing.traces.RoutingTrace`.
 
 Four file formats and one in-memory form, each described in its reader's docstring and tried on a
 small excerpt under ``tests/data/traces/``:
@@ -15,7 +15,7 @@ small excerpt under ``tests/data/traces/``:
 
 Real logs are ragged: when generation stops, the last token or two is often logged in only some
 layers. The readers drop such tokens (``ragged="drop"``), or keep them with the layers they have
-(``ragged="keep"``: the other layers are marked :data:`moesd.traces.MISSING`), or refuse the file
+(``ragged="keep"``: the other layers are marked :data:`moesd.routing.traces.MISSING`), or refuse the file
 (``ragged="error"``), and warn naming how many tokens of which sequences. Field names differ
 between tools: a ``fields`` mapping picks them, with defaults that cover the common spellings.
 Errors name the file, the line and the field.
@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from moesd._files import atomic_write
-from moesd.traces import MISSING, PHASES, RoutingTrace
+from moesd.routing.traces import MISSING, PHASES, RoutingTrace
 
 TOKEN_FIELDS = {
     "sequence": ("problem_id", "req_id", "request_id", "sequence_id", "sequence"),
@@ -220,7 +220,7 @@ def from_token_jsonl(path, num_experts=None, fields: Mapping | None = None, ragg
         What to do with tokens logged in only some layers (see the module docstring); a warning
         names them.
     phase : str, default "decode"
-        Phase of every token (one of ``moesd.traces.PHASES``).
+        Phase of every token (one of ``moesd.routing.traces.PHASES``).
 
     Returns
     -------

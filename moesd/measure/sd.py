@@ -28,7 +28,7 @@ Batching is static: the batch runs until its last sequence stops or ``max_rounds
 a stopped sequence's rows are still computed (as in Hugging Face ``generate``) but emit nothing.
 Every round is recorded (:class:`RoundRecord`: sequences active, tokens accepted and emitted, stage
 times), so a caller can time a *window* of rounds in which every sequence was active
-(:meth:`DecodeStats.window`), which is what :mod:`moesd.bench` does.
+(:meth:`DecodeStats.window`), which is what :mod:`moesd.measure.bench` does.
 """
 
 from __future__ import annotations

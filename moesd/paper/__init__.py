@@ -1,0 +1,1 @@
+"""The paper's printed numbers, and each of its claims judged against this project's measurements."""

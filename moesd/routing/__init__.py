@@ -1,0 +1,1 @@
+"""Which experts tokens go to: routing traces, their capture (HF, vLLM) and import, and the experts a step loads under each routing."""

@@ -1,0 +1,1 @@
+"""The paper's theory, pure numpy: activated experts (Eqs. 6-10), SD speedup (Eqs. 2-5), rooflines (Eqs. 1, 11)."""
