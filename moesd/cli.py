@@ -747,7 +747,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "MOESD_DATA defaulting to the repository's data/)")
     sweep.add_argument("--overwrite", action="store_true", help="replace a finished result file")
     sweep.add_argument("--cuda-graphs", action="store_true",
-                       help="forward studies on CUDA: time each forward as a CUDA graph replay over a static cache")
+                       help="on CUDA: run each forward as a CUDA graph replay over a static cache (forward "
+                            "studies time the replays; end-to-end studies decode with them)")
     sweep.add_argument("--engine", default="hf", choices=["hf", "vllm"],
                        help="hf: moesd's own engine (default); vllm: vLLM's offline API (moesd.measure.vllm_engine, "
                             "needs vllm: make vllm)")

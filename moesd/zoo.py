@@ -488,7 +488,7 @@ def noisy_copy(model, scale: float, seed: int = 1):
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for parameter in draft.parameters():
-            noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
+            noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype).to(parameter.device)
             parameter.add_(noise * parameter.std().nan_to_num() * scale)
     return draft
 

@@ -11,6 +11,7 @@ scipy_stats = pytest.importorskip("scipy.stats")
 
 from moesd.measure.sd import (SpeculativeDecoder, accept_greedy, accept_sampling, accept_synthetic,  # noqa: E402
                       generate_autoregressive)
+from moesd.measure.static_cache import StaticCaches  # noqa: E402
 from moesd.theory.speedup import sigma as sigma_of_alpha  # noqa: E402
 from moesd.zoo import get_model  # noqa: E402
 from moesd.zoo import noisy_copy  # noqa: E402
@@ -94,6 +95,48 @@ def test_other_architectures_are_lossless(name):
                                pad_token_id=0)
     output = SpeculativeDecoder(target, draft, 3).generate(ids, mask, max_new_tokens=12)
     assert torch.equal(output.sequences, expected)
+
+
+@pytest.mark.parametrize("name", ["qwen2-57b-a14b", "opt-30b"])
+def test_static_caches_decode_losslessly(name):
+    """The engine over static caches (what CUDA graphs replay, here run eagerly): the target's greedy
+    output for left-padded prompts, AR and SD at every gamma sharing one set of caches; the forward
+    shapes repeat every round, so that a graph captured once serves them all."""
+    target = get_model(name).random_model(num_layers=2, width=1 / 32, dtype=torch.float64)
+    draft = noisy_copy(target, 0.06)
+    ids, mask = left_padded(PROMPTS[3], target.config.vocab_size, seed=4)
+    expected = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                               pad_token_id=0)
+    static = StaticCaches(ids.shape[1] + 11 * 5 + 1)
+    shapes = []
+    for model in (target, draft):
+        forward = model.forward
+        model.forward = lambda *a, _f=forward, **k: shapes.append(k["input_ids"].shape[1]) or _f(*a, **k)
+    try:
+        ar = generate_autoregressive(target, ids, mask, max_new_tokens=12, static_caches=static)
+        assert torch.equal(ar.sequences, expected)
+        for gamma in (1, 2, 4):
+            shapes.clear()
+            output = SpeculativeDecoder(target, draft, gamma).generate(ids, mask, max_new_tokens=12,
+                                                                       static_caches=static)
+            assert torch.equal(output.sequences, expected)
+            assert 0.05 < output.stats.acceptance_rate < (0.95 if name == "qwen2-57b-a14b" else 1.01)  # ragged
+            rounds = shapes[2:]  # after the two prefills: [2, 1 x (gamma - 1), gamma + 1] every round
+            assert rounds == [2, *[1] * (gamma - 1), gamma + 1] * output.stats.rounds, gamma
+    finally:
+        for model in (target, draft):
+            del model.forward
+    assert len(static._models) == 2  # one cache per model and batch, shared by every run
+
+
+def test_static_caches_refuse_a_generation_they_cannot_hold(pair):
+    target, draft = pair
+    ids, mask = left_padded(PROMPTS[3], target.config.vocab_size)
+    with pytest.raises(ValueError, match=r"needs 26 slots per sequence \(7 prompt, then 6 rounds of 3 and one more\), "
+                                         "the static caches hold 20"):
+        SpeculativeDecoder(target, draft, 2).generate(ids, mask, max_new_tokens=7, static_caches=StaticCaches(20))
+    with pytest.raises(ValueError, match="capacity must be a whole number of slots >= 2"):
+        StaticCaches(1.5)
 
 
 @pytest.fixture(scope="module")

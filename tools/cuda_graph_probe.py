@@ -10,8 +10,9 @@ static cache, and on CUDA as a graph replay (medians of 20, CUDA events); it pri
 differences of their logits, or the first error of a failed capture. On CUDA it then captures the
 forward again under uniform routing (:mod:`moesd.measure.router_control`, the studies' default), whose
 experts are drawn inside the graph, and checks that two replays draw different experts. It exits 1
-if the logits disagree, a capture failed or replays repeat their draws. On the CPU it runs the two
-eager forwards.
+if the logits disagree, a capture failed or replays repeat their draws. Last, :func:`sd_probe` checks
+the end-to-end engine over static caches replayed as graphs (``moesd sweep e2e --cuda-graphs``)
+against the same engine run eagerly. On the CPU it runs the eager forwards and the eager engine.
 
 Run: python3 tools/cuda_graph_probe.py [--device cuda] [--layers 2]
 """
@@ -25,9 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from moesd.measure.bench import GraphStep, Timer, filled_cache, rewind, static_forward, static_step  # noqa: E402
+from moesd.measure.bench import Timer  # noqa: E402
 from moesd.measure.router_control import RoutingControl, distinct_experts  # noqa: E402
-from moesd.zoo import get_model  # noqa: E402
+from moesd.measure.sd import SpeculativeDecoder, generate_autoregressive  # noqa: E402
+from moesd.measure.static_cache import (GraphStep, StaticCaches, filled_cache, rewind, static_forward,  # noqa: E402
+                                        static_step)
+from moesd.zoo import get_model, noisy_copy  # noqa: E402
 
 CONTEXT = 64
 """Tokens in the cache before the timed forward (the GPU preset's context)."""
@@ -100,6 +104,42 @@ def probe(model, batch: int, tokens: int, device: torch.device, repeats: int = 2
     return row
 
 
+@torch.no_grad()
+def sd_probe(device: torch.device, layers: int, width: float = 0.25) -> dict:
+    """Does speculative decoding over static caches replayed as CUDA graphs (what ``moesd sweep e2e
+    --cuda-graphs`` runs) emit what the same engine emits eagerly, and record fresh expert draws?
+
+    A ``layers``-layer Qwen2-57B-A14B shape at ``width`` with a noisy copy as draft (real, ragged
+    greedy acceptance), 8 prompts of 16 tokens, 12 new tokens at gamma 2 and 4: the graph runs must
+    equal the eager static runs token for token (the same kernels on the same inputs); the share
+    of tokens equal to the dynamic-cache greedy decoding is printed (bf16 kernels of other shapes
+    may break near-ties). Then under uniform routing, the last two verifications' recorded expert
+    ids must differ (each replay draws afresh and is recorded).
+    """
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    target = get_model("qwen2-57b-a14b").random_model(num_layers=layers, width=width, dtype=dtype, device=device)
+    draft = noisy_copy(target, 0.06)
+    ids = torch.randint(1, target.config.vocab_size, (8, 16), generator=torch.Generator().manual_seed(3)).to(device)
+    reference = generate_autoregressive(target, ids, max_new_tokens=12).sequences
+    row = {}
+    for gamma in (2, 4):
+        decoder = SpeculativeDecoder(target, draft, gamma)
+        runs = {graphs: decoder.generate(ids, max_new_tokens=12, static_caches=StaticCaches(16 + 11 * (gamma + 1) + 1,
+                                                                                             graphs))
+                for graphs in ([False, True] if device.type == "cuda" else [False])}
+        eager = runs[False]
+        row[f"gamma {gamma} graph = eager"] = torch.equal(runs.get(True, eager).sequences, eager.sequences)
+        row[f"gamma {gamma} equal to AR"] = float((eager.sequences == reference).float().mean())
+        row[f"gamma {gamma} acceptance"] = eager.stats.acceptance_rate
+    with RoutingControl(target, "uniform", keep=2) as control:
+        SpeculativeDecoder(target, draft, 2).generate(ids, max_new_tokens=12, static_caches=StaticCaches(
+            16 + 11 * 3 + 1, device.type == "cuda", routing=control))
+        last = [torch.stack(list(forward)) for forward in control.forwards]
+        row["uniform redraws"] = not torch.equal(*last)
+        row["uniform experts"] = distinct_experts(last[-1], control.num_experts)
+    return row
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -123,6 +163,10 @@ def main(argv=None) -> int:
             print("  ".join(f"{k} {v:.1e}" if "logits" in k else f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                             for k, v in row.items()),
                   flush=True)
+    row = sd_probe(device, args.layers)
+    print("SD over static caches: " + "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                               for k, v in row.items()), flush=True)
+    failed |= not all(value for key, value in row.items() if "graph = eager" in key or "redraws" in key)
     return 1 if failed else 0
 
 

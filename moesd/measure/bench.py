@@ -73,6 +73,7 @@ from moesd.measure.hardware import measured_roofline
 from moesd.measure.studies import NULLABLE_COLUMNS, measurements_dir
 from moesd.measure.router_control import RoutingControl, distinct_experts, set_top_k
 from moesd.measure.sd import DecodeStats, SpeculativeDecoder, generate_autoregressive
+from moesd.measure.static_cache import GraphStep, StaticCaches, filled_cache
 from moesd.theory.speedup import alpha_from_sigma, speedup
 from moesd.measure.sweeps import (BATCH_SIZES, DTYPES, FORWARD_STUDIES, PAPER_SIGMA, STUDIES, SweepConfig,  # noqa: F401
                           acceptance_seed, estimate_seconds, gpu_label, paper_workloads, preset, preset_settings)
@@ -358,22 +359,25 @@ def _timed_window(stats: DecodeStats, warmup_rounds: int) -> DecodeStats:
     return window
 
 
-def time_autoregressive(target, input_ids: torch.Tensor, rounds: int, warmup_rounds: int) -> DecodeStats:
+def time_autoregressive(target, input_ids: torch.Tensor, rounds: int, warmup_rounds: int,
+                        static_caches: StaticCaches | None = None) -> DecodeStats:
     """The timed window of ``rounds`` AR steps after ``warmup_rounds``, every sequence active (greedy)."""
     steps = warmup_rounds + rounds
-    stats = generate_autoregressive(target, input_ids, max_new_tokens=steps + 1, max_rounds=steps).stats
+    stats = generate_autoregressive(target, input_ids, max_new_tokens=steps + 1, max_rounds=steps,
+                                    static_caches=static_caches).stats
     return _timed_window(stats, warmup_rounds)
 
 
 def time_speculative(decoder: SpeculativeDecoder, input_ids: torch.Tensor, rounds: int, warmup_rounds: int,
-                     alpha: float | None = None, seed: int | None = None) -> DecodeStats:
+                     alpha: float | None = None, seed: int | None = None,
+                     static_caches: StaticCaches | None = None) -> DecodeStats:
     """The timed window of ``rounds`` SD rounds after ``warmup_rounds``, every sequence active.
 
     ``alpha`` is the synthetic acceptance probability (``None``: real greedy acceptance).
     """
     total = warmup_rounds + rounds
     stats = decoder.generate(input_ids, max_new_tokens=1 + total * (decoder.gamma + 1), max_rounds=total,
-                             synthetic_acceptance=alpha, seed=seed).stats
+                             synthetic_acceptance=alpha, seed=seed, static_caches=static_caches).stats
     return _timed_window(stats, warmup_rounds)
 
 
@@ -408,100 +412,6 @@ def _release_memory(device: str) -> None:
     gc.collect()
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
-
-
-# ---- Forward passes over a filled cache ---------------------------------------------------------------
-
-def filled_cache(model, batch: int, context: int, device: str, static_tokens: int | None = None):
-    """The KV cache of ``batch`` random prompts of ``context`` tokens: dynamic, or static with room for
-    ``static_tokens`` more tokens per sequence."""
-    ids = _random_ids(batch, context, model.config.vocab_size, batch, device)
-    if static_tokens is None:
-        return model(input_ids=ids, use_cache=True).past_key_values
-    from transformers import StaticCache
-
-    cache = StaticCache(config=model.config, max_cache_len=context + static_tokens)
-    model(input_ids=ids, past_key_values=cache, use_cache=True)
-    return cache
-
-
-def rewind(cache, length: int) -> None:
-    """Set a static cache back to ``length`` tokens per sequence (the slots after it are written again).
-
-    Transformers 5 counts a static layer's tokens in a device tensor (``cumulative_length``) that each
-    update advances.
-    """
-    for layer in cache.layers:
-        counter = getattr(layer, "cumulative_length", None)
-        if not isinstance(counter, torch.Tensor):
-            raise RuntimeError(f"cannot rewind a {type(layer).__name__}: this transformers version keeps no device "
-                               "counter of its tokens (timed forwards over a static cache need one)")
-        counter.fill_(length)
-
-
-def static_forward(model, cache, new: torch.Tensor, context: int) -> torch.Tensor:
-    """One forward of ``new`` (B x s tokens) over a static cache holding ``context`` tokens; the logits.
-
-    The causal mask over the cache's slots is passed ready-made (4D, boolean): transformers then
-    uses it as it is, where building one itself would read the cache's length back to the host
-    (``q_offset == 0`` in ``masking_utils``, and OPT's ``torch.ones`` of a tensor length), which a
-    CUDA graph cannot capture. Attention covers all ``max_cache_len`` slots, those past the new tokens
-    masked. Rewind the cache (:func:`rewind`) before each call.
-    """
-    batch, tokens = new.shape
-    positions = torch.arange(context, context + tokens, device=new.device)
-    slots = torch.arange(cache.layers[0].max_cache_len, device=new.device)
-    mask = (slots <= positions[:, None]).expand(batch, 1, tokens, -1)
-    return model(input_ids=new, attention_mask=mask, past_key_values=cache, use_cache=True,
-                 position_ids=positions.expand(batch, -1)).logits
-
-
-def static_step(model, cache, new: torch.Tensor, context: int) -> torch.Tensor:
-    """:func:`static_forward` after rewinding the cache to ``context`` tokens: repeatable, every call
-    writes the same slots and sees the same keys. Returns the logits."""
-    rewind(cache, context)
-    return static_forward(model, cache, new, context)
-
-
-class GraphStep:
-    """A forward over a static cache captured as a CUDA graph: call :meth:`prepare`, then :meth:`replay`.
-
-    Three eager runs on a side stream come first (the warm-up PyTorch's documentation of
-    ``torch.cuda.graph`` asks for), then the capture and one untimed replay (the first launch of a
-    graph also uploads it). The rewind runs eagerly before each replay, outside the graph, so a
-    timed replay holds the forward's kernels only. A study captures each forward once and replays it
-    in every repeat, its graphs sharing the memory pool of the first (``pool``: another live graph's
-    :attr:`pool`; they are replayed one at a time, and what one replay leaves in the pool, the logits
-    included, is never read). A pool lives as long as a graph that uses it.
-    """
-
-    _side_stream = None
-
-    def __init__(self, model, cache, new: torch.Tensor, context: int, pool=None):
-        self.cache, self.context = cache, context
-        if GraphStep._side_stream is None:
-            GraphStep._side_stream = torch.cuda.Stream()
-        side = GraphStep._side_stream
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                static_step(model, cache, new, context)
-        torch.cuda.current_stream().wait_stream(side)
-        rewind(cache, context)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.logits = static_forward(model, cache, new, context)
-        self.pool = self.graph.pool()
-        self.prepare()
-        self.graph.replay()
-        torch.cuda.synchronize()
-
-    def prepare(self) -> None:
-        """Rewind the cache (a device operation), so that the next replay writes the same slots."""
-        rewind(self.cache, self.context)
-
-    def replay(self) -> None:
-        self.graph.replay()
 
 
 # ---- Studies --------------------------------------------------------------------------------------
@@ -656,15 +566,20 @@ def _measure_point(target, decoders, ids, variants, config, rng, control=None) -
 
     With an MoE target (``control``), each row also records the distinct experts per MoE layer of the
     timed window's AR steps (``activated_experts_1``) and verifications (``activated_experts_gamma``).
+    With ``config.cuda_graphs`` the runs decode over static caches whose forwards are CUDA graph
+    replays, captured in the first run's warm-up round and shared by the point's runs.
     """
+    total = config.warmup_rounds + config.rounds
+    static = (StaticCaches(ids.shape[1] + total * (max(config.gammas) + 1) + 1, cuda_graphs=True, routing=control)
+              if config.cuda_graphs else None)
     windows, experts = {}, {}
     for index in rng.permutation(len(variants) + 1):
         if index == len(variants):
-            windows["ar"] = time_autoregressive(target, ids, config.rounds, config.warmup_rounds)
+            windows["ar"] = time_autoregressive(target, ids, config.rounds, config.warmup_rounds, static)
         else:
             variant = variants[index]
             windows[index] = time_speculative(decoders[variant["gamma"]], ids, config.rounds,
-                                              config.warmup_rounds, variant["alpha"], variant["seed"])
+                                              config.warmup_rounds, variant["alpha"], variant["seed"], static)
         # the target's last ``rounds`` forwards: the window's AR steps or verifications (the draft has no hook)
         experts["ar" if index == len(variants) else index] = control.mean_distinct() if control else None
     return [{**variant, **steady_state_row(windows["ar"], windows[index]),

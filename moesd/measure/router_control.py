@@ -91,7 +91,7 @@ class RoutingControl:
             raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
         if isinstance(keep, bool) or int(keep) != keep or keep < 1:
             raise ValueError(f"keep must be a whole number >= 1, got {keep!r}")
-        self.routers = moe_layers(model)
+        self.model, self.routers = model, moe_layers(model)
         self.first_layer = min(self.routers)
         self.routing, self.num_experts = routing, num_experts(model)
         self.forwards: deque = deque(maxlen=int(keep))

@@ -22,7 +22,10 @@ ids count only unmasked slots, so every sequence sees exactly the positions plai
 give it. The KV length therefore grows by ``gamma + 1`` slots a round, whatever was accepted. The
 draft's cache lags the target's by one slot (the last draft token is scored by the target but never
 fed to the draft); the next round's first draft forward feeds that slot together with the new
-token, so both caches cover the same slots without extra forward passes.
+token, so both caches cover the same slots without extra forward passes. The draft's prefill stops
+one slot short too, so that every round has the same forward shapes: the draft's 2, 1, ..., 1 new
+slots and the target's gamma + 1. Both caches can be static ones (:class:`~moesd.measure.static_cache.StaticCaches`),
+whose forwards of each shape are captured once as CUDA graphs and replayed every round.
 
 Batching is static: the batch runs until its last sequence stops or ``max_rounds`` rounds have run;
 a stopped sequence's rows are still computed (as in Hugging Face ``generate``) but emit nothing.
@@ -37,6 +40,8 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+
+from moesd.measure.static_cache import StaticCaches
 
 
 @dataclass(frozen=True)
@@ -224,14 +229,33 @@ class _CachedModel:
     def __init__(self, model):
         self.model, self.cache, self.length = model, None, 0
 
-    def forward(self, slots: _Slots) -> torch.Tensor:
-        """Float logits [batch, new, V] of the slots not yet in the cache, which then holds them."""
-        output = self.model(input_ids=slots.tokens[:, self.length:slots.length],
-                            attention_mask=slots.mask[:, :slots.length],
-                            position_ids=slots.positions[:, self.length:slots.length],
+    def forward(self, slots: _Slots, stop: int | None = None) -> torch.Tensor:
+        """Float logits [batch, new, V] of the slots not yet in the cache (up to ``stop``, default all),
+        which then holds them."""
+        stop = slots.length if stop is None else stop
+        output = self.model(input_ids=slots.tokens[:, self.length:stop], attention_mask=slots.mask[:, :stop],
+                            position_ids=slots.positions[:, self.length:stop],
                             past_key_values=self.cache, use_cache=True)
-        self.cache, self.length = output.past_key_values, slots.length
+        self.cache, self.length = output.past_key_values, stop
         return output.logits.float()
+
+
+def _cached(model, slots: _Slots, static_caches: StaticCaches | None):
+    """``model`` with an empty KV cache for a generation: dynamic, or from ``static_caches``."""
+    return _CachedModel(model) if static_caches is None else static_caches.bind(model, slots.tokens.shape[0])
+
+
+def _slot_layout(input_ids, attention_mask, rounds: int, appended: int,
+                 static_caches: StaticCaches | None) -> _Slots:
+    """The slot layout of a generation of ``rounds`` rounds appending ``appended`` slots each (and the
+    prefill's token): exactly that many slots, or a static cache's capacity if it holds them."""
+    needed = input_ids.shape[1] + rounds * appended + 1
+    if static_caches is None:
+        return _Slots(input_ids, attention_mask, needed)
+    if needed > static_caches.capacity:
+        raise ValueError(f"this generation needs {needed} slots per sequence ({input_ids.shape[1]} prompt, then "
+                         f"{rounds} rounds of {appended} and one more), the static caches hold {static_caches.capacity}")
+    return _Slots(input_ids, attention_mask, static_caches.capacity)
 
 
 def _pick(logits: torch.Tensor, temperature: float, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -418,9 +442,15 @@ def _rounds_allowed(max_new_tokens: int, max_rounds: int | None) -> int:
     return max_new_tokens - 1 if max_rounds is None else min(max_new_tokens - 1, max_rounds)
 
 
-def _prefill(models, slots: _Slots, out: _Emitter, temperature: float, generator) -> torch.Tensor:
-    """Run the prompts through each model's cache; emit and return the target's first token."""
-    logits = [model.forward(slots) for model in models][0]
+def _prefill(target, slots: _Slots, out: _Emitter, temperature: float, generator, drafter=None) -> torch.Tensor:
+    """Run the prompts through the caches; emit and return the target's first token.
+
+    The draft's cache takes all but the newest prompt slot, which its first round feeds together with
+    the target's token: every round's first draft forward then has two new slots, the first round's too.
+    """
+    logits = target.forward(slots)
+    if drafter is not None and slots.length > 1:
+        drafter.forward(slots, stop=slots.length - 1)
     token, _ = _pick(logits[:, -1], temperature, generator)
     out.emit(token[:, None], torch.ones_like(token))
     return token
@@ -429,7 +459,8 @@ def _prefill(models, slots: _Slots, out: _Emitter, temperature: float, generator
 @torch.no_grad()
 def generate_autoregressive(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                             max_new_tokens: int = 128, temperature: float = 0.0, seed: int | None = None,
-                            eos_token_id=None, pad_token_id: int = 0, max_rounds: int | None = None) -> DecodeOutput:
+                            eos_token_id=None, pad_token_id: int = 0, max_rounds: int | None = None,
+                            static_caches: StaticCaches | None = None) -> DecodeOutput:
     """Plain batched decoding with the same bookkeeping as :class:`SpeculativeDecoder` (the T_AR baseline).
 
     Parameters are those of :meth:`SpeculativeDecoder.generate` (``max_rounds`` counts decode
@@ -441,11 +472,11 @@ def generate_autoregressive(model, input_ids: torch.Tensor, attention_mask: torc
     generator = _generator(device, seed)
     stats = DecodeStats(mode="autoregressive", gamma=0, batch_size=input_ids.shape[0])
     steps = _rounds_allowed(max_new_tokens, max_rounds)
-    slots = _Slots(input_ids, attention_mask, input_ids.shape[1] + steps + 1)
+    slots = _slot_layout(input_ids, attention_mask, steps, 1, static_caches)
     out = _Emitter(input_ids, max_new_tokens, eos_token_id, pad_token_id)
-    target = _CachedModel(model)
+    target = _cached(model, slots, static_caches)
     start = _synchronize(device)
-    token = _prefill([target], slots, out, temperature, generator)
+    token = _prefill(target, slots, out, temperature, generator)
     position = attention_mask.sum(-1)  # position of ``token``
     stats.t_prefill = _synchronize(device) - start
     while out.active.any() and stats.rounds < steps:
@@ -486,7 +517,8 @@ class SpeculativeDecoder:
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  max_new_tokens: int = 128, temperature: float = 0.0, seed: int | None = None,
                  synthetic_acceptance: float | None = None, eos_token_id=None,
-                 pad_token_id: int = 0, max_rounds: int | None = None) -> DecodeOutput:
+                 pad_token_id: int = 0, max_rounds: int | None = None,
+                 static_caches: StaticCaches | None = None) -> DecodeOutput:
         """Generate up to ``max_new_tokens`` per sequence.
 
         Parameters
@@ -512,6 +544,9 @@ class SpeculativeDecoder:
             Stop after this many rounds even if sequences are still active. With
             ``max_new_tokens >= 1 + max_rounds (gamma + 1)`` and no EOS, every sequence is active
             in every round.
+        static_caches : moesd.measure.static_cache.StaticCaches, optional
+            Decode over these static KV caches (their forwards replayed as CUDA graphs if they say
+            so) instead of dynamic ones; the output is the same.
 
         Returns
         -------
@@ -526,12 +561,12 @@ class SpeculativeDecoder:
                 else "greedy" if temperature == 0 else "sampling")
         stats = DecodeStats(mode=mode, gamma=gamma, batch_size=input_ids.shape[0])
         rounds = _rounds_allowed(max_new_tokens, max_rounds)
-        slots = _Slots(input_ids, attention_mask, input_ids.shape[1] + rounds * (gamma + 1) + 1)
+        slots = _slot_layout(input_ids, attention_mask, rounds, gamma + 1, static_caches)
         out = _Emitter(input_ids, max_new_tokens, eos_token_id, pad_token_id)
-        target, drafter = _CachedModel(self.target), _CachedModel(self.draft)
+        target, drafter = _cached(self.target, slots, static_caches), _cached(self.draft, slots, static_caches)
 
         start = _synchronize(device)
-        token = _prefill([target, drafter], slots, out, temperature, generator)
+        token = _prefill(target, slots, out, temperature, generator, drafter)
         position = attention_mask.sum(-1)  # position of ``token``, the newest emitted token
         stats.t_prefill = _synchronize(device) - start
         while out.active.any() and stats.rounds < rounds:

@@ -143,10 +143,11 @@ class SweepConfig:
     target_path, draft_path : str, optional
         Local folders of pretrained weights.
     cuda_graphs : bool
-        Forward studies on CUDA only: time each forward as the replay of a CUDA graph captured over a
-        static KV cache (as vLLM and other serving engines run decode steps, without the per-kernel
-        launch cost an eager step pays; see :class:`moesd.measure.bench.GraphStep`); default False, eager
-        forwards over a dynamic cache.
+        On CUDA only: run each forward as the replay of a CUDA graph captured over a static KV cache
+        (as vLLM and other serving engines run decode steps, without the per-kernel launch cost an
+        eager step pays; :mod:`moesd.measure.static_cache`): the forward studies time the replays, the
+        end-to-end studies decode with them (captured in the warm-up round, so at least one is
+        needed); default False, eager forwards over a dynamic cache.
     """
 
     study: str
@@ -202,9 +203,8 @@ class SweepConfig:
         self._check_routing(target)
         if not isinstance(self.cuda_graphs, bool):
             raise UsageError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
-        if self.cuda_graphs and (self.study not in FORWARD_STUDIES or not self.device.startswith("cuda")):
-            raise UsageError(f"cuda_graphs applies to the forward studies on a CUDA device, not to the {self.study} "
-                             f"study on {self.device}")
+        if self.cuda_graphs and not self.device.startswith("cuda"):
+            raise UsageError(f"cuda_graphs applies on a CUDA device, not on {self.device}")
         if self.study in FORWARD_STUDIES:
             for name in ("sigma", "workloads", "rounds", "warmup_rounds"):
                 if getattr(self, name) is not None:
@@ -213,6 +213,8 @@ class SweepConfig:
         else:
             self.rounds = _whole("rounds", 32 if self.rounds is None else self.rounds, 1)
             self.warmup_rounds = _whole("warmup_rounds", 1 if self.warmup_rounds is None else self.warmup_rounds, 0)
+            if self.cuda_graphs and self.warmup_rounds < 1:
+                raise UsageError("cuda_graphs captures its graphs in the warm-up round: set warmup_rounds >= 1")
             self._check_acceptance()
 
     def _check_shape(self, target, draft) -> None:
