@@ -16,7 +16,8 @@ A lease is 15 minutes of device time in all (the machine's start included) and o
    replays if the probe passed (else eagerly; the sidecar's ``settings.cuda_graphs`` says which);
 3. ``dense_forward``: the same for OPT-30b / OPT-350m;
 4. ``e2e`` and 5. ``sparsity``: batched SD against AR under the steady-state protocol, decoding over
-   static caches whose forwards replay CUDA graphs if the probe (which also checks that engine) passed.
+   static caches whose forwards replay CUDA graphs if the probe (which also checks that engine) passed;
+6. ``dense`` (OPT-30b / OPT-350m, Fig. 6) and 7. ``settings`` (Fig. 5's workloads) the same way.
 
 The roofline is not measured again when the repository holds this GPU's.
 
@@ -56,9 +57,9 @@ from moesd.measure.sweeps import (STUDIES, SweepConfig, cached_tokens, gpu_label
 
 MOESD = [sys.executable, "-c", "import sys; from moesd.cli import main; sys.exit(main(sys.argv[1:]))"]
 """The moesd command, from the repository (nothing is installed on the device machine)."""
-STAGES = ("env", "forward", "dense_forward", "e2e", "sparsity")
+STAGES = ("env", "forward", "dense_forward", "e2e", "sparsity", "dense", "settings")
 """The default plan, in its order."""
-STAGE_SECONDS = {"env": 75, "forward": 150, "dense_forward": 110, "e2e": 300}
+STAGE_SECONDS = {"env": 75, "forward": 150, "dense_forward": 110, "e2e": 300, "sparsity": 150, "dense": 200}
 """The most seconds a stage may take (a stage not named here takes what is left of the budget)."""
 LAST_STAGE_SECONDS = 45
 """A stage whose turn comes with less of the budget left is skipped (building the models takes longer)."""
