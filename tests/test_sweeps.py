@@ -104,13 +104,14 @@ def test_the_gpu_run_plan_without_a_gpu(tmp_path):
     plan = gpu_run("--dry-run", "--work", str(tmp_path / "work"))
     assert plan.returncode == 0, plan.stderr
     sweeps = [line for line in plan.stdout.splitlines() if line.startswith("$ sweep ")]
-    assert [line.split()[2] for line in sweeps] == ["forward", "dense_forward", "e2e", "sparsity"]  # the plan's order
+    assert [line.split()[2] for line in sweeps] == ["forward", "dense_forward", "e2e", "sparsity", "dense",
+                                                    "settings"]  # the plan's order
     assert "hardware --measure --device cuda --dtype bfloat16" in plan.stdout and "cuda_graph_probe.py" in plan.stdout
     layers = {line.split()[2]: int(re.search(r"--layers (\d+)", line).group(1)) for line in sweeps}
-    assert layers["forward"] == layers["e2e"] == layers["sparsity"] == 28  # all of Qwen2-57B-A14B on an H200
-    assert layers["dense_forward"] < 48  # the OPT pair's KV cache takes memory too
+    assert layers["forward"] == layers["e2e"] == layers["sparsity"] == layers["settings"] == 28  # all of them on an H200
+    assert layers["dense_forward"] == layers["dense"] < 48  # the OPT pair's KV cache takes memory too
     assert all(line.split("--out-dir ")[1].split()[0] == str(tmp_path / "work" / "h200") for line in sweeps)
-    assert "--cuda-graphs" in sweeps[0] and "--cuda-graphs" not in sweeps[2]  # graphs for forward studies only
+    assert all("--cuda-graphs" in line for line in sweeps)  # the probe passes in a dry run: graphs for every study
     assert not (tmp_path / "gpu_results.tar.gz").exists()  # a dry run writes nothing
     some = gpu_run("e2e", "--dry-run", "--work", str(tmp_path / "work"))
     assert some.returncode == 0 and some.stdout.count("$ sweep ") == 1, some.stderr
