@@ -6,16 +6,16 @@
     run them, compute with weights in cache, per-expert dispatch, other call overhead;
 (c) the duration of the e2e study (19 batch sizes x gamma 2, 3, 4 x 3 repeats) and of the sparsity study
     (x K = 1, 2, 4, 8, 16, 32, gamma 2, 4, 1 repeat) under the steady-state protocol (32 timed
-    AR steps and 32 timed SD rounds per point, two prefills of ``context`` tokens per sequence per point,
-    warm-up not counted), from step times measured at B = 1, 8, 24, 48, 100 and interpolated linearly
-    over the 19 batch sizes. The sparsity study takes the K = 8 step times for every K, or with
-    ``--sparsity-k`` the step times measured at each K.
+    AR steps and 32 timed SD rounds per point, warm-up and model building not counted), priced by
+    ``moesd.measure.sweeps.estimate_seconds`` from step times measured at B = 1, 8, 24, 48, 100 and
+    interpolated linearly over the 19 batch sizes. The sparsity study takes the K = 8 step times for every
+    K, or with ``--sparsity-k`` the step times measured at each K.
 
 An option is ``LAYERS:DRAFT_LAYERS:WIDTH_DIVISOR`` (the preset is 4:3:8). Medians of ``--repeats`` timings;
 on a shared machine the numbers are noisy, and 2-thread timings on an oversubscribed machine suffer
 OpenMP stalls of a scheduler time slice per parallel region: re-run on a quiet one, or take
 ``--threads 1 --cpu-clock`` (the thread's CPU time leaves out the time it waits for a core).
-The prefills are arithmetic (FLOPs over the measured peak), not timed.
+The prefills are extrapolated from the step times, as ``estimate_seconds`` does.
 
 Run: python benchmarks/decode_step.py [--options 4:3:8 1:1:7] [--threads 1 --cpu-clock] [--sparsity-k]
 """
@@ -29,14 +29,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from moesd.measure.bench import BATCH_SIZES
-from moesd.measure.hardware import (decode_step_breakdown, expert_dispatch_seconds, forward_seconds, measure_roofline,
-                            step_cost, study_seconds)
+from moesd.measure.breakdown import decode_step_breakdown, expert_dispatch_seconds, forward_seconds
+from moesd.measure.hardware import measure_roofline
+from moesd.measure.sweeps import SweepConfig, estimate_seconds
+from moesd.model.predict import PAPER_BATCH_SIZES
 from moesd.zoo import get_model
 
 TARGET, DRAFT, CONTEXT = "qwen2-57b-a14b", "qwen2-0.5b", 64
 BREAKDOWN_BATCHES = (1, 8, 24, 100)
 STUDY_BATCHES = (1, 8, 24, 48, 100)
+SPARSITY_KS = (1, 2, 4, 8, 16, 32)
 
 
 def step_table(model, layers, width, batches, tokens, repeats, statistic, clock, top_k=None):
@@ -48,19 +50,25 @@ def step_table(model, layers, width, batches, tokens, repeats, statistic, clock,
     return pd.DataFrame(rows)
 
 
-def interpolated(table):
-    """seconds(batch_size, tokens_per_sequence), linear in B between measured batch sizes."""
-    def seconds(b, s=1):
-        part = table[table["tokens_per_sequence"] == s].sort_values("batch_size")
-        return float(np.interp(b, part["batch_size"], part["seconds"]))
-    return seconds
+def price_list(targets, drafts, top_k=None):
+    """A forward study's rows (``role``, ``batch_size``, ``tokens``, ``seconds``) at the paper's 19 batch sizes,
+    linear in B between the measured ones, for ``moesd.measure.sweeps.estimate_seconds``."""
+    rows = []
+    for role, table in (("target", targets), ("draft", drafts)):
+        for s, part in table.groupby("tokens_per_sequence"):
+            part = part.sort_values("batch_size")
+            rows += [{"role": role, "batch_size": b, "tokens": s, "num_experts_per_tok": top_k,
+                      "seconds": float(np.interp(b, part["batch_size"], part["seconds"]))} for b in PAPER_BATCH_SIZES]
+    return pd.DataFrame(rows)
 
 
-def prefill_seconds(model, layers, width, peak_flops, top_k=None):
-    """A prefill of CONTEXT tokens per sequence as compute-bound arithmetic: its FLOPs over the measured peak."""
-    def seconds(b):
-        return float(step_cost(model, [b * CONTEXT], layers, width, CONTEXT // 2, top_k=top_k)["flops"][0]) / peak_flops
-    return seconds
+def study_minutes(prices, layers, draft_layers, width, top_ks=None, gammas=(2, 3, 4), repeats=3):
+    """Minutes of the e2e study (or, with ``top_ks``, the sparsity study) at these step times."""
+    config = SweepConfig("sparsity" if top_ks else "e2e", TARGET, DRAFT, layers=layers, draft_layers=draft_layers,
+                         width=width, top_ks=top_ks, gammas=gammas, context=CONTEXT, rounds=32, warmup_rounds=0,
+                         repeats=repeats, warmup=0)
+    estimate = estimate_seconds(config, prices, build_seconds=0.0)
+    return (estimate["timed"] + estimate["prefill"]) / 60
 
 
 def option(text):
@@ -123,30 +131,21 @@ def main():
         print(f"draft / target active parameters: {100 * entry['draft_share_of_active']:.1f} %")
         if not args.no_study:
             targets = step_table(TARGET, layers, width, STUDY_BATCHES, (1, 3, 4, 5), args.repeats, statistic, clock)
-            drafts = step_table(DRAFT, draft_layers, width, STUDY_BATCHES, (1,), args.repeats, statistic, clock)
-            prefill = prefill_seconds(TARGET, layers, width, hw.peak_flops)
-            draft_prefill = prefill_seconds(DRAFT, draft_layers, width, hw.peak_flops)
-            t_target, t_draft = interpolated(targets), interpolated(drafts)
-
-            def e2e(t_target, settings=1, gammas=(2, 3, 4), repeats=3):
-                timed = study_seconds(t_target, t_draft, BATCH_SIZES, gammas, repeats, settings=settings)
-                prefills = sum(2 * prefill(b) + draft_prefill(b) for b in BATCH_SIZES) * len(gammas) * repeats
-                return timed + prefills * settings
-
-            entry["e2e_minutes"] = e2e(t_target) / 60
-            entry["sparsity_minutes_k8"] = e2e(t_target, settings=6, gammas=(2, 4), repeats=1) / 60
+            drafts = step_table(DRAFT, draft_layers, width, STUDY_BATCHES, (1, 2), args.repeats, statistic, clock)
+            prices = price_list(targets, drafts)
+            entry["e2e_minutes"] = study_minutes(prices, layers, draft_layers, width)
+            entry["sparsity_minutes_k8"] = study_minutes(prices.drop(columns="num_experts_per_tok"), layers,
+                                                         draft_layers, width, SPARSITY_KS, (2, 4), 1)
             entry["step_table"] = targets.to_dict("records")
             entry["draft_step_table"] = drafts.to_dict("records")
             print(f"e2e study ~ {entry['e2e_minutes']:.1f} min; sparsity study with K = 8 step times for every K "
                   f"~ {entry['sparsity_minutes_k8']:.1f} min")
             if args.sparsity_k:
-                minutes = 0.0
-                for k in (1, 2, 4, 8, 16, 32):
-                    table = step_table(TARGET, layers, width, STUDY_BATCHES, (1, 3, 5), args.repeats, statistic,
-                                       clock, top_k=k)
-                    minutes += e2e(interpolated(table), gammas=(2, 4), repeats=1) / 60
-                entry["sparsity_minutes"] = minutes
-                print(f"sparsity study (step times per K) ~ {minutes:.1f} min")
+                per_k = pd.concat([price_list(step_table(TARGET, layers, width, STUDY_BATCHES, (1, 3, 5), args.repeats,
+                                                         statistic, clock, top_k=k), drafts, top_k=k)
+                                   for k in SPARSITY_KS], ignore_index=True)
+                entry["sparsity_minutes"] = study_minutes(per_k, layers, draft_layers, width, SPARSITY_KS, (2, 4), 1)
+                print(f"sparsity study (step times per K) ~ {entry['sparsity_minutes']:.1f} min")
         results["options"].append(entry)
     print(f"\nbenchmark took {time.time() - start:.0f} s on {torch.get_num_threads()} threads")
     if args.json:

@@ -12,7 +12,9 @@ import sys
 
 from timing import median_seconds
 
-from moesd.model.fit import fit_speedup_model, from_sweep, held_out_errors, robustness_study
+from moesd.model.diagnostics import held_out_errors, robustness_study
+from moesd.model.fit import fit_speedup_model
+from moesd.model.measurements import from_sweep
 from moesd.measure.studies import load, ridge_tokens_for
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ import torch
 from timing import median_seconds
 
 import moesd.measure.sd as sd
-from moesd.measure.bench import build_models, preset
+from moesd.measure.bench import build_models
+from moesd.measure.presets import preset
 from moesd.measure.sd import SpeculativeDecoder
 from moesd.zoo import get_model, noisy_copy
 

@@ -1,6 +1,6 @@
 """Estimated wall time of every CPU preset study, from the shipped quiet-machine step times.
 
-Nothing is timed here: ``moesd.measure.bench.estimate_seconds`` prices every forward a preset runs at the
+Nothing is timed here: ``moesd.measure.sweeps.estimate_seconds`` prices every forward a preset runs at the
 median T_T(B, s) and T_D(B, s) that the shipped studies measured on an otherwise idle 2-core
 machine (``data/measurements/cpu/forward.csv`` and ``dense_forward.csv``). The sparsity study needs
 T_T at every K: its target times come from the shipped sparsity study's stage times
@@ -14,8 +14,9 @@ Run: python benchmarks/study_time.py
 
 import pandas as pd
 
-from moesd.measure.bench import STUDIES, estimate_seconds, preset
+from moesd.measure.presets import preset
 from moesd.measure.studies import load
+from moesd.measure.sweeps import STUDIES, estimate_seconds
 
 BUILD_SECONDS = 20.0
 """Seconds to build a one-layer real-width random-weight target and its draft (bf16; the forward study's first

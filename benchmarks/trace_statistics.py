@@ -20,7 +20,8 @@ import time
 import numpy as np
 from timing import median_seconds
 
-from moesd.routing.traces import RoutingTrace, _verify_picks, verify_union, window_union
+from moesd.routing.traces import RoutingTrace
+from moesd.routing.unions import verify_picks, verify_union, window_union
 
 TOKENS, LAYERS, K, SEQUENCES, WINDOW, BATCH, SAMPLES = 200_000, 16, 8, 100, 5, 32, 1000
 REPEATS = 5
@@ -112,7 +113,7 @@ def main() -> None:
         reference_rate = len(reference_window_union(experts[:part], trace.sequence[:part], WINDOW)) / reference
         verify_cold, verify_warm = cold_seconds(experts, num_experts, verification), median_seconds(
             lambda: verification(trace), REPEATS)
-        picks = _verify_picks(trace, BATCH, WINDOW, SAMPLES, 0)[:100]
+        picks = verify_picks(trace, BATCH, WINDOW, SAMPLES, 0)[:100]
         verify_reference = median_seconds(lambda: reference_verify_union(experts, picks, WINDOW), REPEATS)
         verify_reference_rate = len(picks) * LAYERS / verify_reference
         verify_rows = SAMPLES * LAYERS

@@ -247,7 +247,8 @@ def _local_model(model: str) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> None:
-    from moesd.measure.sweeps import SweepConfig, with_overrides
+    from moesd.measure.presets import with_overrides
+    from moesd.measure.sweeps import SweepConfig
 
     given = {name: value for name, value in {
         "target": args.target, "draft": args.draft, "weights": args.weights, "layers": args.layers,
@@ -268,7 +269,8 @@ def _sweep(args: argparse.Namespace) -> None:
     if args.engine != "vllm" and (args.tp, args.draft_tp) != (1, 1):
         raise UsageError("--tp and --draft-tp apply only with --engine vllm")
 
-    from moesd.measure.bench import check_sweep, run_sweep  # torch: after the settings are checked
+    from moesd.measure.bench import run_sweep  # torch: after the settings are checked
+    from moesd.measure.result_file import check_sweep
 
     with usage_errors():  # device, --out-dir and an existing result file, before any model is built
         path = check_sweep(config, args.out_dir, args.overwrite)
@@ -393,7 +395,11 @@ def _as_option(message: str) -> str:
 
 
 def _fit(args: argparse.Namespace) -> None:
-    from moesd.model.fit import PARAMETERS, check_measurements, fit_speedup_model, from_sweep, held_out_errors, stride_sample
+    from moesd.model.algorithm1 import PARAMETERS
+    from moesd.model.diagnostics import held_out_errors
+    from moesd.model.fit import fit_speedup_model
+    from moesd.model.measurements import check_measurements, from_sweep
+    from moesd.model.samples import stride_sample
 
     if args.stride is not None and args.stride < 1:
         raise UsageError(f"--stride must be >= 1, got {args.stride}")
@@ -402,7 +408,7 @@ def _fit(args: argparse.Namespace) -> None:
     rp, rp_source = _ridge_point(args, sidecar)
     repeats = int(rows["run"].nunique()) if "run" in rows else 1
     if repeats > 1:  # a point is the mean of its repeats (the paper's are means over runs too)
-        from moesd.model.fit import mean_over_repeats
+        from moesd.model.measurements import mean_over_repeats
 
         rows = mean_over_repeats(rows)
     frame = from_sweep(rows, experts)
@@ -545,8 +551,9 @@ def _verdict(best: pd.DataFrame) -> str:
 
 
 def _predict(args: argparse.Namespace) -> None:
-    from moesd.model.predict import (DTYPE_BYTES, Efficiency, batch_range, best_gamma, memory_fit, predict_sd,
-                               resolve_hardware, resolve_model, tensor_parallel_sizes)
+    from moesd.model.kernels import Efficiency
+    from moesd.model.layout import DTYPE_BYTES, resolve_hardware, resolve_model, tensor_parallel_sizes
+    from moesd.model.predict import batch_range, best_gamma, memory_fit, predict_sd
     from moesd.paper.predictor_check import HOST_SECONDS_VLLM_V0
 
     batch, gammas, column, values, options = _predict_options(args)

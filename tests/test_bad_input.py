@@ -32,11 +32,12 @@ from hypothesis import strategies as st
 
 from moesd import cli as moesd_cli
 from moesd.measure import studies as measurements
-from moesd.measure import sweeps
-from moesd.model import fit, predict
+from moesd.measure import presets, sweeps
+from moesd.model import diagnostics, fit, forward, predict
+from moesd.model.measurements import check_measurements, from_sweep
 from moesd.paper import predictor_check as predict_paper
 from moesd.paper import tables as paper
-from moesd.routing import importers, traces
+from moesd.routing import importers, traces, unions, vllm_logs
 from moesd.theory import experts, roofline, speedup
 from moesd._checks import UsageError
 from moesd.routing.prompts import load_prompts
@@ -463,7 +464,7 @@ def _vllm_layer(folder: Path, layer: int, rows, name: str | None = None) -> Path
 
 def _vllm_pair(folder: Path, first, second, **options):
     """Read two layer files whose route lines are ``first`` and ``second``."""
-    return importers.from_vllm_moe_log([_vllm_layer(folder, 0, first), _vllm_layer(folder, 1, second)], 4,
+    return vllm_logs.from_vllm_moe_log([_vllm_layer(folder, 0, first), _vllm_layer(folder, 1, second)], 4,
                                        **options)
 
 
@@ -517,14 +518,14 @@ TRACES = [
     Case("traces", "joining traces of different E",
          lambda: traces.concatenate([_trace(), _trace(num_experts=8)]), ValueError,
          "traces must share num_experts, K and layers"),
-    Case("traces", "random union of 0 tokens", lambda: traces.random_union(_trace(), 0), ValueError,
+    Case("traces", "random union of 0 tokens", lambda: unions.random_union(_trace(), 0), ValueError,
          "t must be a whole number in [1, 2], got 0"),
-    Case("traces", "random union of more tokens than logged", lambda: traces.random_union(_trace(), 3), ValueError,
+    Case("traces", "random union of more tokens than logged", lambda: unions.random_union(_trace(), 3), ValueError,
          "t must be a whole number in [1, 2], got 3"),
-    Case("traces", "window of 0 tokens", lambda: traces.window_union(_trace(), 0), ValueError,
+    Case("traces", "window of 0 tokens", lambda: unions.window_union(_trace(), 0), ValueError,
          "window must be a whole number >= 1, got 0"),
     Case("traces", "verification batch larger than the sequences",
-         lambda: traces.verify_union(_trace(), batch_size=2, window=1), ValueError,
+         lambda: unions.verify_union(_trace(), batch_size=2, window=1), ValueError,
          "batch_size must be a whole number in [1, 1]"),
 ]
 
@@ -566,9 +567,9 @@ IMPORTERS = [
          lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token(), _token(layer=1), _token(0, 1)), 4,
                                                 ragged="error"), ValueError,
          "t.jsonl: 1 tokens are logged in only some of the 2 layers"),
-    Case("importers", "a missing file", lambda tmp: importers.from_vllm_routed_experts(tmp / "nope.npz"),
+    Case("importers", "a missing file", lambda tmp: vllm_logs.from_vllm_routed_experts(tmp / "nope.npz"),
          FileNotFoundError, "nope.npz: no such file"),
-    Case("importers", "a folder for a log file", lambda tmp: importers.from_vllm_moe_log(tmp), IsADirectoryError,
+    Case("importers", "a folder for a log file", lambda tmp: vllm_logs.from_vllm_moe_log(tmp), IsADirectoryError,
          ": a folder, not a routing file"),
     Case("importers", "a binary file as a layer CSV",
          lambda tmp: importers.from_layer_csv(_write(tmp, "routes.csv", bytes(range(128, 256)))), ValueError,
@@ -590,25 +591,25 @@ IMPORTERS = [
          lambda tmp: _vllm_pair(tmp, [(0, "a"), (1, "a")], [(0, "a")], ragged="error"), ValueError,
          "layer files end early: layer1.jsonl (1 row short)"),
     Case("importers", "vLLM file without its meta line",
-         lambda tmp: importers.from_vllm_moe_log(_lines(tmp, "l.jsonl", {"type": "route", "req_id": "a",
+         lambda tmp: vllm_logs.from_vllm_moe_log(_lines(tmp, "l.jsonl", {"type": "route", "req_id": "a",
                                                                           "token_idx": 0, "layer": 0,
                                                                           "topk_ids": [0, 1]}), 4), ValueError,
          "l.jsonl: no meta line"),
     Case("importers", "vLLM file of another record type",
-         lambda tmp: importers.from_vllm_moe_log(_lines(tmp, "l.jsonl", {"type": "stats"}), 4), ValueError,
+         lambda tmp: vllm_logs.from_vllm_moe_log(_lines(tmp, "l.jsonl", {"type": "stats"}), 4), ValueError,
          "l.jsonl:1: expected type 'meta' or 'route', got 'stats'"),
     Case("importers", "vLLM layer logged twice",
-         lambda tmp: importers.from_vllm_moe_log([_vllm_layer(tmp, 0, [(0, "a")]),
+         lambda tmp: vllm_logs.from_vllm_moe_log([_vllm_layer(tmp, 0, [(0, "a")]),
                                                   _vllm_layer(tmp, 0, [(0, "a")], "again.jsonl")], 4), ValueError,
          "again.jsonl: layer 0 is logged twice"),
-    Case("importers", "vLLM: no files", lambda: importers.from_vllm_moe_log([]), ValueError,
+    Case("importers", "vLLM: no files", lambda: vllm_logs.from_vllm_moe_log([]), ValueError,
          "paths must name at least one log file"),
-    Case("importers", "vLLM: negative skip_calls", lambda tmp: importers.from_vllm_moe_log(tmp, skip_calls=-1),
+    Case("importers", "vLLM: negative skip_calls", lambda tmp: vllm_logs.from_vllm_moe_log(tmp, skip_calls=-1),
          ValueError, "skip_calls must be a whole number >= 0, got -1"),
     Case("importers", "vLLM: skipping every call",
          lambda tmp: _vllm_pair(tmp, [(0, "a")], [(0, "a")], skip_calls=5), ValueError, "skip_calls = 5 drops every call"),
     Case("importers", "vLLM: unknown request_ids rule",
-         lambda tmp: importers.from_vllm_moe_log(tmp, request_ids="maybe"), ValueError,
+         lambda tmp: vllm_logs.from_vllm_moe_log(tmp, request_ids="maybe"), ValueError,
          "request_ids must be 'auto', 'use' or 'ignore', got 'maybe'"),
     Case("importers", "layer CSV line of one field",
          lambda tmp: importers.from_layer_csv(_write(tmp, "r.csv", b"0,1 2\n7\n"), 4), ValueError,
@@ -624,7 +625,7 @@ IMPORTERS = [
     Case("importers", "arrays: a float array", lambda: importers.from_arrays([np.zeros((2, 1, 2))]), ValueError,
          "arrays[0] must be an integer array [tokens, layers, K]"),
     Case("importers", "vLLM routed experts: not JSON",
-         lambda tmp: importers.from_vllm_routed_experts(_write(tmp, "r.json", b"{oops")), ValueError,
+         lambda tmp: vllm_logs.from_vllm_routed_experts(_write(tmp, "r.json", b"{oops")), ValueError,
          "r.json: not JSON"),
 ]
 
@@ -679,27 +680,27 @@ FIT = [
     Case("fit", "unknown variant", lambda: _fitted(variant="eq5"), ValueError, "variant must be one of"),
     Case("fit", "unknown verified tokens", lambda: _fitted(verify_tokens="gamma+2"), ValueError,
          "verify_tokens must be one of"),
-    Case("fit", "a text cell", lambda: fit.check_measurements(_frame(speedup="fast")), ValueError,
+    Case("fit", "a text cell", lambda: check_measurements(_frame(speedup="fast")), ValueError,
          "measurements column speedup holds 'fast' (row 3), not a number"),
-    Case("fit", "an empty speedup", lambda: fit.check_measurements(_frame(speedup=np.nan)), ValueError,
+    Case("fit", "an empty speedup", lambda: check_measurements(_frame(speedup=np.nan)), ValueError,
          "measurements have NaN in speedup"),
-    Case("fit", "K above E", lambda: fit.check_measurements(_frame(K=16)), ValueError, "K must be in [1, E]"),
-    Case("fit", "sigma below 1/(gamma+1)", lambda: fit.check_measurements(_frame(sigma=0.1)), ValueError,
+    Case("fit", "K above E", lambda: check_measurements(_frame(K=16)), ValueError, "K must be in [1, E]"),
+    Case("fit", "sigma below 1/(gamma+1)", lambda: check_measurements(_frame(sigma=0.1)), ValueError,
          "sigma must be in [1/(gamma+1), 1] (Eq. 5)"),
-    Case("fit", "a speedup of 0", lambda: fit.check_measurements(_frame(speedup=0.0)), ValueError,
+    Case("fit", "a speedup of 0", lambda: check_measurements(_frame(speedup=0.0)), ValueError,
          "speedup must be > 0"),
-    Case("fit", "batch size 0", lambda: fit.check_measurements(_frame(B=0)), ValueError, "B and gamma must be >= 1"),
-    Case("fit", "measurements lacking sigma", lambda: fit.check_measurements(_frame().drop(columns="sigma")),
+    Case("fit", "batch size 0", lambda: check_measurements(_frame(B=0)), ValueError, "B and gamma must be >= 1"),
+    Case("fit", "measurements lacking sigma", lambda: check_measurements(_frame().drop(columns="sigma")),
          ValueError, "measurements lack the column(s) sigma"),
-    Case("fit", "measurements as a list", lambda: fit.check_measurements([[1, 2, 8, 64, 0.9, 1.5]]), ValueError,
+    Case("fit", "measurements as a list", lambda: check_measurements([[1, 2, 8, 64, 0.9, 1.5]]), ValueError,
          "measurements must be a pandas DataFrame, got list"),
     Case("fit", "a repeated index", lambda: fit.fit_speedup_model(_frame().set_index(np.zeros(48, int)), 40.0),
          ValueError, "the measurements' index must be unique"),
-    Case("fit", "a sweep file without speedups", lambda: fit.from_sweep(_e2e_rows().drop(columns="speedup"), 8),
+    Case("fit", "a sweep file without speedups", lambda: from_sweep(_e2e_rows().drop(columns="speedup"), 8),
          ValueError, "rows lack the column(s) speedup of an e2e or sparsity result file"),
-    Case("fit", "a sweep file read with E 0", lambda: fit.from_sweep(_e2e_rows(), 0), ValueError,
+    Case("fit", "a sweep file read with E 0", lambda: from_sweep(_e2e_rows(), 0), ValueError,
          "num_experts must be a whole number >= 1, got 0"),
-    Case("fit", "errors of something not fitted", lambda: fit.held_out_errors("result", _frame()), ValueError,
+    Case("fit", "errors of something not fitted", lambda: diagnostics.held_out_errors("result", _frame()), ValueError,
          "result must be a FitResult, got str"),
 ]
 
@@ -768,7 +769,7 @@ PREDICT = [
          lambda: predict.predict_sd(**{**_PREDICT, "target": "qwen2-57b-a14b"}, tp=8), ValueError,
          "tp must divide the attention heads of qwen2-57b-a14b (28), got 8"),
     Case("predict", "tp neither dividing nor a multiple of the KV heads",
-         lambda: predict.step_time("qwen2-57b-a14b", "H100", 1, 8, tp=7), ValueError,
+         lambda: forward.step_time("qwen2-57b-a14b", "H100", 1, 8, tp=7), ValueError,
          "tp must divide, or be a multiple of, the KV heads of qwen2-57b-a14b (4), got 7"),
     Case("predict", "unknown verified tokens", lambda: predict.predict_sd(**_PREDICT, verify_tokens="all"),
          ValueError, "verify_tokens must be 'gamma+1' or 'gamma', got 'all'"),
@@ -801,7 +802,7 @@ def _sweep(**changes):
 
 
 def _checked_sweep(out_dir, **changes):
-    from moesd.measure.bench import check_sweep
+    from moesd.measure.result_file import check_sweep
 
     return check_sweep(_sweep(**changes), out_dir)
 
@@ -866,7 +867,7 @@ BENCH = [
          ValueError, "rounds is not used by the forward study"),
     Case("bench", "sigma in the settings study", lambda: _sweep(study="settings", sigma={2: 0.9, 3: 0.9}),
          ValueError, "sigma is not used by the settings study"),
-    Case("bench", "unknown preset", lambda: sweeps.preset("e2e", "tpu"), ValueError,
+    Case("bench", "unknown preset", lambda: presets.preset("e2e", "tpu"), ValueError,
          "preset must be 'cpu' or 'gpu', got 'tpu'"),
     Case("bench", "an estimate without the forwards it needs",
          lambda: sweeps.estimate_seconds(_sweep(gammas=(3,)), _e2e_rows().assign(role="target", tokens=1,

@@ -12,12 +12,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import moesd.measure.bench as bench  # noqa: E402
-from moesd.measure import static_cache  # noqa: E402
+from moesd.measure import result_file, static_cache  # noqa: E402
 from moesd._checks import UsageError  # noqa: E402
 from moesd._files import atomic_write  # noqa: E402
-from moesd.measure.bench import (SweepConfig, acceptance_seed, estimate_seconds, preset, run_sweep,  # noqa: E402
-                         steady_state_row, time_autoregressive, time_speculative)
-from moesd.measure.sd import DecodeStats, RoundRecord, SpeculativeDecoder, generate_autoregressive  # noqa: E402
+from moesd.measure.bench import run_sweep, steady_state_row, time_autoregressive, time_speculative  # noqa: E402
+from moesd.measure.presets import preset  # noqa: E402
+from moesd.measure.records import DecodeStats, RoundRecord  # noqa: E402
+from moesd.measure.sd import SpeculativeDecoder, generate_autoregressive  # noqa: E402
+from moesd.measure.sweeps import PAPER_SIGMA, SweepConfig, acceptance_seed, estimate_seconds  # noqa: E402
 from moesd.theory.speedup import alpha_from_sigma  # noqa: E402
 from moesd.theory.speedup import speedup as eq4  # noqa: E402
 from moesd.zoo import get_model, noisy_copy  # noqa: E402
@@ -94,15 +96,18 @@ def test_forward_study_writes_every_point_and_honours_top_ks(tmp_path, monkeypat
 def test_the_sidecar_names_commit_command_and_experts_kernel_truthfully(monkeypatch):
     """MOESD_COMMIT names the commit even where a .git answers (the GPU machine's copy carried a stale one);
     a dense target has no experts kernel."""
-    monkeypatch.setattr(bench, "measured_roofline", lambda device, dtype: type("R", (), {"sidecar_entries": dict})())
-    monkeypatch.setattr(bench, "_command", lambda arguments, cwd=None: "ea8025e" if arguments[0] == "git" else None)
+    monkeypatch.setattr(result_file, "measured_roofline",
+                        lambda device, dtype: type("R", (), {"sidecar_entries": dict})())
+    monkeypatch.setattr(result_file, "_command",
+                        lambda arguments, cwd=None: "ea8025e" if arguments[0] == "git" else None)
     monkeypatch.setenv("MOESD_COMMIT", "0123abc")
-    monkeypatch.setattr(bench.sys, "argv", ["-c", "sweep", "dense_forward", "--preset", "gpu"])
-    dense = bench.environment(SweepConfig("dense_forward", target="opt-30b", draft="opt-350m", layers=1, draft_layers=1,
-                                          width=1 / 32, batch_sizes=(1,), gammas=(2,), context=8, repeats=1))
+    monkeypatch.setattr(result_file.sys, "argv", ["-c", "sweep", "dense_forward", "--preset", "gpu"])
+    dense = result_file.environment(SweepConfig("dense_forward", target="opt-30b", draft="opt-350m", layers=1,
+                                                draft_layers=1, width=1 / 32, batch_sizes=(1,), gammas=(2,),
+                                                context=8, repeats=1))
     assert dense["commit"] == "0123abc" and dense["command"] == "moesd sweep dense_forward --preset gpu"
     assert dense["experts_implementation"] is None
-    assert bench.environment(SweepConfig("forward", **TINY))["experts_implementation"] == "eager"  # the MoE on a CPU
+    assert result_file.environment(SweepConfig("forward", **TINY))["experts_implementation"] == "eager"  # MoE, CPU
 
 
 def test_a_static_step_is_repeatable_and_equals_the_dynamic_cache_forward(ragged_pair):
@@ -232,7 +237,7 @@ def test_e2e_rows_follow_the_protocol(tmp_path):
     assert (frame["t_ar"] > frame["t_target_1"]).all()  # the AR step also selects its token
     assert ((frame["sigma"] >= 1 / (frame["gamma"] + 1)) & (frame["sigma"] <= 1)).all()
     for row in frame.itertuples():
-        assert row.sigma_target == bench.PAPER_SIGMA[row.gamma]
+        assert row.sigma_target == PAPER_SIGMA[row.gamma]
         assert row.alpha == pytest.approx(float(alpha_from_sigma(row.sigma_target, row.gamma)))
         assert row.seed == acceptance_seed("e2e", row.batch_size, row.gamma, 8, row.run)
     assert frame["seed"].nunique() == len(frame)  # no two points share their acceptance coins
@@ -260,7 +265,7 @@ def test_small_batches_measure_the_target_sigma():
         def forward(self, input_ids, past_key_values=None, **kwargs):
             return type("Output", (), {"logits": torch.zeros(*input_ids.shape, 4), "past_key_values": None})
 
-    for gamma, sigma in bench.PAPER_SIGMA.items():
+    for gamma, sigma in PAPER_SIGMA.items():
         alpha, decoder = float(alpha_from_sigma(sigma, gamma)), SpeculativeDecoder(Stub(), Stub(), gamma)
         measured = [time_speculative(decoder, torch.ones(b, 2, dtype=torch.long), 32, 1, alpha,
                                      acceptance_seed("e2e", b, gamma, 8, run)).sigma
@@ -307,7 +312,7 @@ def test_an_interrupted_sweep_loses_only_the_point_in_flight(tmp_path, monkeypat
     assert len(frame) == 8 and not frame.duplicated(["run", "batch_size", "gamma"]).any()
     pd.testing.assert_frame_equal(frame.iloc[:4], partial)
     history = json.loads((tmp_path / "e2e.json").read_text())["earlier_runs"]  # whose rows the file holds
-    assert history == [{name: first[name] for name in bench.EARLIER_RUN_FIELDS}] and history[0]["rows"] == 4
+    assert history == [{name: first[name] for name in result_file.EARLIER_RUN_FIELDS}] and history[0]["rows"] == 4
     with pytest.raises(FileExistsError, match="finished"):
         run_sweep(config, tmp_path, progress=False)
     with pytest.raises(FileExistsError, match="finished"):
@@ -353,12 +358,6 @@ def test_pretrained_weights_default_to_real_acceptance():
     assert config.sigma == "real" and config.layers is None and config.settings()["sigma"] == "real"
 
 
-def test_summarize_keeps_its_old_home():
-    from moesd.measure import studies as measurements
-
-    assert bench.summarize is measurements.summarize
-
-
 def test_presets_keep_the_paper_settings():
     from moesd.model.predict import PAPER_BATCH_SIZES
     from moesd.zoo import depth_scaled_vocab
@@ -374,7 +373,7 @@ def test_presets_keep_the_paper_settings():
         assert config.routing == (None if config.target == "opt-30b" else "uniform")
     assert preset("forward").batch_sizes == PAPER_BATCH_SIZES  # the forward studies keep all 19
     assert preset("dense").target == "opt-30b" and preset("e2e", "gpu").dtype == "bfloat16"
-    assert preset("e2e").sigma == bench.PAPER_SIGMA and sparsity.sigma == {2: 0.95, 4: 0.90}
+    assert preset("e2e").sigma == PAPER_SIGMA and sparsity.sigma == {2: 0.95, 4: 0.90}
     assert preset("settings").repeats == 5 and len(preset("settings").workloads) == 4
     assert preset("forward").rounds is None and preset("forward").sigma is None
     with pytest.raises(ValueError, match="preset"):
@@ -389,10 +388,10 @@ def test_paper_sigma_is_table_2s_greedy_humaneval_row_on_every_device():
     rows = table[(table["table"] == 2) & (table["dataset"] == "humaneval") & (table["temperature"] == 0)]
     assert sorted(rows["device"].unique()) == ["2xH800", "4xA800", "4xL40"]
     for device, part in rows.groupby("device"):
-        assert dict(zip(part["gamma"].astype(int), part["sigma"])) == bench.PAPER_SIGMA, device
+        assert dict(zip(part["gamma"].astype(int), part["sigma"])) == PAPER_SIGMA, device
     table_1 = table[(table["table"] == 1) & (table["device"] == "2xA800") & (table["dataset"] == "humaneval")
                     & (table["temperature"] == 0)].drop_duplicates("gamma")
-    assert dict(zip(table_1["gamma"].astype(int), table_1["sigma"])) != bench.PAPER_SIGMA  # 0.94, 0.93, 0.91
+    assert dict(zip(table_1["gamma"].astype(int), table_1["sigma"])) != PAPER_SIGMA  # 0.94, 0.93, 0.91
 
 
 def test_estimate_seconds_by_hand():

@@ -40,7 +40,7 @@ def write_sweep(folder, hardware=HOST, target="mixtral-8x7b", name="sparsity.csv
 
     import pandas as pd
 
-    from moesd.model.fit import compute_speedup
+    from moesd.model.algorithm1 import compute_speedup
 
     rp = HOST["peak_flops"] / HOST["memory_bandwidth"]
     rows = pd.DataFrame([dict(run=0, batch_size=b, gamma=g, num_experts_per_tok=k, sigma=0.9)

@@ -1,4 +1,5 @@
-"""The measured roofline (moesd.measure.hardware): counting, record structure, sidecar round trips, the CLI.
+"""The measured roofline (moesd.measure.hardware), the clocks (moesd.measure.timing) and the decode-step breakdown
+(moesd.measure.breakdown): counting, record structure, sidecar round trips, the CLI.
 
 Timings are never asserted: only structure, the FLOP and byte accounting, and invariants that hold
 for any timing (best >= median throughput, peak = best of the curve, ridge = peak / bandwidth).
@@ -11,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from moesd.measure import hardware  # noqa: E402
+from moesd.measure import breakdown, hardware, timing  # noqa: E402
 from moesd.cli import main  # noqa: E402
 from moesd.theory.experts import expected_active_experts  # noqa: E402
 from moesd.measure.studies import ridge_point_for  # noqa: E402
@@ -93,18 +94,18 @@ def test_the_cpu_clock_reads_thread_time_and_the_wall_clock_perf_counter(monkeyp
     import itertools
 
     thread, wall = itertools.count(0, 0.5), itertools.count(0, 7.0)
-    monkeypatch.setattr(hardware.time, "thread_time", lambda: next(thread))
-    monkeypatch.setattr(hardware.time, "perf_counter", lambda: next(wall))
+    monkeypatch.setattr(timing.time, "thread_time", lambda: next(thread))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(wall))
     cpu = torch.device("cpu")
-    with hardware._threads(1):  # thread CPU time is one thread's: the clock requires one torch thread
-        assert hardware._time_calls(lambda: None, 3, cpu, clock="cpu") == [0.5, 0.5, 0.5]
-    assert hardware._time_calls(lambda: None, 3, cpu, clock="wall") == [7.0, 7.0, 7.0]
+    with hardware.torch_threads(1):  # thread CPU time is one thread's: the clock requires one torch thread
+        assert timing.time_calls(lambda: None, 3, cpu, clock="cpu") == [0.5, 0.5, 0.5]
+    assert timing.time_calls(lambda: None, 3, cpu, clock="wall") == [7.0, 7.0, 7.0]
 
 
 def test_threads_are_restored():
     before = torch.get_num_threads()
     hardware.gemm_curve((1,), 8, 8, repeats=1)
-    with hardware._threads(1) as used:
+    with hardware.torch_threads(1) as used:
         assert used == 1 == torch.get_num_threads()
     assert torch.get_num_threads() == before
 
@@ -136,10 +137,11 @@ def test_a_sweep_measures_once_per_process(monkeypatch, quick):
 
 
 def test_sweep_sidecar_holds_the_measured_roofline(monkeypatch, quick):
-    from moesd.measure import bench
+    from moesd.measure import result_file
+    from moesd.measure.presets import preset
 
-    monkeypatch.setattr(bench, "measured_roofline", lambda device, dtype: quick)
-    sidecar = bench.environment(bench.preset("forward", "cpu"))
+    monkeypatch.setattr(result_file, "measured_roofline", lambda device, dtype: quick)
+    sidecar = result_file.environment(preset("forward", "cpu"))
     assert ridge_point_for(sidecar) == pytest.approx(quick.ridge_point)
     assert sidecar["roofline_measurement"]["settings"]["dtype"] == "float32"
 
@@ -159,7 +161,7 @@ def _linear_values(config, layers):
 def test_step_cost_counts_bytes_by_hand():
     spec = get_model("qwen2-57b-a14b")
     config = spec.config_dict(2, None, 1 / 8)
-    cost = hardware.step_cost("qwen2-57b-a14b", [1, 8], layers=2, width=1 / 8, context=10, bytes_per_value=4)
+    cost = breakdown.step_cost("qwen2-57b-a14b", [1, 8], layers=2, width=1 / 8, context=10, bytes_per_value=4)
     expert_values = 3 * config["hidden_size"] * config["moe_intermediate_size"]
     head = config["hidden_size"] // config["num_attention_heads"]
     assert cost["dense_bytes"].tolist() == [4 * _linear_values(config, 2)] * 2
@@ -174,7 +176,7 @@ def test_step_cost_counts_bytes_by_hand():
 def test_step_cost_of_a_dense_tied_model_counts_the_embedding_once():
     spec = get_model("qwen2-0.5b")
     config = spec.config_dict(3, None, 1 / 8)
-    cost = hardware.step_cost("qwen2-0.5b", [1, 100], layers=3, width=1 / 8, bytes_per_value=2)
+    cost = breakdown.step_cost("qwen2-0.5b", [1, 100], layers=3, width=1 / 8, bytes_per_value=2)
     assert (cost["expert_bytes"] == 0).all() and (cost["active_experts"] == 0).all()
     values = spec.parameter_counts(3, None, 1 / 8)["total"]  # the tied embedding is one parameter
     assert cost["dense_bytes"][0] == 2 * values
@@ -184,11 +186,11 @@ def test_step_cost_of_a_dense_tied_model_counts_the_embedding_once():
 def test_dispatch_and_breakdown_structure(quick, monkeypatch):
     # No cache to defeat: each product reuses one weight instead of copies filling 4x the last-level cache.
     monkeypatch.setattr(hardware, "last_level_cache_bytes", lambda device="cpu": None)
-    dispatch = hardware.expert_dispatch_seconds(repeats=1)
+    dispatch = breakdown.expert_dispatch_seconds(repeats=1)
     assert dispatch["table"]["experts"].tolist() == list(range(8, 65, 8))
     assert {"per_expert_seconds", "fixed_seconds"} <= set(dispatch)
-    frame = hardware.decode_step_breakdown(layers=1, width=1 / 32, batch_sizes=(1, 3), context=8, repeats=1,
-                                           roofline=quick, dispatch=dispatch, threads=1)
+    frame = breakdown.decode_step_breakdown(layers=1, width=1 / 32, batch_sizes=(1, 3), context=8, repeats=1,
+                                            roofline=quick, dispatch=dispatch, threads=1)
     assert frame["batch_size"].tolist() == [1, 3] and (frame["measured_s"] > 0).all()
     parts = frame["matmul_s"] + frame["dispatch_s"] + frame["other_overhead_s"] + frame["residual_s"]
     assert np.allclose(parts, frame["measured_s"])
@@ -196,9 +198,9 @@ def test_dispatch_and_breakdown_structure(quick, monkeypatch):
     assert np.allclose(frame["dispatch_s"], dispatch["per_expert_seconds"] * frame["active_experts"])
     assert np.allclose(frame["streaming_share"], frame["streaming_s"] / frame["measured_s"])
     with pytest.raises(ValueError, match="dense"):
-        hardware.expert_dispatch_seconds("qwen2-0.5b")
+        breakdown.expert_dispatch_seconds("qwen2-0.5b")
     with pytest.raises(ValueError, match="statistic must be 'median' or 'best'"):
-        hardware.decode_step_breakdown(statistic="mean")
+        breakdown.decode_step_breakdown(statistic="mean")
 
 
 def test_breakdown_by_hand_with_stubbed_timers(quick, monkeypatch):
@@ -214,10 +216,10 @@ def test_breakdown_by_hand_with_stubbed_timers(quick, monkeypatch):
     def products(shapes, tokens, dtype, device, repeats, from_memory, statistic, clock):
         return {(out, inp, m): 5e-6 if from_memory else 2e-6 for out, inp in shapes for m in tokens}
 
-    monkeypatch.setattr(hardware, "forward_seconds", step)
-    monkeypatch.setattr(hardware, "_matmul_seconds", products)
-    frame = hardware.decode_step_breakdown(layers=1, width=1 / 32, batch_sizes=(1, 3, 16), context=8, repeats=1,
-                                           roofline=quick, dispatch={"per_expert_seconds": 4e-6}, threads=1)
+    monkeypatch.setattr(breakdown, "forward_seconds", step)
+    monkeypatch.setattr(breakdown, "matmul_seconds", products)
+    frame = breakdown.decode_step_breakdown(layers=1, width=1 / 32, batch_sizes=(1, 3, 16), context=8, repeats=1,
+                                            roofline=quick, dispatch={"per_expert_seconds": 4e-6}, threads=1)
     batch = np.array([1, 3, 16])
     experts = expected_active_experts(batch, 64, 8)
     assert frame["active_experts"].to_numpy() == pytest.approx(experts)
@@ -227,13 +229,6 @@ def test_breakdown_by_hand_with_stubbed_timers(quick, monkeypatch):
     assert frame["dispatch_s"].to_numpy() == pytest.approx(4e-6 * experts)
     assert frame["other_overhead_s"].to_numpy() == pytest.approx(1e-4 * batch - 4e-6 * experts)
     assert frame["residual_s"].to_numpy() == pytest.approx(9e-4 * batch - (10 + 2 * experts) * 3e-6)
-
-
-def test_study_seconds_by_hand():
-    seconds = hardware.study_seconds(lambda b, s: 0.01 * b * s, lambda b: 0.001, [1, 2], gammas=(2,), repeats=3,
-                                     rounds=4, ar_steps=5, settings=2)
-    by_hand = sum(5 * 0.01 * b + 4 * (2 * 0.001 + 0.01 * b * 3) for b in (1, 2)) * 3 * 2
-    assert seconds == pytest.approx(by_hand)
 
 
 def test_cli_measures_and_writes_json(tmp_path, monkeypatch, capsys, quick):

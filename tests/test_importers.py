@@ -9,15 +9,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from moesd.routing.importers import (
-    from_arrays,
-    from_layer_csv,
-    from_token_jsonl,
-    from_vllm_moe_log,
-    from_vllm_routed_experts,
-    save_vllm_routed_experts,
-)
-from moesd.routing.traces import MISSING, window_union
+from moesd.routing.importers import from_arrays, from_layer_csv, from_token_jsonl
+from moesd.routing.traces import MISSING
+from moesd.routing.unions import window_union
+from moesd.routing.vllm_logs import from_vllm_moe_log, from_vllm_routed_experts, save_vllm_routed_experts
 
 EXCERPTS = Path(__file__).parent / "data" / "traces"
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moesd.model.fit import sigma_adjusted_speedup
+from moesd.model.measurements import sigma_adjusted_speedup
 from moesd.measure.studies import (MeasurementWarning, available, check_rows, fitting_frame, forward_speedup,
                                 forward_target_efficiency, load, provenance, summarize)
 

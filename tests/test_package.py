@@ -14,7 +14,7 @@ def test_import_does_not_load_torch():
 
 def test_sweep_settings_and_refused_commands_do_not_load_torch():
     """Sweep settings are checked, and a bad `moesd sweep` or `moesd fit` refused, without importing torch."""
-    code = ("import sys; from moesd.measure.sweeps import preset; from moesd.cli import main\n"
+    code = ("import sys; from moesd.measure.presets import preset; from moesd.cli import main\n"
             "for study in ('forward', 'e2e', 'sparsity', 'dense', 'dense_forward', 'settings'): preset(study)\n"
             "for argv in (['sweep', 'e2e', '--rounds', '0'], ['fit', 'missing.csv']):\n"
             "    try: main(argv)\n"

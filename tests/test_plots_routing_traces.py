@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 
 from moesd.theory.experts import expected_active_experts  # noqa: E402
 from moesd.plots.routing_traces import activation_curves, correlated_trace, label, verification_load  # noqa: E402
-from moesd.routing.traces import adjacent_overlap, popularity  # noqa: E402
+from moesd.routing.unions import adjacent_overlap, popularity  # noqa: E402
 
 
 def test_shape_sequences_and_distinct_experts():

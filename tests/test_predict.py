@@ -11,28 +11,22 @@ import pytest
 
 from moesd.model.calibrate import calibrate, measured_device
 from moesd.theory.experts import expected_active_experts, most_loaded_share
+from moesd.model.forward import COMPONENTS, step_time, zipf_popularity
+from moesd.model.kernels import Efficiency, expert_gemm_time, rejection_time
+from moesd.model.layout import DTYPE_BYTES, one_layer_draft, tensor_parallel_sizes, weights_per_gpu
 from moesd.model.predict import (
-    COMPONENTS,
-    DTYPE_BYTES,
-    Efficiency,
     batch_range,
     best_gamma,
-    expert_gemm_time,
     memory_fit,
     memory_per_gpu,
     predict_sd,
-    rejection_time,
-    one_layer_draft,
-    step_time,
-    tensor_parallel_sizes,
-    weights_per_gpu,
-    zipf_popularity,
 )
 from moesd.paper.predictor_check import PAPER_ORDERINGS, efficiency_to_match, ordering_scan, paper_orderings
 from moesd.theory.roofline import HARDWARE
 from moesd.theory.speedup import sigma as speedup_sigma
 from moesd.theory.speedup import speedup
-from moesd.routing.traces import RoutingTrace, popularity
+from moesd.routing.traces import RoutingTrace
+from moesd.routing.unions import popularity
 from moesd.zoo import get_model
 
 H100 = HARDWARE["H100"]
@@ -608,7 +602,7 @@ def test_fp8_weights_leave_router_head_and_norms_in_bf16():
 
 
 def test_hardware_is_found_by_name_in_any_case():
-    from moesd.model.predict import resolve_hardware
+    from moesd.model.layout import resolve_hardware
 
     assert resolve_hardware("h100") is HARDWARE["H100"] and resolve_hardware("H100") is HARDWARE["H100"]
     with pytest.raises(ValueError, match="hardware must be one of"):

@@ -1,4 +1,4 @@
-"""Sizing a GPU sweep to the GPU (moesd.measure.sweeps.layers_that_fit) and the GPU run script's plan (tools/gpu_run.py)."""
+"""Sizing a GPU sweep to the GPU (moesd.measure.presets.layers_that_fit) and the GPU run script's plan (tools/gpu_run.py)."""
 
 import re
 import shutil
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from moesd._checks import UsageError
-from moesd.measure.sweeps import (SweepConfig, cached_tokens, gpu_label, layers_that_fit, preset_settings,
-                          proportional_draft_layers)
+from moesd.measure.presets import layers_that_fit, preset_settings, proportional_draft_layers
+from moesd.measure.sweeps import SweepConfig, cached_tokens, gpu_label
 from moesd.zoo import get_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,7 +189,7 @@ def test_a_sidecar_s_settings_rebuild_its_config():
 
 
 def test_the_cpu_preset_s_derived_shape_follows_the_target_and_its_layers():
-    from moesd.measure.sweeps import with_overrides
+    from moesd.measure.presets import with_overrides
     from moesd.zoo import depth_scaled_vocab
 
     four = with_overrides("e2e", "cpu", {"layers": 4})

@@ -7,9 +7,8 @@ import pandas as pd
 import pytest
 
 from moesd.theory.experts import expected_active_experts, expected_active_experts_from_popularity
-from moesd.routing.traces import (
-    MISSING,
-    RoutingTrace,
+from moesd.routing.traces import MISSING, RoutingTrace, without_rejected
+from moesd.routing.unions import (
     adjacent_overlap,
     batch_union,
     effective_experts,
@@ -20,7 +19,6 @@ from moesd.routing.traces import (
     verify_union_predictions,
     window_activation_probability,
     window_union,
-    without_rejected,
 )
 
 

@@ -8,13 +8,25 @@ import pandas as pd
 import pytest
 
 import moesd.measure.studies
+from moesd.paper import criteria as cr
+from moesd.paper import scorecard as sc
 from moesd.paper import verdicts as v
-from moesd.model.fit import stride_sample
+from moesd.paper.narration import no_common_pass
+from moesd.model.samples import stride_sample
 from moesd.paper.tables import paper_table
 from moesd.theory.roofline import HARDWARE
 
 GRID = np.array([1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 80, 100], dtype=float)
 """The paper's batch sizes (Table 3)."""
+
+
+def outcomes(verdict, part) -> dict:
+    """Where each part named ``part`` does not hold, and how: {where: outcome}."""
+    rows = verdict.parts[verdict.parts["part"] == part]
+    return dict(zip(rows["where"], rows["outcome"]))
+
+
+ALL_GAMMAS = ("gamma = 2", "gamma = 3", "gamma = 4")
 
 
 def hump(batch_size, peak_at, base=1.4, height=0.8):
@@ -46,7 +58,7 @@ def e2e_study(speedup, efficiency, gammas=(2, 3, 4), **options):
 
 def test_curve_pools_repeats_by_hand():
     rows = pd.DataFrame({"batch_size": [1, 1, 2, 2, 4, 4], "y": [1.0, 3.0, 2.0, 2.0, 5.0, 6.0]})
-    c = v.curve(rows, "y")
+    c = cr.curve(rows, "y")
     assert c.value.tolist() == [2.0, 2.0, 5.5]
     s = np.sqrt((1 + 1 + 0 + 0 + 0.25 + 0.25) / 3)  # squared deviations over sum(n - 1) degrees of freedom
     assert c.se == pytest.approx(np.full(3, s / np.sqrt(2)))
@@ -54,13 +66,13 @@ def test_curve_pools_repeats_by_hand():
 
 
 def test_neighbour_scatter_is_zero_on_a_line_and_finds_the_noise():
-    assert v.neighbour_scatter(GRID, 3 - 0.02 * GRID) == pytest.approx(0, abs=1e-12)
+    assert cr.neighbour_scatter(GRID, 3 - 0.02 * GRID) == pytest.approx(0, abs=1e-12)
     grid = np.sort(np.unique(np.r_[GRID, np.arange(100, 2000, 7.0)]))  # non-uniform, 300+ points
     noisy = 3 - 0.001 * grid + np.random.default_rng(1).normal(0, 0.05, len(grid))
-    assert v.neighbour_scatter(grid, noisy) == pytest.approx(0.05, rel=0.15)
-    assert np.isnan(v.neighbour_scatter(GRID[:4], GRID[:4]))
+    assert cr.neighbour_scatter(grid, noisy) == pytest.approx(0.05, rel=0.15)
+    assert np.isnan(cr.neighbour_scatter(GRID[:4], GRID[:4]))
     single = sweep({"y": falling}, runs=1, noise=0.05)
-    assert v.curve(single, "y").noise == "neighbour scatter (1 repeat)"
+    assert cr.curve(single, "y").noise == "neighbour scatter (1 repeat)"
 
 
 def _rate(shape, runs, test, key, draws=250):
@@ -70,7 +82,7 @@ def _rate(shape, runs, test, key, draws=250):
     for _ in range(draws):
         rows = pd.DataFrame({"batch_size": np.repeat(GRID, runs),
                              "y": np.repeat(mean, runs) + rng.normal(0, 0.05, len(GRID) * runs)})
-        hits += test(v.curve(rows, "y"))[key]
+        hits += test(cr.curve(rows, "y"))[key]
     return hits / draws
 
 
@@ -81,31 +93,31 @@ def test_noise_z_calibration(runs):
     The docstring's 1.2 % or less of flat curves passing (1000 draws) allows at most 6 of these 250
     seeded draws (the binomial's mean 3 plus two of its standard deviations, 1.7).
     """
-    flat = _rate(lambda b: np.full(len(b), 1.5), runs, v.rises_then_falls, "rises_then_falls")
+    flat = _rate(lambda b: np.full(len(b), 1.5), runs, cr.rises_then_falls, "rises_then_falls")
     plateau = _rate(lambda b: np.where(b <= 16, 2.0, 2.0 - 0.01 * (b - 16)), runs,
-                    v.falls_monotonically, "falls_monotonically")
+                    cr.falls_monotonically, "falls_monotonically")
     assert flat <= 0.025 and 1 - plateau < (0.08 if runs == 1 else 0.05)
     # and the criterion has power: a hump 10 noise standard deviations high passes almost always
-    assert _rate(lambda b: hump(b, 24, height=0.5), runs, v.rises_then_falls, "rises_then_falls") > 0.95
+    assert _rate(lambda b: hump(b, 24, height=0.5), runs, cr.rises_then_falls, "rises_then_falls") > 0.95
 
 
 def test_shape_helpers_on_clean_curves():
-    c = v.curve(sweep({"y": lambda b: hump(b, 24)}, noise=0.01), "y")
-    shape = v.rises_then_falls(c)
+    c = cr.curve(sweep({"y": lambda b: hump(b, 24)}, noise=0.01), "y")
+    shape = cr.rises_then_falls(c)
     assert shape["rises_then_falls"] and shape["peak_batch_size"] == 24
-    assert not v.falls_monotonically(c)["falls_monotonically"]
-    low, high = v.peak_region(c)
+    assert not cr.falls_monotonically(c)["falls_monotonically"]
+    low, high = cr.peak_region(c)
     assert low <= 24 <= high and high < 60
-    width, narrowest, widest = v.half_power_width(c)
+    width, narrowest, widest = cr.half_power_width(c)
     assert narrowest <= width <= widest and width > 0
     # noise-free: above 2.2 / sqrt(2) where r e^(1 - r) >= 0.1945 (r = B / 24): from B = 2 (0.208; B = 1: 0.109)
     # to B = 80 (0.323; B = 100: 0.176), a width of 78 batch sizes
-    exact = v.curve(sweep({"y": lambda b: hump(b, 24)}, noise=0.0), "y")
-    assert v.half_power_width(exact)[0] == pytest.approx(78)
-    line = v.curve(sweep({"y": falling}, noise=0.01), "y")
-    assert v.falls_monotonically(line)["falls_monotonically"] and not v.rises_then_falls(line)["rises_then_falls"]
-    flat = v.curve(sweep({"y": lambda b: np.full(len(b), 1.0)}, noise=0.01), "y")
-    assert not v.falls_monotonically(flat)["falls_monotonically"]  # flat is not a fall
+    exact = cr.curve(sweep({"y": lambda b: hump(b, 24)}, noise=0.0), "y")
+    assert cr.half_power_width(exact)[0] == pytest.approx(78)
+    line = cr.curve(sweep({"y": falling}, noise=0.01), "y")
+    assert cr.falls_monotonically(line)["falls_monotonically"] and not cr.rises_then_falls(line)["rises_then_falls"]
+    flat = cr.curve(sweep({"y": lambda b: np.full(len(b), 1.0)}, noise=0.01), "y")
+    assert not cr.falls_monotonically(flat)["falls_monotonically"]  # flat is not a fall
 
 
 def piecewise(points):
@@ -118,8 +130,8 @@ def piecewise(points):
     piecewise({1: 1.5, 24: 2.2, 40: 1.6, 60: 2.1, 100: 1.6}),          # a sawtooth after the peak
 ])
 def test_rises_then_falls_rejects_a_reversal_that_the_end_points_miss(shape):
-    c = v.curve(sweep({"y": shape}, noise=0.01), "y")
-    shape = v.rises_then_falls(c)
+    c = cr.curve(sweep({"y": shape}, noise=0.01), "y")
+    shape = cr.rises_then_falls(c)
     assert shape["rise"] > shape["rise_margin"] and shape["fall"] > shape["fall_margin"]  # the end points alone pass
     assert not shape["unimodal"] and not shape["rises_then_falls"]
     assert shape["largest_reversal"] == pytest.approx(0.5, abs=0.05)
@@ -129,32 +141,32 @@ def test_rises_then_falls_allows_a_plateau_and_noise_sized_wiggles():
     plateau = piecewise({1: 1.5, 16: 2.2, 40: 2.2, 100: 1.6})
     wiggle = lambda b: plateau(b) + 0.004 * np.sin(b)  # noqa: E731 - steps of at most a third of the margin
     for shape in (plateau, wiggle):
-        result = v.rises_then_falls(v.curve(sweep({"y": shape}, noise=0.01), "y"))
+        result = cr.rises_then_falls(cr.curve(sweep({"y": shape}, noise=0.01), "y"))
         assert result["unimodal"] and result["rises_then_falls"]
 
 
 def test_grows_beyond_noise_and_combine():
-    assert v.grows_beyond_noise([(8, 16), (12, 24), (32, 48)])
-    assert not v.grows_beyond_noise([(8, 16), (12, 24), (14, 20)])  # overall growth within noise
-    assert not v.grows_beyond_noise([(8, 16), (40, 48), (20, 24), (60, 80)])  # a reversal beyond noise
-    assert v.growth_status([(8, 16), (12, 24), (32, 48)]) == (v.HOLDS, None)
-    assert v.growth_status([(8, 16), (12, 24), (14, 20)]) == (v.INCONCLUSIVE, v.NOT_SHOWN)
+    assert cr.grows_beyond_noise([(8, 16), (12, 24), (32, 48)])
+    assert not cr.grows_beyond_noise([(8, 16), (12, 24), (14, 20)])  # overall growth within noise
+    assert not cr.grows_beyond_noise([(8, 16), (40, 48), (20, 24), (60, 80)])  # a reversal beyond noise
+    assert cr.growth_status([(8, 16), (12, 24), (32, 48)]) == (cr.HOLDS, None)
+    assert cr.growth_status([(8, 16), (12, 24), (14, 20)]) == (cr.INCONCLUSIVE, cr.NOT_SHOWN)
     # to be shown, the last interval's centre had to move by the two half-widths: (16 - 8) / 2 + (20 - 14) / 2
-    assert v.growth_detectable([(8, 16), (12, 24), (14, 20)]) == 7
-    assert v.growth_status([(8, 16), (40, 48), (20, 24), (60, 80)]) == (v.FAILS, v.CONTRADICTED)
+    assert cr.growth_detectable([(8, 16), (12, 24), (14, 20)]) == 7
+    assert cr.growth_status([(8, 16), (40, 48), (20, 24), (60, 80)]) == (cr.FAILS, cr.CONTRADICTED)
     # a first range without an upper bound cannot be outgrown (grows_beyond_noise would say FAILS) ...
-    assert not v.grows_beyond_noise([(60, np.inf), (70, np.inf), (90, np.inf)])
-    assert v.growth_status([(60, np.inf), (70, np.inf), (90, np.inf)]) == (v.UNMEASURABLE, v.UNMEASURABLE)
+    assert not cr.grows_beyond_noise([(60, np.inf), (70, np.inf), (90, np.inf)])
+    assert cr.growth_status([(60, np.inf), (70, np.inf), (90, np.inf)]) == (cr.UNMEASURABLE, cr.UNMEASURABLE)
     # ... but a step that shrinks beyond noise still contradicts
-    assert v.growth_status([(60, np.inf), (20, 40), (90, np.inf)]) == (v.FAILS, v.CONTRADICTED)
-    assert v.combine([v.HOLDS, v.HOLDS]) == v.HOLDS
-    assert v.combine([v.HOLDS, v.UNMEASURABLE]) == v.UNMEASURABLE
-    assert v.combine([v.UNMEASURABLE, v.FAILS]) == v.FAILS
-    assert v.combine([v.INCONCLUSIVE, v.UNMEASURABLE, v.HOLDS]) == v.INCONCLUSIVE
-    assert v.combine([v.INCONCLUSIVE, v.FAILS]) == v.FAILS
-    assert v.combine([]) == v.UNMEASURABLE
-    assert v.status_of([None, None]) == v.HOLDS and v.status_of([v.NOT_SHOWN, None]) == v.INCONCLUSIVE
-    assert v.status_of([v.NOT_SHOWN, v.CONTRADICTED]) == v.FAILS and v.status_of([v.UNMEASURABLE]) == v.UNMEASURABLE
+    assert cr.growth_status([(60, np.inf), (20, 40), (90, np.inf)]) == (cr.FAILS, cr.CONTRADICTED)
+    assert cr.combine([cr.HOLDS, cr.HOLDS]) == cr.HOLDS
+    assert cr.combine([cr.HOLDS, cr.UNMEASURABLE]) == cr.UNMEASURABLE
+    assert cr.combine([cr.UNMEASURABLE, cr.FAILS]) == cr.FAILS
+    assert cr.combine([cr.INCONCLUSIVE, cr.UNMEASURABLE, cr.HOLDS]) == cr.INCONCLUSIVE
+    assert cr.combine([cr.INCONCLUSIVE, cr.FAILS]) == cr.FAILS
+    assert cr.combine([]) == cr.UNMEASURABLE
+    assert cr.status_of([None, None]) == cr.HOLDS and cr.status_of([cr.NOT_SHOWN, None]) == cr.INCONCLUSIVE
+    assert cr.status_of([cr.NOT_SHOWN, cr.CONTRADICTED]) == cr.FAILS and cr.status_of([cr.UNMEASURABLE]) == cr.UNMEASURABLE
 
 
 def test_the_detectable_rank_correlation_is_where_the_test_turns():
@@ -162,12 +174,12 @@ def test_the_detectable_rank_correlation_is_where_the_test_turns():
     from scipy.stats import spearmanr
 
     for points in (5, 10, 19):
-        r = v.spearman_detectable(points)
+        r = cr.spearman_detectable(points)
         # build pairs with a rank correlation near r: the p-value at r is the level
         t = r * np.sqrt((points - 2) / (1 - r ** 2))
         from scipy.stats import t as student
         assert student.sf(t, points - 2) == pytest.approx(0.05, rel=1e-9)
-        assert 0 < r < 1 and (points == 5 or r < v.spearman_detectable(points - 1))
+        assert 0 < r < 1 and (points == 5 or r < cr.spearman_detectable(points - 1))
         # independent reference: scipy's one-sided test on permuted ranks passes exactly above r
         rng = np.random.default_rng(points)
         x = np.arange(points, dtype=float)
@@ -186,9 +198,10 @@ def test_the_detectable_rank_correlation_is_where_the_test_turns():
 
 def test_fig2_passes_when_speedup_rises_and_falls_and_efficiency_tracks():
     verdict = v.speedup_rises_then_falls(e2e_study(lambda b: hump(b, 24), lambda b: hump(b, 20, 0.6, 0.3)))
-    assert verdict.status == v.HOLDS and verdict.sentence.startswith("Fig. 2 (")
+    assert verdict.status == cr.HOLDS and verdict.parts.empty
     assert set(verdict.numbers["gamma"]) == {2, 3, 4} and verdict.numbers["tracks"].all()
-    assert "B = 24" in verdict.sentence and "repeats (3 per batch size)" in verdict.sentence
+    assert (verdict.numbers["peak_batch_size"] == 24).all()
+    assert (verdict.numbers["noise"] == "repeats (3 per batch size)").all()
 
 
 @pytest.mark.parametrize("speedup, efficiency, failing", [
@@ -199,7 +212,7 @@ def test_fig2_passes_when_speedup_rises_and_falls_and_efficiency_tracks():
 ])
 def test_fig2_fails(speedup, efficiency, failing):
     verdict = v.speedup_rises_then_falls(e2e_study(speedup, efficiency))
-    assert verdict.status == v.FAILS and not verdict.numbers[failing].all()
+    assert verdict.status == cr.FAILS and not verdict.numbers[failing].all()
 
 
 def test_fig2_fails_when_efficiency_never_rises():
@@ -207,9 +220,8 @@ def test_fig2_fails_when_efficiency_never_rises():
     never_rises = piecewise({1: 0.95, 16: 0.95, 100: 0.45})
     verdict = v.speedup_rises_then_falls(e2e_study(lambda b: hump(b, 16), never_rises))
     assert verdict.numbers["tracks"].all() and verdict.numbers["rises_then_falls"].all()
-    assert not verdict.numbers["efficiency_rises_then_falls"].any() and verdict.status == v.INCONCLUSIVE
-    assert verdict.summary.startswith("inconclusive: the efficiency's rise then fall not shown beyond noise "
-                                      "(gamma = 2, 3, 4; detectable from ")
+    assert not verdict.numbers["efficiency_rises_then_falls"].any() and verdict.status == cr.INCONCLUSIVE
+    assert outcomes(verdict, "the efficiency's rise then fall") == dict.fromkeys(ALL_GAMMAS, cr.NOT_SHOWN)
     # the smallest detectable rise is the margin of the rise that stayed within it
     parts = verdict.parts.set_index("where")
     numbers = verdict.numbers.set_index("gamma")
@@ -219,28 +231,29 @@ def test_fig2_fails_when_efficiency_never_rises():
 
 
 @pytest.mark.parametrize("speedup, noise, outcome", [
-    (lambda b: falling(b, 2.0, 0.01), 0.002, v.CONTRADICTED),  # falls beyond noise from B = 1 to 2: no room for a rise
-    (lambda b: 1.0 + 0.01 * b, 0.002, v.CONTRADICTED),          # rises beyond noise to B = 100: no room for a fall
-    (falling, 0.01, v.NOT_SHOWN),                               # its first steps are within noise: a rise may hide there
+    (lambda b: falling(b, 2.0, 0.01), 0.002, cr.CONTRADICTED),  # falls beyond noise from B = 1 to 2: no room for a rise
+    (lambda b: 1.0 + 0.01 * b, 0.002, cr.CONTRADICTED),          # rises beyond noise to B = 100: no room for a fall
+    (falling, 0.01, cr.NOT_SHOWN),                               # its first steps are within noise: a rise may hide there
 ])
 def test_fig2_summary_says_a_curve_that_only_falls_contradicts_the_rise(speedup, noise, outcome):
     verdict = v.speedup_rises_then_falls(e2e_study(speedup, lambda b: hump(b, 20, 0.6, 0.3), noise=noise))
-    assert f"the speedup's rise then fall {outcome} (gamma = 2, 3, 4" in verdict.summary
-    assert verdict.status != v.HOLDS and (outcome == v.NOT_SHOWN or verdict.status == v.FAILS)
+    assert outcomes(verdict, "the speedup's rise then fall") == dict.fromkeys(ALL_GAMMAS, outcome)
+    assert verdict.status != cr.HOLDS and (outcome == cr.NOT_SHOWN or verdict.status == cr.FAILS)
     shown = verdict.parts[verdict.parts["part"] == "the speedup's rise then fall"]
-    assert shown["detectable"].notna().all() == (outcome == v.NOT_SHOWN)  # a size only for what noise could hide
+    assert shown["detectable"].notna().all() == (outcome == cr.NOT_SHOWN)  # a size only for what noise could hide
 
 
 def test_fig2_unmeasurable():
-    assert v.speedup_rises_then_falls(None).status == v.UNMEASURABLE
+    assert v.speedup_rises_then_falls(None).status == cr.UNMEASURABLE
     few = e2e_study(lambda b: hump(b, 2), lambda b: hump(b, 2), grid=GRID[:4])
     verdict = v.speedup_rises_then_falls(few)
-    assert verdict.status == v.UNMEASURABLE and "fewer than 5 batch sizes" in verdict.sentence
+    assert verdict.status == cr.UNMEASURABLE and outcomes(verdict, "the curves") == dict.fromkeys(ALL_GAMMAS,
+                                                                                                  cr.UNMEASURABLE)
     # an inconclusive gamma outweighs an unmeasurable one, and a failing one both
     mixed = pd.concat([few, e2e_study(falling, falling, gammas=(5,))])
-    assert v.speedup_rises_then_falls(mixed).status == v.INCONCLUSIVE
+    assert v.speedup_rises_then_falls(mixed).status == cr.INCONCLUSIVE
     contradicted = e2e_study(lambda b: falling(b, 2.0, 0.01), falling, gammas=(6,), noise=0.002)
-    assert v.speedup_rises_then_falls(pd.concat([few, mixed, contradicted])).status == v.FAILS
+    assert v.speedup_rises_then_falls(pd.concat([few, mixed, contradicted])).status == cr.FAILS
 
 
 # --- Fig. 3 ----------------------------------------------------------------------------------------------
@@ -271,27 +284,28 @@ def test_forward_efficiency_is_the_per_run_ratio():
 def test_fig3():
     moe, dense = forward_study(lambda b: hump(b, 32, 0.5, 0.4)), forward_study(lambda b: falling(b, 0.95, 0.006))
     verdict = v.efficiency_moe_rises_dense_falls(moe, dense)
-    assert verdict.status == v.HOLDS and verdict.numbers["gamma"].tolist() == [2, 3, 4]
+    assert verdict.status == cr.HOLDS and verdict.numbers["gamma"].tolist() == [2, 3, 4]
     # a dense model that rises then falls contradicts the claim
-    assert v.efficiency_moe_rises_dense_falls(moe, moe).status == v.FAILS
+    assert v.efficiency_moe_rises_dense_falls(moe, moe).status == cr.FAILS
     # an MoE that only falls, but within noise over its first steps: a rise could hide there
     only_falls = v.efficiency_moe_rises_dense_falls(dense, dense)
-    assert only_falls.status == v.INCONCLUSIVE and "the MoE efficiency's rise then fall not shown" in only_falls.summary
+    assert only_falls.status == cr.INCONCLUSIVE
+    assert set(outcomes(only_falls, "the MoE efficiency's rise then fall").values()) == {cr.NOT_SHOWN}
     # dense flat within noise: the claim is that it falls, and these data cannot tell
     flat = forward_study(lambda b: np.full(len(b), 0.9))
     verdict = v.efficiency_moe_rises_dense_falls(moe, flat)
-    assert verdict.status == v.INCONCLUSIVE
+    assert verdict.status == cr.INCONCLUSIVE
     assert (verdict.parts["detectable"].to_numpy() == pytest.approx(verdict.numbers["dense_fall_margin"].to_numpy()))
 
 
 def test_fig3_summary_says_contradicted_or_not_shown():
     moe, dense = forward_study(lambda b: hump(b, 32, 0.5, 0.4)), forward_study(lambda b: falling(b, 0.95, 0.006))
-    assert v.efficiency_moe_rises_dense_falls(moe, dense).summary == v.HOLDS
-    rising = v.efficiency_moe_rises_dense_falls(moe, moe).summary
-    assert rising.startswith("does not hold: the dense efficiency's fall contradicted by the data (gamma = 2, 3, 4)")
-    flat = v.efficiency_moe_rises_dense_falls(moe, forward_study(lambda b: np.full(len(b), 0.9))).summary
-    assert flat.startswith("inconclusive: the dense efficiency's fall not shown beyond noise (gamma = 2, 3, 4; "
-                           "detectable from 0.0")
+    assert v.efficiency_moe_rises_dense_falls(moe, dense).parts.empty
+    rising = v.efficiency_moe_rises_dense_falls(moe, moe)
+    assert outcomes(rising, "the dense efficiency's fall") == dict.fromkeys(ALL_GAMMAS, cr.CONTRADICTED)
+    flat = v.efficiency_moe_rises_dense_falls(moe, forward_study(lambda b: np.full(len(b), 0.9)))
+    assert outcomes(flat, "the dense efficiency's fall") == dict.fromkeys(ALL_GAMMAS, cr.NOT_SHOWN)
+    assert flat.parts["detectable"].between(0, 0.1).all()
 
 
 def test_fig3_from_a_smallest_batch_size_treats_both_models_alike():
@@ -301,7 +315,7 @@ def test_fig3_from_a_smallest_batch_size_treats_both_models_alike():
     dense = forward_study(piecewise({**spike, 100: 0.35}))
     moe = forward_study(piecewise({**spike, 4: 0.9, 100: 0.5}))
     everything = v.efficiency_moe_rises_dense_falls(moe, dense)
-    assert everything.status == v.FAILS and everything.numbers["moe_rises_then_falls"].all()
+    assert everything.status == cr.FAILS and everything.numbers["moe_rises_then_falls"].all()
     assert not everything.numbers["dense_falls_monotonically"].any()
     from_two = v.efficiency_moe_rises_dense_falls(moe, dense, from_batch_size=2)
     assert from_two.numbers["dense_falls_monotonically"].all() and not from_two.numbers["moe_rises_then_falls"].any()
@@ -310,12 +324,12 @@ def test_fig3_from_a_smallest_batch_size_treats_both_models_alike():
 
 def test_fig3_unmeasurable():
     moe = forward_study(lambda b: hump(b, 32, 0.5, 0.4))
-    assert v.efficiency_moe_rises_dense_falls(moe, None).status == v.UNMEASURABLE
+    assert v.efficiency_moe_rises_dense_falls(moe, None).status == cr.UNMEASURABLE
     short = forward_study(lambda b: falling(b, 0.95, 0.006), tokens=(1, 2))  # no pass of 3-5 tokens
     verdict = v.efficiency_moe_rises_dense_falls(moe, short)
-    assert verdict.status == v.UNMEASURABLE and "share no pass" in verdict.sentence
+    assert verdict.status == cr.UNMEASURABLE and verdict.sentence.endswith(no_common_pass((2, 3, 4)) + ".")
     few = forward_study(lambda b: falling(b, 0.95, 0.006), grid=GRID[:3])
-    assert v.efficiency_moe_rises_dense_falls(moe, few).status == v.UNMEASURABLE
+    assert v.efficiency_moe_rises_dense_falls(moe, few).status == cr.UNMEASURABLE
 
 
 # --- Fig. 4 ----------------------------------------------------------------------------------------------
@@ -338,10 +352,10 @@ def sparsity_study(peaks=PEAKS, monotone=(1, 2), gammas=(2, 4), runs=1, noise=0.
 
 def test_fig4_holds_with_sparser_k_peaking_later_and_wider():
     verdict = v.sparser_peaks_later_and_wider(sparsity_study())
-    assert verdict.status == v.HOLDS
+    assert verdict.status == cr.HOLDS
     shaped = verdict.numbers[verdict.numbers["role"] == "shaped"]
     assert shaped.groupby("gamma")["peak_batch_size"].apply(lambda p: p.is_monotonic_increasing).all()
-    assert "neighbour scatter (1 repeat)" in verdict.sentence
+    assert (verdict.numbers["noise"] == "neighbour scatter (1 repeat)").all()
 
 
 def test_fig4_is_blind_to_the_sigma_adjustment():
@@ -361,15 +375,15 @@ def test_fig4_is_blind_to_the_sigma_adjustment():
         {4: 1, 8: 2, 16: 16, 32: 32})),                             # K = 1, 2 rise then fall
 ])
 def test_fig4_fails(study):
-    assert v.sparser_peaks_later_and_wider(study).status == v.FAILS
+    assert v.sparser_peaks_later_and_wider(study).status == cr.FAILS
 
 
 def test_fig4_is_inconclusive_when_the_peak_does_not_move_beyond_noise():
     verdict = v.sparser_peaks_later_and_wider(sparsity_study(peaks={4: 24, 8: 24, 16: 24, 32: 24}))
-    assert verdict.status == v.INCONCLUSIVE
+    assert verdict.status == cr.INCONCLUSIVE
     later = verdict.parts[verdict.parts["part"] == "the later peak"]
-    assert (later["outcome"] == v.NOT_SHOWN).all() and (later["unit"] == "B").all() and (later["detectable"] > 0).all()
-    assert "the later peak not shown beyond noise (gamma = 2, 4; detectable from " in verdict.summary
+    assert (later["outcome"] == cr.NOT_SHOWN).all() and (later["unit"] == "B").all() and (later["detectable"] > 0).all()
+    assert outcomes(verdict, "the later peak") == {"gamma = 2": cr.NOT_SHOWN, "gamma = 4": cr.NOT_SHOWN}
 
 
 def test_fig4_width_is_unmeasurable_when_the_densest_range_reaches_the_largest_batch_size():
@@ -380,19 +394,20 @@ def test_fig4_width_is_unmeasurable_when_the_densest_range_reaches_the_largest_b
               for k, p in PEAKS.items()]
     verdict = v.sparser_peaks_later_and_wider(pd.concat(parts, ignore_index=True))
     shaped = verdict.numbers[verdict.numbers["role"] == "shaped"]
-    assert np.isinf(shaped["width_high"]).all() and not v.grows_beyond_noise(list(zip(shaped["width_low"],
+    assert np.isinf(shaped["width_high"]).all() and not cr.grows_beyond_noise(list(zip(shaped["width_low"],
                                                                                       shaped["width_high"])))
-    assert verdict.status == v.UNMEASURABLE and "the wider range not measurable here (gamma = 2)" in verdict.summary
+    assert verdict.status == cr.UNMEASURABLE and outcomes(verdict, "the wider range") == {"gamma = 2": cr.UNMEASURABLE}
 
 
 def test_fig4_unmeasurable():
-    assert v.sparser_peaks_later_and_wider(None).status == v.UNMEASURABLE
+    assert v.sparser_peaks_later_and_wider(None).status == cr.UNMEASURABLE
     no_k1 = sparsity_study(monotone=(2,))
     verdict = v.sparser_peaks_later_and_wider(no_k1)
-    assert verdict.status == v.UNMEASURABLE and "no K = 1 curve" in verdict.sentence
+    assert verdict.status == cr.UNMEASURABLE
+    assert set(outcomes(verdict, "K = 1's monotone fall").values()) == {cr.UNMEASURABLE}
     one_shaped = sparsity_study(peaks={8: 32})
-    assert v.sparser_peaks_later_and_wider(one_shaped).status == v.UNMEASURABLE
-    assert v.sparser_peaks_later_and_wider(sparsity_study(grid=GRID[:4])).status == v.UNMEASURABLE
+    assert v.sparser_peaks_later_and_wider(one_shaped).status == cr.UNMEASURABLE
+    assert v.sparser_peaks_later_and_wider(sparsity_study(grid=GRID[:4])).status == cr.UNMEASURABLE
 
 
 # --- Fig. 5 ----------------------------------------------------------------------------------------------
@@ -413,14 +428,15 @@ def settings_study(shapes=None, runs=5, noise=0.01, run_offset=0.0):
 
 def test_fig5():
     verdict = v.shape_holds_across_settings(settings_study())
-    assert verdict.status == v.HOLDS and len(verdict.numbers) == 8 and verdict.numbers["small_spread"].all()
-    assert "8 of 8" in verdict.sentence
+    assert verdict.status == cr.HOLDS and len(verdict.numbers) == 8 and verdict.numbers["small_spread"].all()
+    assert (verdict.numbers["status"] == cr.HOLDS).sum() == 8
     one_flat = dict(zip(SETTINGS, [lambda b: hump(b, 24)] * 3 + [lambda b: np.full(len(b), 1.2)]))
     verdict = v.shape_holds_across_settings(settings_study(one_flat))
-    assert verdict.status == v.INCONCLUSIVE and "mtbench, T=1" in verdict.sentence
+    assert verdict.status == cr.INCONCLUSIVE
+    assert verdict.numbers.loc[verdict.numbers["status"] != cr.HOLDS, "setting"].tolist() == ["mtbench, T=1"] * 2
     # runs that disagree by a steady offset: each run keeps the shape but the spread is not small
     spread = v.shape_holds_across_settings(settings_study(run_offset=0.12))
-    assert spread.status == v.FAILS and not spread.numbers["small_spread"].all()
+    assert spread.status == cr.FAILS and not spread.numbers["small_spread"].all()
 
 
 def test_fig5_spread_is_compared_only_with_the_parts_beyond_noise():
@@ -430,20 +446,20 @@ def test_fig5_spread_is_compared_only_with_the_parts_beyond_noise():
     numbers = verdict.numbers
     assert (numbers["runs"] == 5).all() and numbers["run_range"].between(0.004, 0.01).all()
     assert numbers["fall"].round(2).eq(1.19).all() and (numbers["peak_batch_size"] == 1).all()
-    assert "spread" not in verdict.summary and numbers["small_spread"].all()
-    assert verdict.summary.startswith("does not hold: the rise then fall contradicted by the data")
+    assert not outcomes(verdict, "the small run-to-run spread") and numbers["small_spread"].all()
+    assert set(outcomes(verdict, "the rise then fall").values()) == {cr.CONTRADICTED}
     # flat curves: where neither the rise nor the fall is beyond noise the spread is not judged
     flat = v.shape_holds_across_settings(settings_study({s: (lambda b: np.full(len(b), 1.2)) for s in SETTINGS[:2]}))
     numbers = flat.numbers
     neither = (numbers["rise"] <= numbers["rise_margin"]) & (numbers["fall"] <= numbers["fall_margin"])
-    assert neither.any() and numbers.loc[neither, "small_spread"].isna().all() and flat.status == v.FAILS
+    assert neither.any() and numbers.loc[neither, "small_spread"].isna().all() and flat.status == cr.FAILS
 
 
 def test_fig5_unmeasurable():
-    assert v.shape_holds_across_settings(None).status == v.UNMEASURABLE
+    assert v.shape_holds_across_settings(None).status == cr.UNMEASURABLE
     single = settings_study({"humaneval, T=0": lambda b: hump(b, 24)})
-    assert v.shape_holds_across_settings(single).status == v.UNMEASURABLE
-    assert v.shape_holds_across_settings(settings_study(runs=1)).status == v.UNMEASURABLE
+    assert v.shape_holds_across_settings(single).status == cr.UNMEASURABLE
+    assert v.shape_holds_across_settings(settings_study(runs=1)).status == cr.UNMEASURABLE
 
 
 # --- Fig. 6 ----------------------------------------------------------------------------------------------
@@ -453,13 +469,13 @@ def test_fig6():
     moe = e2e_study(lambda b: hump(b, 24), lambda b: hump(b, 24))
     dense = e2e_study(lambda b: falling(b, 1.9, 0.01), lambda b: falling(b, 1.0, 0.005), runs=2)
     verdict = v.moe_above_dense(moe, dense)
-    assert verdict.status == v.HOLDS and (verdict.numbers["below"] == 0).all()
+    assert verdict.status == cr.HOLDS and (verdict.numbers["below"] == 0).all()
     assert (verdict.numbers["crossover"] <= 16).all()
-    assert v.moe_above_dense(dense, moe).status == v.FAILS
+    assert v.moe_above_dense(dense, moe).status == cr.FAILS
     # MoE above only from B = 60: below dense beyond noise between 16 and 60
     late = e2e_study(lambda b: np.where(b < 60, 1.0, 2.0), lambda b: np.ones(len(b)))
     verdict = v.moe_above_dense(late, dense)
-    assert verdict.status == v.FAILS and (verdict.numbers["crossover"] == 60).all()
+    assert verdict.status == cr.FAILS and (verdict.numbers["crossover"] == 60).all()
 
 
 def test_fig6_fails_when_the_dense_speedup_rises():
@@ -468,19 +484,20 @@ def test_fig6_fails_when_the_dense_speedup_rises():
     dense = e2e_study(lambda b: hump(b, 8, 0.9, 0.5), lambda b: hump(b, 8, 0.9, 0.5), runs=2)
     verdict = v.moe_above_dense(moe, dense)
     assert (verdict.numbers["below"] == 0).all() and (verdict.numbers["above"] > 6).all()
-    assert not verdict.numbers["dense_falls_monotonically"].any() and verdict.status == v.FAILS
-    assert verdict.summary == "does not hold: the dense speedup's fall contradicted by the data (gamma = 2, 3, 4)"
+    assert not verdict.numbers["dense_falls_monotonically"].any() and verdict.status == cr.FAILS
+    assert set(verdict.parts["part"]) == {"the dense speedup's fall"}
+    assert outcomes(verdict, "the dense speedup's fall") == dict.fromkeys(ALL_GAMMAS, cr.CONTRADICTED)
     # judged from B = 12 the dense pair only falls
-    assert v.moe_above_dense(moe, dense, from_batch_size=12).status == v.HOLDS
+    assert v.moe_above_dense(moe, dense, from_batch_size=12).status == cr.HOLDS
 
 
 def test_fig6_unmeasurable():
     moe = e2e_study(lambda b: hump(b, 24), lambda b: hump(b, 24), gammas=(2,))
     dense = e2e_study(falling, falling, gammas=(4,))
-    assert v.moe_above_dense(moe, None).status == v.UNMEASURABLE
+    assert v.moe_above_dense(moe, None).status == cr.UNMEASURABLE
     assert "share no gamma" in v.moe_above_dense(moe, dense).sentence
     small = e2e_study(falling, falling, gammas=(2,), grid=GRID[GRID <= 24])
-    assert v.moe_above_dense(moe, small).status == v.UNMEASURABLE  # only B = 20, 24 beyond 16
+    assert v.moe_above_dense(moe, small).status == cr.UNMEASURABLE  # only B = 20, 24 beyond 16
 
 
 # --- Table 3 ---------------------------------------------------------------------------------------------
@@ -506,7 +523,7 @@ def test_longest_missing_run_matches_the_papers_coverage_column():
 
 def test_table3_holds_on_the_papers_own_table():
     verdict = v.poor_coverage_worst_fits(paper_robustness())
-    assert verdict.status == v.HOLDS and "m = 12" in verdict.sentence
+    assert verdict.status == cr.HOLDS and "m = 12" in verdict.sentence
     poor = verdict.numbers.loc[verdict.numbers["judged"] & verdict.numbers["poor"], "m"].tolist()
     assert poor == [11, 12, 13]
 
@@ -514,17 +531,17 @@ def test_table3_holds_on_the_papers_own_table():
 def test_table3_fails_when_a_well_covered_sample_fits_worst():
     table = paper_robustness()
     worst_well = table.assign(mse=np.where(table["m"] == 228, 9.0, table["mse"]))
-    assert v.poor_coverage_worst_fits(worst_well).status == v.FAILS
+    assert v.poor_coverage_worst_fits(worst_well).status == cr.FAILS
     coverage_irrelevant = table.assign(mse=np.where(table["m"] == 12, 9.0, 1.5 + 0.1 * np.sin(table["m"])))
     irrelevant = v.poor_coverage_worst_fits(coverage_irrelevant)  # one outlier is not "the fits"
-    assert irrelevant.status == v.INCONCLUSIVE and (irrelevant.parts["unit"] == "MSE").all()
+    assert irrelevant.status == cr.INCONCLUSIVE and (irrelevant.parts["unit"] == "MSE").all()
 
 
 def test_table3_unmeasurable():
-    assert v.poor_coverage_worst_fits(None).status == v.UNMEASURABLE
+    assert v.poor_coverage_worst_fits(None).status == cr.UNMEASURABLE
     table = paper_robustness()
     even = table[table["m"] >= 19]  # every sample covers every batch size
-    assert v.poor_coverage_worst_fits(even).status == v.UNMEASURABLE
+    assert v.poor_coverage_worst_fits(even).status == cr.UNMEASURABLE
 
 
 # --- scorecard -------------------------------------------------------------------------------------------
@@ -537,20 +554,20 @@ def test_scorecard_reads_a_device_folder(tmp_path, monkeypatch):
     e2e_study(lambda b: hump(b, 24), lambda b: hump(b, 20, 0.6, 0.3)).to_csv(folder / "e2e.csv", index=False)
     (folder / "e2e.json").write_text(json.dumps({"device": "H100", "complete": True}))
     (tmp_path / "notes").mkdir()
-    assert v.devices() == ["h100", "notes"]
-    card = v.scorecard("h100")
+    assert sc.devices() == ["h100", "notes"]
+    card = sc.scorecard("h100")
     assert card["claim"].tolist() == list(v.CLAIMS) and (card["device"] == "h100").all()
     assert card.set_index("claim")["status"].to_dict() == {
-        "Fig. 2": v.HOLDS, "Fig. 3": v.UNMEASURABLE, "Fig. 4": v.UNMEASURABLE, "Fig. 5": v.UNMEASURABLE,
-        "Fig. 6": v.UNMEASURABLE, "Table 3": v.UNMEASURABLE}
+        "Fig. 2": cr.HOLDS, "Fig. 3": cr.UNMEASURABLE, "Fig. 4": cr.UNMEASURABLE, "Fig. 5": cr.UNMEASURABLE,
+        "Fig. 6": cr.UNMEASURABLE, "Table 3": cr.UNMEASURABLE}
     assert card.set_index("claim").loc["Fig. 6", "sentence"].endswith("no complete dense study on this device.")
     assert card.set_index("claim").loc["Fig. 6", "summary"] == "not measurable here: no complete dense study on this device"
-    assert card.set_index("claim").loc["Fig. 2", "summary"] == v.HOLDS
+    assert card.set_index("claim").loc["Fig. 2", "summary"] == cr.HOLDS
     assert (card["measured_with"] == "weights not recorded").all()  # the sidecar above records no weights
     # a sweep stopped part-way is not judged: fewer points than its design
     (folder / "e2e.json").write_text(json.dumps({"device": "H100", "complete": False}))
-    stopped = v.scorecard("h100").set_index("claim").loc["Fig. 2"]
-    assert stopped["status"] == v.UNMEASURABLE and "no complete e2e study" in stopped["summary"]
+    stopped = sc.scorecard("h100").set_index("claim").loc["Fig. 2"]
+    assert stopped["status"] == cr.UNMEASURABLE and "no complete e2e study" in stopped["summary"]
 
 
 def test_measured_with_names_each_kind_of_study_once():
@@ -558,8 +575,8 @@ def test_measured_with_names_each_kind_of_study_once():
                 "sparsity": {"weights": "random", "acceptance": {"mode": "synthetic", "sigma": {}}},
                 "forward": {"weights": "random", "acceptance": {"mode": "none"}},
                 "dense": {"weights": "pretrained", "acceptance": {"mode": "real"}}}
-    assert v.measured_with(sidecars) == "pretrained weights, real acceptance; random weights; random weights, synthetic acceptance"
-    assert v.measured_with({}) == "no study"
+    assert sc.measured_with(sidecars) == "pretrained weights, real acceptance; random weights; random weights, synthetic acceptance"
+    assert sc.measured_with({}) == "no study"
 
 
 def test_scorecard_says_why_table3_cannot_be_fitted(tmp_path, monkeypatch):
@@ -568,28 +585,28 @@ def test_scorecard_says_why_table3_cannot_be_fitted(tmp_path, monkeypatch):
     sparsity_study().assign(sigma=0.9).to_csv(tmp_path / "cpu" / "sparsity.csv", index=False)
     sidecar = {"device": "old CPU", "complete": True, "settings": {"target": "qwen2-57b-a14b"}}
     (tmp_path / "cpu" / "sparsity.json").write_text(json.dumps(sidecar))
-    card = v.scorecard("cpu").set_index("claim")
-    assert card.loc["Fig. 4", "status"] == v.HOLDS
-    assert card.loc["Table 3", "status"] == v.UNMEASURABLE and "no measured roofline" in card.loc["Table 3", "sentence"]
+    card = sc.scorecard("cpu").set_index("claim")
+    assert card.loc["Fig. 4", "status"] == cr.HOLDS
+    assert card.loc["Table 3", "status"] == cr.UNMEASURABLE and "no measured roofline" in card.loc["Table 3", "sentence"]
     with pytest.raises(ValueError, match="not a known model"):
-        v.robustness_for(sparsity_study(), {"hardware": HARDWARE["H100"].as_dict(), "settings": {"target": "x"}})
+        sc.robustness_for(sparsity_study(), {"hardware": HARDWARE["H100"].as_dict(), "settings": {"target": "x"}})
 
 
 def test_robustness_for_fits_with_the_sidecars_ridge_point():
     raw, sidecar = moesd.measure.studies.load("sparsity", "cpu")
     sidecar = {**sidecar, "hardware": HARDWARE["H100"].as_dict()}
-    study = v.robustness_for(raw, sidecar, strides=(4, 2))
+    study = sc.robustness_for(raw, sidecar, strides=(4, 2))
     points = raw.groupby(["batch_size", "gamma", "num_experts_per_tok"]).ngroups  # repeats averaged first
     assert points < len(raw) and study["m"].tolist() == [int(np.ceil(points / 4)), int(np.ceil(points / 2))]
-    spread = v.robustness_for(raw, {**sidecar})  # any design but the paper's: a sample of every size 10 ... n
+    spread = sc.robustness_for(raw, {**sidecar})  # any design but the paper's: a sample of every size 10 ... n
     assert spread["m"].tolist() == list(range(10, points + 1))
     bytes_per_weight = {"float32": 4, "bfloat16": 2}[sidecar["settings"]["dtype"]]  # tokens = RP x bytes / 2
     assert all(result.rp == HARDWARE["H100"].ridge_point * bytes_per_weight / 2 for result in study["result"])
-    assert v.poor_coverage_worst_fits(study).status == v.UNMEASURABLE  # two samples say nothing
+    assert v.poor_coverage_worst_fits(study).status == cr.UNMEASURABLE  # two samples say nothing
 
 
 def test_scorecard_of_the_shipped_folders_runs():
-    for device in v.devices():
-        card = v.scorecard(device, robustness=pd.DataFrame())  # Table 3's fits: see the test above
-        assert len(card) == len(v.CLAIMS) and card["status"].isin(v.STATUSES).all()
+    for device in sc.devices():
+        card = sc.scorecard(device, robustness=pd.DataFrame())  # Table 3's fits: see the test above
+        assert len(card) == len(v.CLAIMS) and card["status"].isin(cr.STATUSES).all()
         assert card["sentence"].str.len().gt(40).all()

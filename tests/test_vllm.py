@@ -20,7 +20,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from moesd.measure import studies as measurements  # noqa: E402
-from moesd.measure.bench import SweepConfig, _random_ids, run_sweep, time_speculative  # noqa: E402
+from moesd.measure.bench import run_sweep, time_speculative  # noqa: E402
+from moesd.measure.protocol import random_ids  # noqa: E402
+from moesd.measure.sweeps import SweepConfig  # noqa: E402
 from moesd.measure.sd import SpeculativeDecoder  # noqa: E402
 from moesd.theory.speedup import sigma as eq5  # noqa: E402
 from moesd.measure.vllm_engine import (UNMEASURED_COLUMNS, check_config, save_model, synthetic_acceptance_rates,  # noqa: E402
@@ -68,7 +70,7 @@ def test_synthetic_acceptance_on_cpu_is_refused_before_any_work(tmp_path):
 def test_tiny_draft_agrees_with_target_on_some_tokens():
     """The tiny pair has real acceptance strictly between none and all (the HF engine, greedy)."""
     target, draft = tiny_models()
-    ids = _random_ids(4, 16, target.config.vocab_size, 0, "cpu")
+    ids = random_ids(4, 16, target.config.vocab_size, 0, "cpu")
     window = time_speculative(SpeculativeDecoder(target, draft, 2), ids, ROUNDS, WARMUP)
     assert 0 < window.accepted < window.drafted
 
@@ -161,7 +163,7 @@ def engines(folders):
 
 
 def _prompts(folders, batch, seed=0):
-    return _random_ids(batch, 16, folders["models"][0].config.vocab_size, seed, "cpu")
+    return random_ids(batch, 16, folders["models"][0].config.vocab_size, seed, "cpu")
 
 
 @needs_vllm
@@ -261,7 +263,8 @@ def test_vllm_routing_equals_the_hf_capture(folders, engines):
 def test_vllm_sd_routing_keeps_rejected_drafts_apart(folders, engines):
     """With a draft, the rows of the sequences' own tokens still equal the HF capture; the rows of rejected draft
     tokens are apart, bounded by vLLM's counters, and refused by sequence statistics until dropped."""
-    from moesd.routing.traces import window_union, without_rejected
+    from moesd.routing.traces import without_rejected
+    from moesd.routing.unions import window_union
     from moesd.routing.vllm_capture import capture_vllm
 
     prompts = _ragged_prompts(folders)

@@ -22,13 +22,13 @@ A lease is 15 minutes of device time in all (the machine's start included) and o
 The roofline is not measured again when the repository holds this GPU's.
 
 Each study runs ``moesd sweep <study> --preset gpu`` (random bf16 weights built on the GPU, uniform
-routing for the MoE target, the preset's grid: :func:`moesd.measure.sweeps.preset`) and has a cap of its own
+routing for the MoE target, the preset's grid: :func:`moesd.measure.presets.preset`) and has a cap of its own
 (:data:`STAGE_SECONDS`) within the budget, so that a slow study leaves time to the next; what a cap
 or the budget cuts is in the result file (each point is written atomically when measured) and
 resumes in a later call. The target keeps the most layers whose bf16 weights and KV cache, with the
 draft's, fit 80 % of the GPU's free memory in every study of its pair
-(:func:`moesd.measure.sweeps.layers_that_fit`: all 28 of Qwen2-57B-A14B on an H200, about half on an H100),
-and the draft keeps the same share of its layers (:func:`moesd.measure.sweeps.proportional_draft_layers`).
+(:func:`moesd.measure.presets.layers_that_fit`: all 28 of Qwen2-57B-A14B on an H200, about half on an H100),
+and the draft keeps the same share of its layers (:func:`moesd.measure.presets.proportional_draft_layers`).
 
 The results go to ``runs/gpu/<gpu>/`` (``h100``, ``h200``... from the GPU's name; ``runs/`` is
 ignored by git, so it stays on a warm machine between calls), starting from
@@ -52,8 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from moesd.measure.studies import measurements_dir  # noqa: E402
-from moesd.measure.sweeps import (STUDIES, SweepConfig, cached_tokens, gpu_label, layers_that_fit,  # noqa: E402
-                          preset_settings, proportional_draft_layers)
+from moesd.measure.presets import layers_that_fit, preset_settings, proportional_draft_layers  # noqa: E402
+from moesd.measure.sweeps import STUDIES, SweepConfig, cached_tokens, gpu_label  # noqa: E402
 
 MOESD = [sys.executable, "-c", "import sys; from moesd.cli import main; sys.exit(main(sys.argv[1:]))"]
 """The moesd command, from the repository (nothing is installed on the device machine)."""

@@ -1,42 +1,13 @@
-"""Timing sweeps of the paper's experiments (Sec. 4): the protocol, the timing, and result files written
-with their environment. What a sweep measures (its study, models, grid and acceptance) is a
-:class:`moesd.measure.sweeps.SweepConfig`; the names of :mod:`moesd.measure.sweeps` stay importable from here.
-
-Steady-state protocol (e2e, sparsity, dense, settings)
-------------------------------------------------------
-A *point* is one batch of B random prompts of ``context`` tokens at one K and repeat. The target
-decodes it autoregressively for ``warmup_rounds + rounds`` steps, and SD decodes the same prompts for
-``warmup_rounds + rounds`` rounds at every gamma (and, in the settings study, every workload), in a
-seeded random order. The token budgets (``1 + n`` for AR, ``1 + n (gamma + 1)`` for SD) are never
-reached and there is no EOS, so all B sequences are active in every round; the first
-``warmup_rounds`` are dropped and the *timed window* is the remaining ``rounds`` rounds (and steps).
-The speedup is the ratio of tokens per second over the two windows: AR emits B tokens a step, SD the
-counted tokens of its timed rounds. Stage times come from the same windows, so Eq. 4 evaluated from
-them (``speedup_eq4``, with T_T(B, 1) the AR time per step as in Eq. 3) accounts for every second
-of both windows and equals the measured speedup; under the old protocol (a static batch timed until
-its last sequence stopped) it did not, by the share of sequence-rounds left idle.
-
-Synthetic acceptance draws its coins from a seed of its own per (study, B, gamma, K, repeat,
-workload) (:func:`acceptance_seed`, recorded in the ``seed`` column), so points never share their
-acceptance pattern.
-
-*KV length.* The cache holds ``context`` prompt slots after the prefill. AR step ``i`` (from 0)
-attends over ``context + i + 1`` slots, so the AR window covers ``context + warmup_rounds + 1`` to
-``context + warmup_rounds + rounds``. An SD round appends ``gamma + 1`` slots whatever is accepted
-(rejected drafts stay as masked holes), so the SD window's verifications attend over
-``context + (warmup_rounds + 1)(gamma + 1)`` to ``context + (warmup_rounds + rounds)(gamma + 1)``
-slots: at gamma = 4 and 32 rounds about five times the AR window's growth. SD's forwards therefore
-run over longer caches than the AR steps they are compared with, which lowers the measured speedup
-(and Eq. 4 from the same run) by the growth of attention cost with the cache; the data README
-states its size on the CPU preset.
+"""Timing sweeps of the paper's experiments (Sec. 4) with the project's own engine (:mod:`moesd.measure.sd`):
+the forward study and the e2e-type studies under the steady-state protocol (:mod:`moesd.measure.protocol`).
+What a sweep measures (its study, models, grid and acceptance) is a :class:`moesd.measure.sweeps.SweepConfig`;
+its rows go to a :class:`moesd.measure.result_file.ResultFile`.
 
 Method: warm-up runs first; points are visited in a seeded random order in every repeat so that
 drift (thermal, background load) spreads over them; device work is synchronised before every clock
-reading (CUDA events time the forwards of the forward study on a GPU). Results go to
-``<out_dir>/<study>.csv`` (default ``$MOESD_DATA/measurements/<device>/``), rewritten atomically
-after every point together with a JSON sidecar of the environment. A sweep that stops part-way resumes
-where it stopped when run again with the same settings: a row cut mid-line or incomplete is dropped
-and its point measured again. A finished result file is never replaced without ``overwrite=True``.
+reading (CUDA events time the forwards of the forward study on a GPU: :class:`moesd.measure.timing.Timer`).
+Every point is written as soon as it is measured; a sweep that stops part-way resumes where it stopped
+(:mod:`moesd.measure.result_file`).
 
 The timed MoE forward reads each activated expert's weights once per forward: the ``eager`` experts
 implementation (a loop over activated experts) on a CPU, where it beat ``grouped_mm`` above 64
@@ -47,267 +18,25 @@ gathers one weight copy per token and would read an expert as many times as it h
 from __future__ import annotations
 
 import contextlib
-import datetime
 import gc
-import io
-import json
-import math
-import os
-import platform
-import shlex
-import subprocess
-import sys
-import time
-import warnings
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from moesd.measure import studies as measurements
-from moesd._checks import UsageError, torch_device, writable_folder
-from moesd._files import atomic_write
-from moesd.measure.hardware import measured_roofline
-from moesd.measure.studies import NULLABLE_COLUMNS, measurements_dir
+from moesd.measure.protocol import prompt_seed, random_ids, sd_variants
+from moesd.measure.records import DecodeStats
+from moesd.measure.result_file import ResultFile, check_sweep
 from moesd.measure.router_control import RoutingControl, distinct_experts, set_top_k
-from moesd.measure.sd import DecodeStats, SpeculativeDecoder, generate_autoregressive
+from moesd.measure.sd import SpeculativeDecoder, generate_autoregressive
 from moesd.measure.static_cache import GraphStep, StaticCaches, filled_cache
-from moesd.theory.speedup import alpha_from_sigma, speedup
-from moesd.measure.sweeps import (BATCH_SIZES, DTYPES, FORWARD_STUDIES, PAPER_SIGMA, STUDIES, SweepConfig,  # noqa: F401
-                          acceptance_seed, estimate_seconds, gpu_label, paper_workloads, preset, preset_settings)
-from moesd.zoo import default_experts_implementation, get_model
+from moesd.measure.sweeps import FORWARD_STUDIES, SweepConfig
+from moesd.measure.timing import Timer
+from moesd.theory.speedup import speedup
+from moesd.zoo import get_model
 
-summarize = measurements.summarize
-"""Kept importable from its old home; chapters import it from :mod:`moesd.measure.studies`."""
-
-
-def environment(config: SweepConfig) -> dict:
-    """Device, software and provenance of a sweep, for its JSON sidecar."""
-    device = torch.device(config.device)
-    if device.type == "cuda":
-        properties = torch.cuda.get_device_properties(device)
-        name, memory = properties.name, properties.total_memory
-        driver = _command(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-    else:
-        name, memory, driver = _cpu_name(), None, None
-    if config.study in FORWARD_STUDIES:
-        acceptance = {"mode": "none"}
-    elif config.study == "settings":
-        acceptance = {"mode": "synthetic", "workloads": [
-            {**w, "sigma": {str(g): s for g, s in w["sigma"].items()},
-             "alpha": {str(g): float(alpha_from_sigma(s, g)) for g, s in w["sigma"].items()}}
-            for w in config.workloads]}
-    elif config.sigma == "real":
-        acceptance = {"mode": "real"}
-    else:
-        acceptance = {"mode": "synthetic", "sigma": {str(g): s for g, s in config.sigma.items()},
-                      "alpha": {str(g): float(alpha_from_sigma(s, g)) for g, s in config.sigma.items()}}
-    return {
-        "device": name, "device_memory_bytes": memory, "driver": driver, "cuda": torch.version.cuda,
-        "cpu_threads": torch.get_num_threads(), "load_average": _load_average(), "python": platform.python_version(),
-        "torch": torch.__version__, "transformers": _version("transformers"),
-        # MOESD_COMMIT names the commit of a copy whose .git is missing or stale (the GPU machine's was stale)
-        "commit": (os.environ.get("MOESD_COMMIT")
-                   or _command(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent)),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": _invocation(sys.argv), "weights": config.weights, "acceptance": acceptance,
-        "protocol": "forward passes" if config.study in FORWARD_STUDIES else "steady state",
-        "experts_implementation": (default_experts_implementation(device) if get_model(config.target).is_moe
-                                   else None),
-        # the measured roofline of this device in the sweep's dtype and threads: "hardware" (ridge point) and curves
-        **measured_roofline(config.device, config.dtype).sidecar_entries(),
-    }
-
-
-def _invocation(argv: list) -> str:
-    """The command line of this process; ``python -c`` running the CLI (as tools/gpu_run.py does) reads as ``moesd``."""
-    return shlex.join(["moesd", *argv[1:]] if argv[:1] == ["-c"] else argv)
-
-
-def _command(arguments, cwd=None) -> str | None:
-    try:
-        return subprocess.run(arguments, capture_output=True, text=True, check=True, cwd=cwd).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
-
-
-def _load_average() -> list | None:
-    """The machine's load averages over 1, 5 and 15 minutes (None where the system keeps none)."""
-    try:
-        return [round(value, 2) for value in os.getloadavg()]
-    except OSError:
-        return None
-
-
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "cpu"
-
-
-def check_device(device: str) -> None:
-    """Refuse a device this machine does not have (:class:`~moesd._checks.UsageError` naming it)."""
-    torch_device("device", device)
-
-
-def device_label(device: str) -> str:
-    """A folder name for a device: the GPU's name (``h100``, ``h200``...) or ``cpu``."""
-    if torch.device(device).type != "cuda":
-        return "cpu"
-    return gpu_label(torch.cuda.get_device_name(torch.device(device)))
-
-
-def check_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False) -> Path:
-    """The result file a sweep will write, after every check that needs no model.
-
-    The device must be here, the folder (default ``$MOESD_DATA/measurements/<device>``) writable, and
-    an existing result file resumable (see :class:`ResultFile`) unless ``overwrite``.
-
-    Raises
-    ------
-    UsageError
-        A ``ValueError`` for a missing device, a folder that is a file or read-only, or a result file
-        or sidecar that is not a regular file.
-    FileExistsError
-        If the result file holds a finished sweep or one with other settings and ``overwrite`` is False.
-    """
-    check_device(config.device)
-    folder = out_dir if out_dir is not None else measurements_dir() / device_label(config.device)
-    path = writable_folder("out_dir", folder) / f"{config.study}.csv"
-    _resumable(path, config, overwrite)
-    return path
-
-
-# ---- Result files --------------------------------------------------------------------------------
-
-def _key(row: dict, columns) -> tuple:
-    """A row's key with missing values as None and numbers as floats (CSV round trips change types)."""
-    values = []
-    for column in columns:
-        value = row.get(column)
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            values.append(None)
-        elif isinstance(value, (int, float, np.integer, np.floating)):
-            values.append(float(value))
-        else:
-            values.append(value)
-    return tuple(values)
-
-
-def read_complete_rows(path, nullable=NULLABLE_COLUMNS) -> list[dict]:
-    """The complete rows of a result CSV; a line cut mid-way or a row with empty cells is dropped.
-
-    A row is complete when its line ends with a newline, it has the header's number of fields, and
-    no cell outside ``nullable`` (default :data:`NULLABLE_COLUMNS`) is empty. Each dropped row is
-    named in a warning.
-    """
-    text = Path(path).read_text()
-    lines = text.splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        warnings.warn(f"{path}: dropped line {len(lines)}, cut mid-line; its point will be measured again",
-                      stacklevel=2)
-        lines = lines[:-1]
-    if len(lines) < 2:
-        return []
-    frame = pd.read_csv(io.StringIO("".join(lines)), on_bad_lines="warn")
-    required = [column for column in frame.columns if column not in nullable]
-    incomplete = frame[required].isna().any(axis=1)
-    for index in np.flatnonzero(incomplete):
-        warnings.warn(f"{path}: dropped data row {index + 1}, which has empty cells; its point will be "
-                      "measured again", stacklevel=2)
-    return frame[~incomplete].to_dict("records")
-
-
-def _resumable(path: Path, config: SweepConfig, overwrite: bool) -> bool:
-    """Whether ``path`` holds rows to resume from; refuse what must not be replaced (see :func:`check_sweep`)."""
-    sidecar = path.with_suffix(".json")
-    for file in (path, sidecar):
-        if file.exists() and not file.is_file():
-            raise UsageError(f"{file} is not a regular file; choose another out_dir")
-    if overwrite or not path.exists():
-        return False
-    try:
-        previous = json.loads(sidecar.read_text()) if sidecar.exists() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        previous = {}
-    elsewhere = "pass overwrite (--overwrite) to replace it, or write elsewhere (out_dir, --out-dir or MOESD_DATA)"
-    if previous.get("complete"):
-        raise FileExistsError(f"{path} holds a finished sweep; {elsewhere}")
-    if previous.get("settings") != config.settings():
-        raise FileExistsError(f"{path} holds a sweep with other settings; {elsewhere}")
-    return True
-
-
-class ResultFile:
-    """``<study>.csv`` plus its ``.json`` sidecar: resumable, written atomically, never silently replaced."""
-
-    nullable = NULLABLE_COLUMNS
-    """Columns a complete row may leave empty (an engine that cannot measure a column adds it)."""
-
-    def __init__(self, path, config: SweepConfig, overwrite: bool = False):
-        self.path, self.sidecar = Path(path), Path(path).with_suffix(".json")
-        self.config, self.columns = config, config.key_columns()
-        rows = read_complete_rows(self.path, self.nullable) if _resumable(self.path, config, overwrite) else []
-        self.rows = {_key(row, self.columns): row for row in rows}
-        self.environment = environment(config)
-        self.earlier_runs = _earlier_runs(self.sidecar) if rows else []
-
-    def done(self, keys) -> bool:
-        """Whether every key (a dict of key-column values) already has a row: a resumed sweep skips it."""
-        return all(_key(key, self.columns) in self.rows for key in keys)
-
-    def add(self, rows: list[dict]) -> None:
-        """Add (or replace) one point's rows and rewrite both files atomically."""
-        for row in rows:
-            self.rows[_key(row, self.columns)] = row
-        with atomic_write(self.path, "w") as file:
-            pd.DataFrame(list(self.rows.values())).to_csv(file, index=False)
-        self._write_sidecar(False)
-
-    def finish(self, expected_keys) -> None:
-        """Mark the sweep complete once every expected key has a complete row."""
-        missing = [key for key in expected_keys if _key(key, self.columns) not in self.rows]
-        if missing:
-            raise RuntimeError(f"{self.path}: {len(missing)} point(s) not measured, e.g. {missing[0]}")
-        self._write_sidecar(True)
-
-    def _write_sidecar(self, complete: bool) -> None:
-        from moesd.measure.regime import measured_streaming_share
-
-        sidecar = {**self.environment, "settings": self.config.settings(), "complete": complete,
-                   "rows": len(self.rows), "load_average_now": _load_average(),
-                   **({"earlier_runs": self.earlier_runs} if self.earlier_runs else {})}
-        share = measured_streaming_share(pd.DataFrame(list(self.rows.values())), sidecar)
-        with atomic_write(self.sidecar, "w") as file:
-            json.dump({**sidecar, **({"streaming_share": share} if share else {})}, file, indent=2)
-
-
-EARLIER_RUN_FIELDS = ("date", "commit", "command", "device", "driver", "cuda", "torch", "transformers", "rows")
-"""What a resumed sweep's sidecar keeps of each earlier run (the top-level fields describe the last)."""
-
-
-def _earlier_runs(sidecar: Path) -> list[dict]:
-    """The runs a resumed result file's rows came from: the earlier sidecar's history and its own run."""
-    try:
-        previous = json.loads(sidecar.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return []
-    return previous.get("earlier_runs", []) + [{name: previous.get(name) for name in EARLIER_RUN_FIELDS}]
-
-
-# ---- Models and timing ----------------------------------------------------------------------------
+# ---- Models and timed windows ---------------------------------------------------------------------
 
 def build_models(config: SweepConfig, top_k: int | None = None):
     """The target and draft of a sweep on its device, in eval mode, with one shared vocabulary."""
@@ -324,32 +53,6 @@ def build_models(config: SweepConfig, top_k: int | None = None):
     draft = draft_spec.random_model(config.draft_layers, None, config.width, seed=config.seed + 1,
                                     dtype=dtype, device=config.device, vocab_size=target.config.vocab_size)
     return target, draft
-
-
-def _random_ids(batch_size: int, length: int, vocab_size: int, seed: int, device: str) -> torch.Tensor:
-    """Seeded random token ids (timing depends on shapes, not on which tokens)."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(1, vocab_size, (batch_size, length), generator=generator).to(device)
-
-
-class Timer:
-    """Seconds of one call: CUDA events on a GPU (after waiting for the work queued before), the wall clock elsewhere."""
-
-    def __init__(self, device: str):
-        self.cuda = torch.device(device).type == "cuda"
-
-    def __call__(self, function) -> float:
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            function()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) / 1e3
-        tick = time.perf_counter()
-        function()
-        return time.perf_counter() - tick
 
 
 def _timed_window(stats: DecodeStats, warmup_rounds: int) -> DecodeStats:
@@ -474,7 +177,7 @@ def run_forward_study(config: SweepConfig, result: ResultFile, progress: bool = 
 
                 def one(role, batch, tokens) -> dict:
                     model, cache = roles[role], caches[role, batch]
-                    new = _random_ids(batch, tokens, model.config.vocab_size, tokens, config.device)
+                    new = random_ids(batch, tokens, model.config.vocab_size, tokens, config.device)
                     positions = torch.arange(config.context, config.context + tokens, device=config.device)
                     if config.cuda_graphs:
                         if (role, batch, tokens) not in graphs:
@@ -504,33 +207,13 @@ def run_forward_study(config: SweepConfig, result: ResultFile, progress: bool = 
                             result.add([{**key, **one(role, batch, tokens)}])
     result.finish(keys)
 
-
-def _variants(config: SweepConfig, batch: int, top_k, run: int) -> list[dict]:
-    """The SD runs of one point: one per gamma (and workload), with their key and acceptance columns."""
-    workloads = config.workloads or ({},)
-    variants = []
-    for gamma in config.gammas:
-        for workload in workloads:
-            sigma = workload["sigma"][gamma] if workload else (None if config.sigma == "real" else config.sigma[gamma])
-            label = f"{workload['dataset']} T={workload['temperature']:g}" if workload else ""
-            setting = {"dataset": workload["dataset"], "temperature": workload["temperature"],
-                       "setting": label} if workload else {}
-            variants.append({"run": run, "batch_size": batch, "gamma": gamma, "num_experts_per_tok": top_k,
-                             **setting, "context": config.context,
-                             "seed": acceptance_seed(config.study, batch, gamma, top_k, run, label, config.seed),
-                             "sigma_target": sigma,
-                             "alpha": None if sigma is None else float(alpha_from_sigma(sigma, gamma)),
-                             "warmup_rounds": config.warmup_rounds})
-    return variants
-
-
 @torch.no_grad()
 def run_e2e_study(config: SweepConfig, result: ResultFile, progress: bool = True) -> None:
     """AR and SD under the steady-state protocol over top_ks x repeats x batch sizes (x gammas, workloads)."""
     rng = np.random.default_rng(config.seed)
     points = [(top_k, run, batch) for top_k in config.top_k_values for run in range(config.repeats)
               for batch in config.batch_sizes]
-    every = [v for top_k, run, batch in points for v in _variants(config, batch, top_k, run)]
+    every = [v for top_k, run, batch in points for v in sd_variants(config, batch, top_k, run)]
     models = _Models(config)
     with tqdm(total=len(points), desc=f"{config.study} study", disable=not progress) as bar:
         for top_k in config.top_k_values:
@@ -542,8 +225,8 @@ def run_e2e_study(config: SweepConfig, result: ResultFile, progress: bool = True
             control = _routing_control(config, target, keep=config.rounds)  # the timed window's forwards
             with control or contextlib.nullcontext():
                 for _ in range(config.warmup):
-                    ids = _random_ids(config.batch_sizes[0], config.context, target.config.vocab_size, 0,
-                                      config.device)
+                    ids = random_ids(config.batch_sizes[0], config.context, target.config.vocab_size, 0,
+                                     config.device)
                     time_autoregressive(target, ids, 2, 1)
                     for decoder in decoders.values():
                         time_speculative(decoder, ids, 2, 1, alpha=0.5, seed=0)
@@ -551,12 +234,11 @@ def run_e2e_study(config: SweepConfig, result: ResultFile, progress: bool = True
                     for index in rng.permutation(len(config.batch_sizes)):
                         batch = config.batch_sizes[index]
                         bar.update()
-                        variants = _variants(config, batch, top_k, run)
+                        variants = sd_variants(config, batch, top_k, run)
                         if result.done(variants):
                             continue
-                        ids = _random_ids(batch, config.context, target.config.vocab_size,
-                                          int(np.random.SeedSequence([config.seed, run, batch]).generate_state(1)[0]),
-                                          config.device)
+                        ids = random_ids(batch, config.context, target.config.vocab_size,
+                                         prompt_seed(config, run, batch), config.device)
                         result.add(_measure_point(target, decoders, ids, variants, config, rng, control))
     result.finish(every)
 
@@ -600,5 +282,3 @@ def run_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False, progre
     else:
         run_e2e_study(config, result, progress)
     return result.path
-
-

@@ -3,7 +3,7 @@
 The paper's mechanism (verification is cheap once a batch has loaded every expert, and each expert
 stays memory-bound) is about steps whose time is mostly reading weights. A study tests it only if
 its target step is: :func:`streaming_share` divides the bytes a ``B = 1`` target step must read (the
-weights it uses, from :func:`moesd.model.predict.step_time`'s byte count for the sweep's model, Eq. 8's
+weights it uses, from :func:`moesd.model.forward.step_time`'s byte count for the sweep's model, Eq. 8's
 experts, its KV cache) by the measured bandwidth of the measuring device (the sweep's sidecar), and
 that time by the measured step. A share near 1 is a memory-bound step, the paper's regime; a share
 of 0.1 is a step spent on something else (per-kernel launch cost, per-expert dispatch).
@@ -17,7 +17,7 @@ import pandas as pd
 
 from moesd.model.calibrate import measured_shapes
 from moesd.measure.studies import measuring_hardware
-from moesd.model.predict import step_time
+from moesd.model.forward import step_time
 
 _STEP_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}
 """The predictor's weight dtype for a sweep's dtype (two bytes for both half-precision types)."""
@@ -129,7 +129,7 @@ class RegimeCheck:
         median second) and ``median_flop_per_s``: the real projections against M, weights read from memory.
     dispatch : pandas.DataFrame
         ``model``, ``dtype``, ``per_expert_seconds``, ``fixed_seconds``: the MoE layer's cost per
-        activated expert beyond its products (:func:`moesd.measure.hardware.expert_dispatch_seconds`).
+        activated expert beyond its products (:func:`moesd.measure.breakdown.expert_dispatch_seconds`).
     steps : pandas.DataFrame
         ``model``, ``dtype``, ``layers``, ``vocab_size``, ``step_seconds`` (median B = 1 decode step of
         the model cut in depth only), ``bytes``, ``bandwidth`` (measured STREAM, bytes/s),
@@ -165,10 +165,10 @@ class RegimeCheck:
 def study_sidecar(model: str, dtype: str, layers: int = 1, context: int = 8, bandwidth: float | None = None) -> dict:
     """The sidecar fields :func:`step_bytes` and :func:`streaming_share` read, for a model cut in depth only.
 
-    The draft is the model's pair's (:data:`moesd.measure.sweeps.PAIRS`) cut in the same proportion, the
+    The draft is the model's pair's (:data:`moesd.measure.presets.PAIRS`) cut in the same proportion, the
     vocabulary cut by the depth factor (:func:`moesd.zoo.depth_scaled_vocab`), as the CPU preset does.
     """
-    from moesd.measure.sweeps import PAIRS, proportional_draft_layers
+    from moesd.measure.presets import PAIRS, proportional_draft_layers
     from moesd.zoo import depth_scaled_vocab
 
     draft = PAIRS[model]
@@ -195,7 +195,7 @@ def regime_check(models=("qwen2-57b-a14b", "opt-30b"), dtypes=("float32", "bfloa
     Parameters
     ----------
     models : sequence of str
-        Targets of the studies (pairs of :data:`moesd.measure.sweeps.PAIRS`).
+        Targets of the studies (pairs of :data:`moesd.measure.presets.PAIRS`).
     dtypes : sequence of str
     tokens : sequence of int
         M of the GEMM curves.
@@ -218,8 +218,9 @@ def regime_check(models=("qwen2-57b-a14b", "opt-30b"), dtypes=("float32", "bfloa
 
     import torch
 
-    from moesd.measure.hardware import _threads, cpu_name, expert_dispatch_seconds, forward_seconds, gemm_curve, \
-        streaming_bandwidth
+    from moesd.measure.breakdown import expert_dispatch_seconds, forward_seconds
+    from moesd.measure.hardware import cpu_name, gemm_curve, streaming_bandwidth
+    from moesd.measure.hardware import torch_threads
     from moesd.zoo import get_model
 
     def say(text):
@@ -227,7 +228,7 @@ def regime_check(models=("qwen2-57b-a14b", "opt-30b"), dtypes=("float32", "bfloa
             print(text, flush=True)
 
     gemm, dispatch, steps = [], [], []
-    with _threads(threads) as used:
+    with torch_threads(threads) as used:
         for dtype in dtypes:
             bandwidth = float(streaming_bandwidth("cpu", repeats=repeats)["bandwidth"].max())
             say(f"{dtype}: STREAM {bandwidth / 1e9:.1f} GB/s")
@@ -277,7 +278,7 @@ def _products_seconds(net, dtype: str, repeats: int) -> tuple[float, float]:
     Every 2-D weight but the input embedding counts once (a tied embedding once, as the LM head);
     each MoE layer's experts count ``K`` times per 3-D expert weight (one slice each).
     """
-    from moesd.measure.hardware import _matmul_seconds
+    from moesd.measure.hardware import matmul_seconds
 
     embedding = net.get_input_embeddings().weight
     tied = embedding is net.get_output_embeddings().weight
@@ -290,7 +291,7 @@ def _products_seconds(net, dtype: str, repeats: int) -> tuple[float, float]:
         elif weight.dim() == 3:  # (E, out, in) stacked experts
             shape = tuple(weight.shape[1:])
             counts[shape] = counts.get(shape, 0) + top_k
-    seconds = _matmul_seconds(list(counts), [1], dtype, "cpu", repeats, True, "median", "wall")
+    seconds = matmul_seconds(list(counts), [1], dtype, "cpu", repeats, True, "median", "wall")
     size = net.dtype.itemsize
     total = sum(count * seconds[out, inp, 1] for (out, inp), count in counts.items())
     moved = sum(count * out * inp * size for (out, inp), count in counts.items())

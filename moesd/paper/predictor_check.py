@@ -19,7 +19,9 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import as_array
-from moesd.model.predict import PAPER_BATCH_SIZES, Efficiency, predict_sd, resolve_hardware
+from moesd.model.kernels import Efficiency
+from moesd.model.layout import resolve_hardware
+from moesd.model.predict import PAPER_BATCH_SIZES, predict_sd
 
 
 def efficiency_to_match(speedup, target, draft, hardware, batch_size, gamma, sigma, field="step_seconds",

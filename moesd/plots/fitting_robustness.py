@@ -1,6 +1,6 @@
 """Figures of the chapter *Fitting robustness* (Appendix C of the paper: Algorithm 1, Figs. 8-28, Table 3).
 
-Every function takes the tables of :mod:`moesd.model.fit` and :mod:`moesd.paper.verdicts` and returns a figure;
+Every function takes the tables of :mod:`moesd.model.diagnostics` and :mod:`moesd.paper.verdicts` and returns a figure;
 the chapter glues the captions (:func:`moesd.plots.caption`).
 """
 
@@ -68,7 +68,7 @@ def mse_against_m(ours, paper, label_ours: str = "this project", label_paper: st
     Parameters
     ----------
     ours, paper : pandas.DataFrame
-        :attr:`moesd.paper.verdicts.Verdict.numbers` of :func:`moesd.paper.verdicts.poor_coverage_worst_fits`:
+        :attr:`moesd.paper.criteria.Verdict.numbers` of :func:`moesd.paper.verdicts.poor_coverage_worst_fits`:
         columns ``m``, ``mse`` (over every point of its study; dimensionless: squared speedup), ``poor`` (the sample leaves a longer
         run of batch sizes out than an even spread would) and ``judged`` (m above the parameter count).
         Poorly covering, unjudged and worst samples are labelled with their m.
@@ -96,7 +96,7 @@ def residuals_against_b(table) -> plt.Figure:
     Parameters
     ----------
     table : pandas.DataFrame
-        :func:`moesd.model.fit.residual_table` (columns ``K``, ``gamma``, ``B``, ``residual``, ``fitted``).
+        :func:`moesd.model.diagnostics.residual_table` (columns ``K``, ``gamma``, ``B``, ``residual``, ``fitted``).
     """
     gammas, ks = sorted(table["gamma"].unique()), sorted(table["K"].unique())
     figure, axes = plt.subplots(1, len(gammas), figsize=(4.5 * len(gammas), 3.2), sharey=True, squeeze=False)
@@ -130,7 +130,7 @@ def stage_time_ratios(table, gamma: int) -> plt.Figure:
     Parameters
     ----------
     table : pandas.DataFrame
-        :func:`moesd.model.fit.compare_stage_times` (``B``, ``gamma``, ``K``, ``<stage>_fitted``,
+        :func:`moesd.model.diagnostics.compare_stage_times` (``B``, ``gamma``, ``K``, ``<stage>_fitted``,
         ``<stage>_measured``; dimensionless ratios to the decode step).
     gamma : int
         The draft length shown.

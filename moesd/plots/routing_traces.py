@@ -11,7 +11,8 @@ import numpy as np
 from moesd.theory.experts import expected_active_experts, expected_active_experts_from_popularity
 from moesd.plots import PALETTE
 from moesd.model.predict import best_gamma
-from moesd.routing.traces import RoutingTrace, adjacent_overlap, batch_union, popularity, random_union, window_union
+from moesd.routing.traces import RoutingTrace
+from moesd.routing.unions import adjacent_overlap, batch_union, popularity, random_union, window_union
 
 
 def label(name: str, trace: RoutingTrace) -> str:
@@ -25,9 +26,9 @@ def label(name: str, trace: RoutingTrace) -> str:
 def activation_curves(traces: dict, token_counts=(1, 2, 4, 8, 16, 32, 64)) -> plt.Figure:
     """Activated experts against the token count: Eq. 8, its popularity form, and three measured groupings.
 
-    One panel per trace, stacked so that each keeps the column's full width. Random tokens (:func:`~moesd.routing.traces.random_union`) and consecutive tokens
-    (:func:`~moesd.routing.traces.window_union`) are means over layers, with bands spanning the per-layer
-    means; decode calls (:func:`~moesd.routing.traces.batch_union`) are one point.
+    One panel per trace, stacked so that each keeps the column's full width. Random tokens (:func:`~moesd.routing.unions.random_union`) and consecutive tokens
+    (:func:`~moesd.routing.unions.window_union`) are means over layers, with bands spanning the per-layer
+    means; decode calls (:func:`~moesd.routing.unions.batch_union`) are one point.
 
     Parameters
     ----------

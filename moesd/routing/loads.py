@@ -10,15 +10,15 @@ A decode step of ``B`` sequences routes ``B`` tokens; a verification pass routes
 * ``"popularity"``: tokens independent, expert ``e`` chosen with its measured probability ``p_e``
   (:func:`moesd.theory.experts.expected_active_experts_from_popularity`);
 * ``"windows"``: sequences independent, each run of ``w`` consecutive tokens activating expert
-  ``e`` with its measured probability ``q_e(w)`` (:func:`moesd.routing.traces.window_activation_probability`),
+  ``e`` with its measured probability ``q_e(w)`` (:func:`moesd.routing.unions.window_activation_probability`),
   so ``N = sum_e 1 - (1 - q_e(w))**B``: it keeps the correlation of consecutive tokens;
-* ``"measured"``: the mean of :func:`moesd.routing.traces.verify_union`, sampled from the trace.
+* ``"measured"``: the mean of :func:`moesd.routing.unions.verify_union`, sampled from the trace.
 
 :func:`verification_expert_ratio` turns the counts into the expert-weight bytes a verification
 pass loads relative to a decode step, and :func:`routed_ffn_target_efficiency` into the roofline
 floor of the MoE FFN's target efficiency, the cost model of :func:`moesd.theory.roofline.ffn_cost` with
 ``N`` from routing instead of Eq. 8. For the whole model (attention, shared experts, dense layers and
-LM head as well) pass the trace to :func:`moesd.model.predict.step_time` or :func:`moesd.model.predict.predict_sd`
+LM head as well) pass the trace to :func:`moesd.model.forward.step_time` or :func:`moesd.model.predict.predict_sd`
 as ``routing=trace`` (with ``routing_model="windows"`` or ``"popularity"``): the same counts then reach
 target efficiency and the speedup of Eq. 4.
 """
@@ -30,7 +30,8 @@ import numpy as np
 from moesd._checks import as_array
 from moesd.theory.experts import expected_active_experts, expected_active_experts_from_popularity
 from moesd.theory.roofline import Hardware
-from moesd.routing.traces import RoutingTrace, _selection_probability, verify_union, window_activation_probability
+from moesd.routing.traces import RoutingTrace
+from moesd.routing.unions import selection_probability, verify_union, window_activation_probability
 
 ROUTING_MODELS = ("uniform", "popularity", "windows", "measured")
 
@@ -38,7 +39,7 @@ ROUTING_MODELS = ("uniform", "popularity", "windows", "measured")
 def _popularity(source) -> np.ndarray:
     """Per-layer selection probabilities (layers, E) of a trace or of a popularity array."""
     if isinstance(source, RoutingTrace):
-        return _selection_probability(source)
+        return selection_probability(source)
     p = as_array("source", source, low=0, high=1)
     if p.ndim not in (1, 2):
         raise ValueError(f"a popularity source must have shape (E,) or (layers, E), got {p.shape}")
@@ -53,7 +54,7 @@ def activated_experts(source, batch_size, tokens_per_sequence=1, model: str = "p
     ----------
     source : RoutingTrace or array_like
         A trace, or expert popularity: the chance one token picks each expert, shape (E,) or
-        (layers, E), each row summing to ``K`` (what :func:`moesd.routing.traces.popularity` measures). A
+        (layers, E), each row summing to ``K`` (what :func:`moesd.routing.unions.popularity` measures). A
         popularity array serves ``"uniform"`` (its E and K) and ``"popularity"``; ``"windows"`` and
         ``"measured"`` need a trace.
     batch_size : array_like

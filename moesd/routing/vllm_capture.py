@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from moesd.routing.traces import RoutingTrace
-from moesd.measure.vllm_engine import CPU_ENVIRONMENT, CPU_HEAD_DIMS, _import_vllm, spec_counters
+from moesd.measure.vllm_engine import CPU_ENVIRONMENT, CPU_HEAD_DIMS, import_vllm, spec_counters
 
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
 """vLLM's engine core in this process, so that the callbacks write into this process's memory, with the model
@@ -228,7 +228,7 @@ def make_tracing_llm(target: str, *, draft: str | None = None, gamma: int | None
             raise ValueError(f"routing capture needs vLLM's engine in this process: {name} must be {value!r}, "
                              f"it is {os.environ[name]!r}")
         os.environ[name] = value
-    vllm = _import_vllm()
+    vllm = import_vllm()
     kwargs = {}
     if not _has_cuda():
         for name, value in CPU_ENVIRONMENT.items():
@@ -266,7 +266,7 @@ def capture_vllm(llm, prompts: list, max_new_tokens: int, batch_size: int, tempe
     """
     from tqdm.auto import tqdm
 
-    vllm = _import_vllm()
+    vllm = import_vllm()
     from vllm.sampling_params import RequestOutputKind
 
     for name, value in (("max_new_tokens", max_new_tokens), ("batch_size", batch_size)):

@@ -236,7 +236,7 @@ def expected_active_experts_from_popularity(t, p):
     any other ``p`` with the same sum ``K`` activates fewer experts (each term is concave
     in ``p_i`` there).
     Tokens are still independent: correlation between consecutive tokens lowers the
-    count further (see :mod:`moesd.routing.traces`).
+    count further (see :mod:`moesd.routing.unions`).
 
     Parameters
     ----------

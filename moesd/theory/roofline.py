@@ -13,6 +13,7 @@ The paper's fitted model replaces the hard roofline corner by the smooth ``G`` o
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +27,7 @@ class Hardware:
     """Peak numbers of one accelerator, from its vendor's data sheet (or measured on the device).
 
     The first five fields are the data sheet's roofline; the rest, added for the whole-model
-    performance model (:mod:`moesd.model.predict`), have defaults so older records still load.
+    performance model (:mod:`moesd.model.forward`), have defaults so older records still load.
 
     Attributes
     ----------
@@ -59,7 +60,7 @@ class Hardware:
         whatever the group. In a mesh, a tensor-parallel group of ``p`` GPUs uses ``p - 1`` of the links.
     gpus_per_node : int
         GPUs that ``interconnect`` joins: one server board (an NVLink or Infinity Fabric domain, or
-        the PCIe slots of one server). :mod:`moesd.model.predict` prices tensor parallelism over this link
+        the PCIe slots of one server). :mod:`moesd.model.forward` prices tensor parallelism over this link
         only, so it refuses a tensor-parallel group larger than this (default 1: no peers on record).
     bandwidth_fraction, flops_fraction : float
         Fractions of ``memory_bandwidth`` and of the tensor peaks that measured kernels achieve
@@ -422,13 +423,52 @@ def G(t, lam_rp, s):
     s = as_array("s", s, low=1)
     broadcast(t=t, lam_rp=lam_rp, s=s)
     with np.errstate(over="ignore", invalid="ignore"):
-        at_transition = np.power(s, lam_rp)
-        below = np.power(s, np.minimum(t, lam_rp))
-        above = at_transition * (1.0 + np.log(s) * (t - lam_rp))
-        growth = np.where(t <= lam_rp, below, above)
+        growth = unchecked_G(t, lam_rp, s)
     overflow = ~np.isfinite(growth)
     if overflow.any():
         t_, lam_, s_ = (np.broadcast_to(a, overflow.shape)[overflow].flat[0] for a in (t, lam_rp, s))
         raise UsageError(f"t, lam_rp and s must keep G within float64 (s**lam_rp and the line after it), "
                          f"got t = {t_:g}, lam_rp = {lam_:g}, s = {s_:g}")
     return growth
+
+
+def unchecked_G(t, lam_rp, s, derivatives: bool = False):
+    """Eq. 11's ``G(t; lam_rp, s)`` without :func:`G`'s input checks, and, if asked, its derivatives.
+
+    The one home of Eq. 11's formulas: :func:`G` checks its inputs and calls it, and Algorithm 1's
+    fit (:class:`moesd.model.algorithm1.SpeedupInputs`) calls it directly in its hot loop, with the
+    derivatives for its analytic Jacobian. Below the transition ``L = lam_rp``: ``G = s**t``,
+    ``dG/dL = 0``, ``dG/ds = t s**(t - 1)``. Above it: ``G = s**L (1 + ln s (t - L))``,
+    ``dG/dL = s**L (ln s)**2 (t - L)``, ``dG/ds = s**(L - 1) (L (1 + ln s (t - L)) + t - L)``. Both
+    derivatives are continuous at ``t = L`` (0 and ``L s**(L - 1)`` from either side).
+
+    Parameters
+    ----------
+    t : array_like
+        Tokens (>= 0).
+    lam_rp : float or numpy.ndarray
+        Transition point ``lambda RP`` in tokens (> 0).
+    s : float or numpy.ndarray
+        Growth base (>= 1). A Python or numpy scalar takes ``ln s`` from :func:`math.log` (the fit's
+        scalar parameters), an array from :func:`numpy.log` (:func:`G`'s checked inputs); the two can
+        differ in the last bit, and each caller keeps the digits it always had.
+    derivatives : bool, default False
+        Also return ``dG/dL`` and ``dG/ds``.
+
+    Returns
+    -------
+    numpy.ndarray or tuple of numpy.ndarray
+        ``G`` (dimensionless, ``G(0) = 1``), or ``(G, dG/dL, dG/ds)`` with ``dG/dL`` per token and
+        ``dG/ds`` dimensionless, broadcast over the arguments. Overflow is not caught (see :func:`G`).
+    """
+    log_s = np.log(s) if isinstance(s, np.ndarray) else math.log(s)
+    at_transition = s ** lam_rp
+    excess = t - lam_rp
+    below = t <= lam_rp
+    linear = 1.0 + log_s * excess
+    value = np.where(below, np.power(s, np.minimum(t, lam_rp)), at_transition * linear)
+    if not derivatives:
+        return value
+    d_transition = np.where(below, 0.0, (at_transition * log_s * log_s) * excess)
+    d_s = np.where(below, t * value / s, (at_transition / s) * (lam_rp * linear + excess))
+    return value, d_transition, d_s

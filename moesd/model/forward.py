@@ -1,0 +1,366 @@
+"""The time of one forward pass of a whole model on its GPUs (beyond the paper): :func:`step_time`.
+
+Seconds of one forward pass of ``B`` sequences with ``s`` new tokens each, summed over the model's
+components (:data:`COMPONENTS`). Every weight matrix is a roofline at the achieved fractions of the
+data-sheet peaks plus a fixed cost per kernel (:mod:`moesd.model.kernels`). Routed experts load the
+``N(t)`` experts that ``t = B s`` tokens activate (Eq. 8, a measured popularity, or a
+:class:`~moesd.routing.traces.RoutingTrace` whose consecutive tokens' correlation is kept, through
+:func:`moesd.routing.loads.activated_experts`) and give each ``t K / N`` tokens (Eq. 10); attention reads
+the KV cache of ``context`` tokens per sequence; tensor parallelism (TP) splits weights and FLOPs
+(:mod:`moesd.model.layout`) and adds two all-reduces per layer priced by the interconnect; expert
+parallelism (EP) splits the experts. :func:`zipf_popularity` is an illustrative skewed popularity to
+route with.
+
+The speedup built from these steps is :func:`moesd.model.predict.predict_sd`; the model fitted to a
+measured forward study is :mod:`moesd.model.calibrate`.
+
+Pure numpy; no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from moesd._checks import as_array
+from moesd.model.kernels import (KERNELS, Efficiency, achieved_rates, grouped_gemm_roofline, per_expert_seconds,
+                                 per_kernel_seconds)
+from moesd.model.layout import (DTYPE_BYTES, activation_bytes, attention_per_gpu, check_dtype, check_parallelism,
+                                kept_dtype, resolve_hardware, resolve_model)
+from moesd.routing.loads import activated_experts
+from moesd.routing.traces import RoutingTrace
+from moesd.theory.experts import expected_active_experts, most_loaded_share
+from moesd.theory.roofline import Hardware
+from moesd.architecture import Architecture
+
+__all__ = ["TRACE_ROUTING_MODELS", "COMPONENTS", "StepTime", "step_time", "zipf_popularity"]
+
+TRACE_ROUTING_MODELS = ("windows", "popularity")
+"""How :func:`step_time` reads a :class:`~moesd.routing.traces.RoutingTrace` (see :mod:`moesd.routing.loads`)."""
+COMPONENTS = ("attention", "kv_cache", "router", "shared_experts", "routed_experts", "dense_ffn", "lm_head",
+              "communication", "fixed")
+"""The parts of a forward pass that :func:`step_time` times."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One forward pass, per component (see :data:`COMPONENTS`).
+
+    Attributes
+    ----------
+    seconds, bytes, flops : dict of str to numpy.ndarray
+        Time (s), memory traffic per GPU (bytes) and FLOPs per GPU of each component, broadcast over
+        the array arguments of :func:`step_time`.
+    """
+
+    seconds: dict
+    bytes: dict
+    flops: dict
+
+    @property
+    def total(self) -> np.ndarray:
+        """Seconds of the whole forward pass."""
+        return sum(self.seconds.values())
+
+    def frame(self) -> pd.DataFrame:
+        """The breakdown as a table (one row per component; arguments must be scalars)."""
+        return pd.DataFrame({"seconds": {k: float(v) for k, v in self.seconds.items()},
+                             "bytes": {k: float(v) for k, v in self.bytes.items()},
+                             "flops": {k: float(v) for k, v in self.flops.items()}})
+
+
+def _active_experts(arch: Architecture, B: np.ndarray, s: np.ndarray, top_k: np.ndarray, routing,
+                    routing_model: str) -> np.ndarray:
+    """Expected activated experts per MoE layer for ``B`` sequences x ``s`` tokens: shape ``(layers or 1, *B.shape)``.
+
+    A trace or a popularity vector is read by :func:`moesd.routing.loads.activated_experts` (its
+    ``"windows"`` or ``"popularity"`` model); uniform routing is Eq. 8
+    (:func:`moesd.theory.experts.expected_active_experts`) at each point's own ``K``, which may vary over a
+    grid (``top_k``), where ``activated_experts``'s ``"uniform"`` takes one ``K`` from its source; a
+    function of the token count is called as it is.
+    """
+    E = arch.num_experts
+    tokens = B * s
+    if routing is None:
+        return expected_active_experts(tokens, E, top_k)[None]
+    if isinstance(routing, RoutingTrace):
+        if routing.num_experts != E:
+            raise ValueError(f"routing: the trace has E = {routing.num_experts} experts, {arch.name} has {E}")
+        per_layer = activated_experts(routing, B, s, model=routing_model)  # (*B.shape, trace layers)
+        if np.isnan(per_layer).any():
+            raise ValueError(f"routing: some layer of the trace has no run of {int(s.max())} consecutive tokens of "
+                             "one sequence (select its decode tokens, or use shorter drafts)")
+        return np.moveaxis(per_layer, -1, 0)
+    if callable(routing):
+        active = np.asarray(routing(tokens), dtype=float)
+        if active.shape not in ((), tokens.shape, (arch.moe_layers, *tokens.shape)):
+            raise ValueError(f"routing(tokens) must return an array of shape {tokens.shape} (or one per MoE "
+                             f"layer), got {active.shape}")
+        if (active < 0).any() or (active > E).any() or np.isnan(active).any():
+            raise ValueError(f"routing(tokens) must return expected activated experts in [0, {E}]")
+        active = np.broadcast_to(active, np.broadcast_shapes(active.shape, tokens.shape))
+        return active if active.ndim > tokens.ndim else active[None]
+    p = as_array("routing", routing, low=0, high=1)
+    if p.ndim not in (1, 2) or p.shape[-1] != E or (p.ndim == 2 and p.shape[0] not in (1, arch.moe_layers)):
+        raise ValueError(f"routing must be a popularity vector of shape ({E},) or ({arch.moe_layers}, {E}) "
+                         f"for {arch.name}, got shape {p.shape}")
+    unique, inverse = np.unique(tokens, return_inverse=True)  # each token count once
+    per_layer = activated_experts(p, unique, model="popularity")  # (unique, layers)
+    return np.moveaxis(per_layer[inverse.reshape(tokens.shape)], -1, 0)
+
+
+def zipf_popularity(num_experts, top_k, exponent=1.0) -> np.ndarray:
+    """An illustrative skewed expert popularity: ``p_i`` proportional to ``i ** -exponent``, summing to ``K``.
+
+    Probabilities above 1 (an expert cannot be chosen twice by one token) are capped at 1 and the rest
+    rescaled until the vector sums to ``top_k``. A stand-in for a measured popularity
+    (:class:`moesd.routing.traces.RoutingTrace`), not a property of any real model.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(num_experts,)``, each in (0, 1], summing to ``top_k``.
+    """
+    E = int(as_array("num_experts", num_experts, low=1, whole=True))
+    K = int(as_array("top_k", top_k, low=1, high=E, whole=True))
+    exponent = float(as_array("exponent", exponent, low=0))
+    p = np.arange(1, E + 1, dtype=float) ** -exponent
+    capped = np.zeros(E, dtype=bool)
+    for _ in range(E):
+        free = K - capped.sum()
+        p = np.where(capped, 1.0, p / p[~capped].sum() * free)
+        if (p[~capped] <= 1.0).all():
+            break
+        capped |= p > 1.0
+    return p
+
+
+def _routing_top_k(arch: Architecture, routing, top_k):
+    """Experts per token: ``top_k`` if given, a trace's or a popularity vector's (its sum), else the model's."""
+    if top_k is not None:
+        if routing is not None and not callable(routing):
+            raise ValueError("top_k: a popularity vector or trace (routing) already sets experts per token")
+        return as_array("top_k", top_k, low=1, high=arch.num_experts, whole=True)
+    if isinstance(routing, RoutingTrace):
+        return np.asarray(float(routing.top_k))
+    if routing is not None and not callable(routing):
+        p = np.asarray(routing, dtype=float)
+        return np.asarray(float(np.round(p.reshape(-1, p.shape[-1]).sum(axis=-1).mean())))
+    return np.asarray(float(arch.top_k))
+
+
+def _routed_experts(arch: Architecture, hardware: Hardware, active, tokens, K, tp: int, ep: int, dtype: str,
+                    efficiency: Efficiency, grouped_kernel_seconds, cuda_graphs: bool):
+    """Seconds, bytes and FLOPs per GPU of the routed experts of every MoE layer.
+
+    ``active`` holds the activated experts ``N`` per traced layer (or one row for all); each gets
+    ``tokens K / N`` tokens. Grouped GEMMs (``grouped_kernel_seconds``, the cost of one kernel) add a fixed
+    number of kernels per layer; an eager loop (None) a fixed cost per activated expert.
+    """
+    d, w_bytes, a_bytes = arch.hidden_size, DTYPE_BYTES[dtype], activation_bytes(dtype)
+    layer_weight = arch.moe_layers / active.shape[0]
+    width = arch.expert_intermediate / (tp // ep)
+    local = most_loaded_share(active, arch.num_experts, ep)  # the step waits for the most loaded GPU
+    per_expert = tokens * K / np.maximum(active, 1e-12)
+    gemm_seconds = sum(grouped_gemm_roofline(hardware, local, per_expert, i, o, dtype, efficiency)
+                       for i, o in ((d, 2 * width), (width, d)))
+    fixed = ((2 + KERNELS["routed"]) * grouped_kernel_seconds if grouped_kernel_seconds is not None
+             else np.ceil(local) * per_expert_seconds(efficiency, cuda_graphs))
+    seconds = layer_weight * (gemm_seconds + fixed).sum(axis=0)
+    # activations read and written by the two products: d in, 2 width out; width in, d out
+    traffic = layer_weight * (local * 3 * d * width * w_bytes + tokens * K / ep * (2 * d + 3 * width) * a_bytes).sum(axis=0)
+    return seconds, traffic, arch.moe_layers * 2.0 * tokens * K / ep * 3 * d * width
+
+
+def _link_bandwidth(hardware: Hardware, tp: int) -> float:
+    """One direction's bandwidth of a GPU in a tensor-parallel group of ``tp`` (bytes/s): half the data
+    sheet's two-way figure, of which a full mesh (``interconnect_peers``) gives the group ``tp - 1`` links."""
+    bandwidth = hardware.interconnect_bandwidth / 2
+    if hardware.interconnect_peers:
+        bandwidth *= min(tp - 1, hardware.interconnect_peers) / hardware.interconnect_peers
+    return bandwidth
+
+
+def _collectives(arch: Architecture, hardware: Hardware, tokens, tp: int, a_bytes: int):
+    """Seconds and bytes of tensor parallelism's collectives: an all-reduce of the hidden states after the
+    (vocabulary-split) embedding and two per layer (ring), and a gather of the logits; none on one GPU."""
+    if tp == 1:
+        zero = np.zeros_like(tokens)
+        return zero, zero
+    one_way = _link_bandwidth(hardware, tp)
+    ring = 2 * (tp - 1) / tp
+    all_reduces = 2 * arch.num_layers + 1
+    all_reduce = hardware.interconnect_latency + ring * tokens * arch.hidden_size * a_bytes / one_way
+    gather = hardware.interconnect_latency + (tp - 1) / tp * tokens * arch.vocab_size * a_bytes / one_way
+    return (all_reduces * all_reduce + gather, all_reduces * ring * tokens * arch.hidden_size * a_bytes)
+
+
+def _experts_per_token(arch: Architecture, routing, top_k, routing_model: str) -> np.ndarray:
+    """Check :func:`step_time`'s routing arguments; the experts per token ``K`` they give (0 for a dense model)."""
+    if routing is not None and not arch.num_experts:
+        raise ValueError(f"routing: {arch.name} is dense")
+    if top_k is not None and not arch.num_experts:
+        raise ValueError(f"top_k: {arch.name} is dense")
+    if routing_model not in TRACE_ROUTING_MODELS:
+        raise ValueError(f"routing_model must be one of {TRACE_ROUTING_MODELS}, got {routing_model!r}")
+    return _routing_top_k(arch, routing, top_k) if arch.num_experts else np.asarray(0.0)
+
+
+def _kv_cache(arch: Architecture, B, tokens, context, kv_share: float, tp: int, a_bytes: int, bandwidth: float,
+              flops_rate: float):
+    """Seconds, bytes and FLOPs per GPU of attention over the KV cache of ``context`` tokens per sequence.
+
+    The cache is read once per sequence, whatever its number of new tokens (sliding-window layers read at
+    most their window); ``kv_share`` is the share of KV heads one GPU keeps (:func:`attention_per_gpu`),
+    ``a_bytes`` the bytes per cached value, ``bandwidth`` and ``flops_rate`` the achieved bytes/s and
+    FLOP/s.
+    """
+    layers_full = arch.num_layers - arch.sliding_layers
+    keys = layers_full * context + arch.sliding_layers * np.minimum(context, arch.sliding_window or 0)
+    kv_bytes = B * keys * arch.kv_values_per_token * kv_share * a_bytes
+    kv_flops = tokens * keys * arch.attention_flops_per_key / tp
+    return np.maximum(kv_bytes / bandwidth, kv_flops / flops_rate), kv_bytes, kv_flops
+
+
+def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1, ep=1, dtype="bf16",
+              routing=None, cuda_graphs=True, top_k=None, efficiency: Efficiency | None = None,
+              grouped_experts=True, routing_model="windows") -> StepTime:
+    """Seconds of one forward pass of ``batch_size`` sequences with ``tokens_per_sequence`` new tokens.
+
+    Summed per layer over the attention projections (GQA or MLA), the KV-cache reads of ``context``
+    cached tokens per sequence, the router, shared experts, routed experts (``N(t)`` activated experts
+    for ``t = B s`` tokens, each with ``t K / N`` tokens), the dense FFNs of dense layers, and the LM head
+    (logits for every new token). Each is a roofline at the achieved fractions of the data-sheet
+    peaks plus a fixed cost per kernel; see :class:`Efficiency`.
+
+    With ``tp`` GPUs the attention heads, FFN widths and vocabulary are split (KV heads are replicated
+    when fewer than ``tp``; MLA's latent projections and cache are replicated), and every layer adds
+    two all-reduces of the hidden states (after attention and after the FFN), priced as
+    ``latency + 2 (tp - 1) / tp x bytes / (one-way link bandwidth)``, plus one after the embedding and
+    one gather of the logits; a full mesh of links (``Hardware.interconnect_peers``) gives a group of
+    ``tp`` GPUs ``tp - 1`` of its links. With ``dtype="fp8"`` the router, LM head and norms stay bf16
+    and attention over the (bf16) KV cache runs at the bf16 rate.
+    With ``ep`` > 1 the routed experts are dealt to ``ep`` of the ``tp`` GPUs (each keeps ``E / ep`` whole
+    experts, widths split ``tp / ep`` ways), and the step waits for the GPU that loads the most activated
+    experts: :func:`moesd.theory.experts.most_loaded_share` of ``N`` (above ``N / ep`` at small batches).
+
+    Parameters
+    ----------
+    model : str, ModelSpec or Architecture
+        The model (a :data:`moesd.zoo.MODELS` name, a record, or a scaled ``Architecture``).
+    hardware : str or Hardware
+        The device (one of ``tp`` identical GPUs).
+    tokens_per_sequence : array_like
+        New tokens per sequence ``s`` (>= 1): 1 for a decode step, ``gamma + 1`` for verification.
+    batch_size : array_like
+        Sequences ``B`` (>= 1).
+    context : array_like, default 0
+        Tokens already in each sequence's KV cache (>= 0).
+    tp, ep : int, default 1
+        Tensor-parallel GPUs and the expert-parallel degree (``ep`` divides ``tp``).
+    dtype : {"bf16", "fp8", "fp32"}
+        Weight dtype.
+    routing : array_like, callable or RoutingTrace, optional
+        Expert popularity, shape ``(E,)`` or ``(moe_layers, E)``, each row summing to ``K`` (uses
+        :func:`moesd.theory.experts.expected_active_experts_from_popularity`); a function of the token
+        count returning ``N(tokens)``; or a :class:`~moesd.routing.traces.RoutingTrace` of the model's routing
+        (its ``E``; its ``K`` replaces the model's), read as ``routing_model`` says through
+        :func:`moesd.routing.loads.activated_experts`. A trace of some layers stands for every MoE layer by
+        their mean. Default: uniform routing, Eq. 8.
+    cuda_graphs : bool, default True
+        Whether the engine replays CUDA graphs (else every kernel adds a launch cost).
+    top_k : array_like, optional
+        Experts per token ``K`` instead of the model's (the paper's sparsity sweep).
+    efficiency : Efficiency, optional
+        Achieved fractions and overheads (default :class:`Efficiency`).
+    grouped_experts : bool, default True
+        Routed experts run as grouped GEMMs (vLLM, SGLang); False: one matrix product per activated
+        expert (Hugging Face's eager loop).
+    routing_model : {"windows", "popularity"}, default "windows"
+        How a trace gives ``N``: ``"windows"``, sequences independent and each sequence's ``s``
+        consecutive tokens activating expert ``e`` with the chance measured on the trace's runs of
+        ``s`` tokens (the correlation of a verification's drafts kept); ``"popularity"``, every token
+        independent with the measured expert shares. Pass a trace of decode tokens
+        (``trace.select(trace.phase == "decode")``): verification runs over generated tokens.
+
+    Returns
+    -------
+    StepTime
+        Seconds, bytes and FLOPs per component; ``.total`` is the forward pass in seconds.
+    """
+    arch = resolve_model(model)
+    hardware = resolve_hardware(hardware)
+    efficiency = efficiency or Efficiency()
+    dtype = check_dtype(dtype)
+    s = as_array("tokens_per_sequence", tokens_per_sequence, low=1, whole=True)
+    B = as_array("batch_size", batch_size, low=1, whole=True)
+    context = as_array("context", context, low=0, whole=True)
+    tp, ep = check_parallelism(arch, hardware, tp, ep)
+    K = _experts_per_token(arch, routing, top_k, routing_model)
+    s, B, context, K = np.broadcast_arrays(s, B, context, K)
+    tokens = s * B
+    bandwidth, flops_rate = achieved_rates(hardware, dtype, efficiency)
+    w_bytes, a_bytes = DTYPE_BYTES[dtype], activation_bytes(dtype)
+    # fp8 checkpoints (DeepSeek-V3's, vLLM's fp8 quantisation) keep the router, the embeddings, the LM head
+    # and the norms in bf16, and attention over the bf16 KV cache runs at the bf16 rate
+    kept = kept_dtype(dtype)
+    kept_bytes, kept_rate = DTYPE_BYTES[kept], achieved_rates(hardware, kept, efficiency)[1]
+    per_kernel = per_kernel_seconds(efficiency, cuda_graphs)
+    d = arch.hidden_size
+
+    def gemm(params, kernels, layers, in_out, bytes_per_weight=w_bytes, rate=flops_rate):
+        """Roofline of ``layers`` matrix products of ``params`` weights per GPU over all tokens."""
+        weight_bytes = params * bytes_per_weight
+        activation = tokens * in_out * a_bytes
+        flops = 2.0 * params * tokens
+        seconds = np.maximum((weight_bytes + activation) / bandwidth, flops / rate) + kernels * per_kernel
+        return layers * seconds, layers * (weight_bytes + activation), layers * flops
+
+    seconds, traffic, flops = {}, {}, {}
+
+    attention_params, kv_share = attention_per_gpu(arch, tp)
+    seconds["attention"], traffic["attention"], flops["attention"] = gemm(
+        attention_params, KERNELS[arch.attention], arch.num_layers, 2 * d)
+
+    seconds["kv_cache"], traffic["kv_cache"], flops["kv_cache"] = _kv_cache(
+        arch, B, tokens, context, kv_share, tp, a_bytes, bandwidth, kept_rate)
+
+    # Mixture-of-experts layers.
+    zero = np.zeros_like(tokens)
+    for name in ("router", "shared_experts", "routed_experts"):
+        seconds[name], traffic[name], flops[name] = zero, zero, zero
+    if arch.moe_layers:
+        seconds["router"], traffic["router"], flops["router"] = gemm(
+            arch.router_params, KERNELS["router"], arch.moe_layers, d, kept_bytes, kept_rate)  # on every GPU
+        if arch.shared_params:
+            kernels = KERNELS["shared"] + (KERNELS["shared_gate"] if arch.model_type == "qwen2_moe" else 0)
+            seconds["shared_experts"], traffic["shared_experts"], flops["shared_experts"] = gemm(
+                arch.shared_params / tp, kernels + KERNELS["moe_norm"], arch.moe_layers, 2 * d)
+        active = _active_experts(arch, B, s, K, routing, routing_model)  # (layers or 1, ...)
+        seconds["routed_experts"], traffic["routed_experts"], flops["routed_experts"] = _routed_experts(
+            arch, hardware, active, tokens, K, tp, ep, dtype, efficiency, per_kernel if grouped_experts
+            else None, cuda_graphs)
+
+    seconds["dense_ffn"], traffic["dense_ffn"], flops["dense_ffn"] = (zero, zero, zero)
+    if arch.dense_layers:
+        seconds["dense_ffn"], traffic["dense_ffn"], flops["dense_ffn"] = gemm(
+            arch.dense_ffn_params / tp, KERNELS["dense_ffn"], arch.dense_layers, 2 * d)
+
+    # LM head over every new token (vocabulary split over tp).
+    seconds["lm_head"], traffic["lm_head"], flops["lm_head"] = gemm(
+        arch.head_params / tp, KERNELS["head"], 1, d + arch.vocab_size / tp, kept_bytes, kept_rate)
+
+    seconds["communication"], traffic["communication"] = _collectives(arch, hardware, tokens, tp, a_bytes)
+    flops["communication"] = zero
+
+    # Per pass: the engine's own step, the embedding lookup and the norms' weights.
+    norms = (arch.num_layers * arch.norm_params + arch.final_norm_params) * kept_bytes
+    traffic["fixed"] = norms + tokens * d * a_bytes
+    seconds["fixed"] = efficiency.step_seconds + traffic["fixed"] / bandwidth + per_kernel
+    flops["fixed"] = zero
+    broadcast = {k: np.broadcast_to(v, tokens.shape) * 1.0 for k, v in seconds.items()}
+    return StepTime(seconds={k: broadcast[k] for k in COMPONENTS},
+                    bytes={k: np.broadcast_to(traffic[k], tokens.shape) * 1.0 for k in COMPONENTS},
+                    flops={k: np.broadcast_to(flops[k], tokens.shape) * 1.0 for k in COMPONENTS})

@@ -1,0 +1,196 @@
+"""The cost of single kernels: achieved efficiency, rates, fixed costs, grouped expert GEMMs and rejection sampling.
+
+Every kernel of the whole-model performance model (beyond the paper) is a roofline, ``max(bytes /
+bandwidth, FLOPs / peak)`` at the achieved fractions of the data-sheet peaks (:func:`achieved_rates`),
+plus a fixed cost per kernel (:func:`per_kernel_seconds`; :data:`KERNELS` counts them per block).
+:class:`Efficiency` holds what real kernels and engines achieve; :func:`expert_gemm_time` prices one
+grouped GEMM of routed experts and :func:`rejection_time` rejection sampling. The forward pass built from
+them is :func:`moesd.model.forward.step_time`.
+
+Pure numpy; no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from moesd._checks import as_array
+from moesd.model.layout import DTYPE_BYTES, activation_bytes, check_dtype, resolve_hardware
+from moesd.theory.roofline import Hardware
+
+__all__ = ["KERNELS", "Efficiency", "achieved_rates", "per_kernel_seconds", "per_expert_seconds",
+           "expert_gemm_time", "grouped_gemm_roofline", "rejection_time"]
+
+#: Kernels per block as inference engines fuse them, each adding ``Efficiency.kernel_seconds``: GQA attention
+#: (input norm, fused QKV GEMM, rotary embedding and cache write, attention, output GEMM), MLA (also the two
+#: latent projections and their norms), router (GEMM, top-k), routed experts besides their two grouped GEMMs
+#: (permute, activation, unpermute; per expert in an eager loop: gather, activation, weighting, scatter),
+#: shared experts (two GEMMs and the activation; Qwen's sigmoid gate adds two), the post-attention norm of an
+#: MoE layer, a dense FFN with its norm, the LM head (final norm, GEMM, two sampling kernels), rejection.
+KERNELS = {"gqa": 5, "mla": 9, "router": 2, "routed": 3, "routed_per_expert": 4, "shared": 3,
+            "shared_gate": 2, "dense_ffn": 4, "moe_norm": 1, "head": 4, "reject": 3}
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """What real kernels and engines achieve beyond the data-sheet roofline.
+
+    Attributes
+    ----------
+    bandwidth_fraction, flops_fraction : float or None
+        Achieved fractions of the device's memory bandwidth and tensor peak; None takes the
+        hardware record's (measured by public microbenchmarks, cited there).
+    kernel_seconds : float
+        Fixed cost of one kernel (launch gap, ramp-up and tail), seconds. Default 2 us, an assumed
+        order of magnitude: NVIDIA's "Getting Started with CUDA Graphs" blog (2019) times short
+        kernels at 3.4 us each when launched from a graph (3.8 us from a stream) for about 2.9 us of
+        work. One model's kernel count does not change with the batch, so a fit of one model puts
+        this cost into ``step_seconds``.
+    launch_seconds : float
+        Extra host cost of one kernel launched without CUDA graphs, seconds (assumed 5 us).
+    expert_seconds : float or None
+        Fixed cost of one activated expert when experts run one by one (an eager loop: gather, two
+        products, activation, weighting, scatter), seconds; None: six kernels' worth.
+    step_seconds : float
+        Fixed cost of one forward pass outside the kernels (scheduling, input preparation, sampling
+        in the serving engine), seconds. Default 0: the model times the device's work only.
+    """
+
+    bandwidth_fraction: float | None = None
+    flops_fraction: float | None = None
+    kernel_seconds: float = 2e-6
+    launch_seconds: float = 5e-6
+    step_seconds: float = 0.0
+    expert_seconds: float | None = None
+
+    def __post_init__(self):
+        for name in ("bandwidth_fraction", "flops_fraction"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 10:
+                raise ValueError(f"{name} must be in (0, 10], got {value!r}")
+        for name in ("kernel_seconds", "launch_seconds", "step_seconds", "expert_seconds"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+
+
+def achieved_rates(hardware: Hardware, dtype: str, efficiency: Efficiency) -> tuple[float, float]:
+    """Achieved memory bandwidth and tensor throughput of ``hardware`` for weights of ``dtype``.
+
+    Parameters
+    ----------
+    hardware : Hardware
+        The device record.
+    dtype : {"bf16", "fp8", "fp32"}
+        Weight dtype (torch's names accepted); fp8 runs at the bf16 peak on devices without fp8 tensor cores.
+    efficiency : Efficiency
+        Achieved fractions (None takes the hardware record's).
+
+    Returns
+    -------
+    tuple of float
+        ``(bytes/s, FLOP/s)``.
+    """
+    dtype = check_dtype(dtype)
+    if dtype == "fp32":
+        if hardware.fp32_flops is None:
+            raise ValueError(f"dtype 'fp32': hardware {hardware.name} has no fp32 peak on record")
+        peak = hardware.fp32_flops
+    elif dtype == "fp8":
+        peak = hardware.fp8_flops or hardware.peak_flops  # no fp8 tensor cores: multiplied at bf16 rate
+    else:
+        peak = hardware.peak_flops
+    bandwidth = efficiency.bandwidth_fraction or hardware.bandwidth_fraction
+    flops = efficiency.flops_fraction or hardware.flops_fraction
+    return hardware.memory_bandwidth * bandwidth, peak * flops
+
+
+def per_kernel_seconds(efficiency: Efficiency, cuda_graphs: bool) -> float:
+    """Fixed cost of one kernel in seconds: ``Efficiency.kernel_seconds``, plus ``launch_seconds`` without CUDA graphs."""
+    return efficiency.kernel_seconds + (0.0 if cuda_graphs else efficiency.launch_seconds)
+
+
+def per_expert_seconds(efficiency: Efficiency, cuda_graphs: bool) -> float:
+    """Fixed cost of one activated expert run on its own (an eager loop), in seconds.
+
+    ``Efficiency.expert_seconds`` when set; else six kernels' worth of :func:`per_kernel_seconds` (the
+    expert's two products and ``KERNELS["routed_per_expert"]``).
+    """
+    if efficiency.expert_seconds is not None:
+        return efficiency.expert_seconds
+    return (2 + KERNELS["routed_per_expert"]) * per_kernel_seconds(efficiency, cuda_graphs)
+
+
+def expert_gemm_time(hardware, experts, tokens_per_expert, in_features, out_features, dtype="bf16",
+                     efficiency: Efficiency | None = None, grouped=True, cuda_graphs=True):
+    """Seconds of one grouped GEMM: ``experts`` experts each multiply ``tokens_per_expert`` tokens.
+
+    A roofline of the weights (``experts x in x out`` values) and the activations read and written,
+    against ``experts x tokens x 2 in out`` FLOPs, at the achieved fractions of the device's peaks,
+    plus a fixed cost per kernel.
+
+    Parameters
+    ----------
+    hardware : Hardware or str
+        The device (a :data:`~moesd.theory.roofline.HARDWARE` name or a record).
+    experts : array_like
+        Experts whose weights are loaded (>= 0; real values allowed, e.g. an expected ``N(t)``).
+    tokens_per_expert : array_like
+        Tokens each of them multiplies (>= 0), e.g. ``T_exp`` of Eq. 10.
+    in_features, out_features : int
+        Shape of one expert's weight matrix.
+    dtype : {"bf16", "fp8", "fp32"}
+        Weight dtype (2, 1 or 4 bytes per weight); activations are bf16 (fp32 for fp32).
+    efficiency : Efficiency, optional
+        Achieved fractions and fixed costs (default :class:`Efficiency`).
+    grouped : bool, default True
+        One kernel for all experts (a grouped GEMM); False: one kernel per expert (an eager loop).
+    cuda_graphs : bool, default True
+        Whether kernels launch from a CUDA graph (else each adds ``Efficiency.launch_seconds``).
+
+    Returns
+    -------
+    numpy.ndarray or float
+        Seconds.
+    """
+    hardware = resolve_hardware(hardware)
+    efficiency = efficiency or Efficiency()
+    dtype = check_dtype(dtype)
+    experts = as_array("experts", experts, low=0)
+    tokens = as_array("tokens_per_expert", tokens_per_expert, low=0)
+    in_features = as_array("in_features", in_features, low=1, whole=True)
+    out_features = as_array("out_features", out_features, low=1, whole=True)
+    fixed = per_kernel_seconds(efficiency, cuda_graphs) * (1.0 if grouped else np.ceil(experts))
+    return grouped_gemm_roofline(hardware, experts, tokens, in_features, out_features, dtype, efficiency) + fixed
+
+
+def grouped_gemm_roofline(hardware, experts, tokens, in_features, out_features, dtype, efficiency):
+    """The roofline part of :func:`expert_gemm_time` in seconds, without its fixed cost or input checks.
+
+    Widths may be fractional (an expert's intermediate size split over tensor-parallel GPUs); ``experts``
+    and ``tokens`` (tokens per expert) broadcast; ``dtype`` must already be a key of
+    :data:`~moesd.model.layout.DTYPE_BYTES`.
+    """
+    bandwidth, flops_rate = achieved_rates(hardware, dtype, efficiency)
+    weights = experts * in_features * out_features * DTYPE_BYTES[dtype]
+    activations = experts * tokens * (in_features + out_features) * activation_bytes(dtype)
+    flops = 2.0 * experts * tokens * in_features * out_features
+    return np.maximum((weights + activations) / bandwidth, flops / flops_rate)
+
+
+def rejection_time(hardware, batch_size, gamma, vocab_size, efficiency: Efficiency | None = None,
+                   cuda_graphs=True):
+    """Seconds of rejection sampling: reading target and draft probabilities of ``B (gamma + 1)`` positions.
+
+    A memory-bound pass over two fp32 tensors of ``batch_size x (gamma + 1) x vocab_size`` values plus a
+    few kernels. Returns seconds (broadcast over the arguments).
+    """
+    hardware = resolve_hardware(hardware)
+    efficiency = efficiency or Efficiency()
+    B = as_array("batch_size", batch_size, low=1, whole=True)
+    gamma = as_array("gamma", gamma, low=1, whole=True)
+    vocab_size = as_array("vocab_size", vocab_size, low=1, whole=True)
+    bandwidth, _ = achieved_rates(hardware, "bf16", efficiency)
+    return 2 * B * (gamma + 1) * vocab_size * 4 / bandwidth + KERNELS["reject"] * per_kernel_seconds(efficiency, cuda_graphs)

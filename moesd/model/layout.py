@@ -1,0 +1,172 @@
+"""How a model lies on its GPUs: weight dtypes, model and hardware records, parallel sizes, weights per GPU.
+
+The layout half of the whole-model performance model (beyond the paper): :func:`resolve_model` and
+:func:`resolve_hardware` turn names into :class:`~moesd.zoo.Architecture` and
+:class:`~moesd.theory.roofline.Hardware` records; :data:`DTYPE_BYTES` and :func:`check_dtype` name the weight
+dtypes (fp8 checkpoints keep the router, embeddings, LM head and norms in bf16: :func:`kept_dtype`);
+:func:`tensor_parallel_sizes` and :func:`check_parallelism` say which tensor- and expert-parallel sizes a
+model takes on a node; :func:`attention_per_gpu` and :func:`weights_per_gpu` split the weights over ``tp``
+GPUs as :func:`moesd.model.forward.step_time` prices them; :func:`one_layer_draft` builds an MTP-sized draft.
+Memory with the KV cache is :func:`moesd.model.predict.memory_per_gpu`.
+
+Pure numpy; no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from moesd._checks import as_array
+from moesd.theory.roofline import HARDWARE, Hardware
+from moesd.architecture import Architecture
+from moesd.zoo import MODELS, ModelSpec, get_model
+
+__all__ = ["DTYPE_BYTES", "check_dtype", "kept_dtype", "activation_bytes", "resolve_model", "resolve_hardware",
+           "one_layer_draft", "attention_per_gpu", "weights_per_gpu", "check_parallelism", "tensor_parallel_sizes"]
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}
+"""Bytes per weight of each supported weight dtype."""
+_DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float8_e4m3fn": "fp8"}
+"""torch's names of the weight dtypes (as sweep sidecars record them)."""
+
+
+def check_dtype(dtype: str) -> str:
+    """``dtype`` as a key of :data:`DTYPE_BYTES`, torch's names (``float32``, ``bfloat16``, ``float8_e4m3fn``) accepted.
+
+    Raises
+    ------
+    ValueError
+        For any other dtype.
+    """
+    dtype = _DTYPE_ALIASES.get(dtype, dtype)
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    return dtype
+
+
+def kept_dtype(dtype: str) -> str:
+    """The dtype of the router, embeddings, LM head and norms: bf16 under fp8 (as fp8 checkpoints keep them)."""
+    return "bf16" if dtype == "fp8" else dtype
+
+
+def activation_bytes(dtype: str) -> int:
+    """Bytes per activation and KV-cache value: fp32 models keep fp32 activations, the others bf16."""
+    return 4 if dtype == "fp32" else 2
+
+
+def resolve_model(model) -> Architecture:
+    """An :class:`~moesd.zoo.Architecture` from a :mod:`moesd.zoo` name, a ``ModelSpec`` or itself."""
+    if isinstance(model, Architecture):
+        return model
+    if isinstance(model, ModelSpec):
+        return model.architecture()
+    if isinstance(model, str):
+        try:
+            return get_model(model).architecture()
+        except KeyError:
+            raise ValueError(f"model must be a moesd.zoo name ({', '.join(MODELS)}), got {model!r}") from None
+    raise ValueError(f"model must be a moesd.zoo name, ModelSpec or Architecture, got {type(model).__name__}")
+
+
+def resolve_hardware(hardware) -> Hardware:
+    """A :class:`~moesd.theory.roofline.Hardware` record from its :data:`~moesd.theory.roofline.HARDWARE` name or itself."""
+    if isinstance(hardware, Hardware):
+        return hardware
+    names = {name.lower(): name for name in HARDWARE}
+    if isinstance(hardware, str) and hardware.lower() in names:
+        return HARDWARE[names[hardware.lower()]]
+    raise ValueError(f"hardware must be one of {sorted(HARDWARE)} or a Hardware record, got {hardware!r}")
+
+
+def one_layer_draft(model) -> Architecture:
+    """A draft of one decoder layer of the target's own shape, routed experts included, sharing its vocabulary.
+
+    The size of a multi-token-prediction module (DeepSeek-V3's is one such layer) or of a one-layer
+    EAGLE-style head with the target's FFN; for a cost estimate only (its acceptance is not modelled).
+    """
+    arch = resolve_model(model)
+    return dataclasses.replace(arch, name=f"{arch.name} (one-layer draft)", num_layers=1,
+                               moe_layers=1 if arch.moe_layers else 0,
+                               sliding_layers=min(arch.sliding_layers, 0))
+
+
+def attention_per_gpu(arch: Architecture, tp: int) -> tuple[float, float]:
+    """Attention projection weights one of ``tp`` GPUs holds per layer, and the share of KV heads it keeps.
+
+    Heads are split over the GPUs, KV heads replicated below one per GPU, MLA's latent projections
+    replicated on every GPU.
+    """
+    if arch.attention == "gqa":
+        kv_share = np.ceil(arch.num_kv_heads / tp) / arch.num_kv_heads
+        return (arch.q_params + arch.o_params) / tp + arch.kv_params * kv_share, kv_share
+    replicated = arch.replicated_attention_params
+    return (arch.attention_params - replicated) / tp + replicated, 1.0
+
+
+def weights_per_gpu(model, dtype="bf16", tp=1) -> float:
+    """Bytes of weights each of ``tp`` GPUs holds, split as :func:`moesd.model.forward.step_time` splits them.
+
+    Split over the GPUs: attention heads, shared and routed experts (expert parallelism deals whole
+    experts, the same bytes per GPU), dense FFNs, the vocabulary of the embedding and the LM head.
+    On every GPU: KV heads below one per GPU, MLA's latent projections, the routers and the norms.
+    With ``dtype="fp8"`` the router, embeddings, LM head and norms stay bf16.
+    """
+    arch = resolve_model(model)
+    dtype = check_dtype(dtype)
+    tp = int(as_array("tp", tp, low=1, whole=True))
+    attention, _ = attention_per_gpu(arch, tp)
+    split = (arch.moe_layers * (arch.shared_params + arch.num_experts * arch.expert_params)
+             + arch.dense_layers * arch.dense_ffn_params) / tp
+    vocabulary = (arch.embedding_params + (0 if arch.tied_embeddings else arch.head_params)) / tp
+    kept = arch.moe_layers * arch.router_params + vocabulary + arch.num_layers * arch.norm_params \
+        + arch.final_norm_params
+    return ((arch.num_layers * attention + split) * DTYPE_BYTES[dtype]
+            + kept * DTYPE_BYTES[kept_dtype(dtype)])
+
+
+def check_parallelism(arch: Architecture, hardware: Hardware, tp, ep) -> tuple[int, int]:
+    """Checked tensor- and expert-parallel sizes of ``arch`` on ``hardware``: ``(tp, ep)`` as ints.
+
+    ``tp`` must be one of :func:`tensor_parallel_sizes` (the ValueError says which rule fails and lists
+    those that fit); ``ep`` must divide ``tp`` and the routed experts.
+    """
+    tp = int(as_array("tp", tp, low=1, whole=True))
+    ep = int(as_array("ep", ep, low=1, whole=True))
+    if tp % ep:
+        raise ValueError(f"ep must divide tp, got ep={ep}, tp={tp}")
+    if ep > 1 and (not arch.num_experts or arch.num_experts % ep):
+        raise ValueError(f"ep must divide the routed experts of {arch.name} ({arch.num_experts}), got {ep}")
+    sizes = tensor_parallel_sizes(arch, hardware)
+    if tp not in sizes:  # one rule, tensor_parallel_sizes's; the checks below only say which part fails
+        valid = ", ".join(map(str, sizes))
+        if not hardware.interconnect_bandwidth:
+            raise ValueError(f"tp: hardware {hardware.name} has no interconnect on record, so tp must be 1")
+        if tp > hardware.gpus_per_node:
+            raise ValueError(f"tp must be at most {hardware.gpus_per_node}, the GPUs one {hardware.name} node joins "
+                             f"(tensor parallelism across nodes is not modelled): one of {valid} for {arch.name}, "
+                             f"got {tp}")
+        if arch.num_heads % tp:
+            raise ValueError(f"tp must divide the attention heads of {arch.name} ({arch.num_heads}), got {tp}; "
+                             f"on {hardware.name}: {valid}")
+        raise ValueError(f"tp must divide, or be a multiple of, the KV heads of {arch.name} ({arch.num_kv_heads}), "
+                         f"got {tp}; on {hardware.name}: {valid}")
+    return tp, ep
+
+
+def tensor_parallel_sizes(model, hardware) -> list[int]:
+    """The tensor-parallel sizes :func:`moesd.model.forward.step_time` accepts for ``model`` on ``hardware``.
+
+    Those up to the GPUs one node joins (``Hardware.gpus_per_node``; 1 without an interconnect) that
+    divide the attention heads and divide, or are a multiple of, the KV heads.
+
+    Returns
+    -------
+    list of int
+        GPUs per tensor-parallel group, ascending (1 always among them).
+    """
+    arch, hardware = resolve_model(model), resolve_hardware(hardware)
+    most = hardware.gpus_per_node if hardware.interconnect_bandwidth else 1
+    return [tp for tp in range(1, most + 1)
+            if not arch.num_heads % tp and not (arch.num_kv_heads % tp and tp % arch.num_kv_heads)]

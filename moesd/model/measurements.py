@@ -1,0 +1,169 @@
+"""Measured speedups as Algorithm 1's fit takes them: the fitting frame, its checks and its inputs.
+
+A fitting frame has one row per measured point and the columns :data:`COLUMNS` (batch size, draft
+length, experts per token and per layer, sigma, speedup). :func:`from_sweep` builds one from an e2e or
+sparsity result file of :mod:`moesd.measure.bench`, :func:`mean_over_repeats` turns a file measured in
+several repeats into one point per batch size, gamma and K (as the paper averages its runs), and
+:func:`sigma_adjusted_speedup` rescales speedups to one acceptance (Sec. 4.2). :func:`check_measurements`
+and :func:`measurement_array` validate a frame; :func:`speedup_inputs` turns its rows into the
+parameter-free :class:`moesd.model.algorithm1.SpeedupInputs` that the fit and its diagnostics evaluate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from moesd._checks import as_array
+from moesd.model.algorithm1 import SpeedupInputs
+
+__all__ = ["COLUMNS", "from_sweep", "mean_over_repeats", "sigma_adjusted_speedup", "check_measurements",
+           "measurement_array", "speedup_inputs"]
+
+
+COLUMNS = ("B", "gamma", "K", "E", "sigma", "speedup")
+"""Columns of a fitting frame: batch size, draft length, experts per token, experts per layer,
+sigma (Eq. 5) and measured speedup."""
+
+
+def from_sweep(rows: pd.DataFrame, num_experts: int) -> pd.DataFrame:
+    """The fitting frame (columns :data:`COLUMNS`) of an e2e or sparsity result file of :mod:`moesd.measure.bench`."""
+    missing = [c for c in ("batch_size", "gamma", "num_experts_per_tok", "sigma", "speedup") if c not in rows]
+    if missing:
+        raise ValueError(f"rows lack the column(s) {', '.join(missing)} of an e2e or sparsity result file")
+    num_experts = int(as_array("num_experts", num_experts, low=1, whole=True))
+    return pd.DataFrame({"B": rows["batch_size"], "gamma": rows["gamma"], "K": rows["num_experts_per_tok"],
+                         "E": num_experts, "sigma": rows["sigma"], "speedup": rows["speedup"]})
+
+
+def mean_over_repeats(rows: pd.DataFrame, errors=("speedup",)) -> pd.DataFrame:
+    """One row per point of a result file measured in several repeats: each numeric column's mean over them.
+
+    A point is a (``batch_size``, ``gamma``, ``num_experts_per_tok``) of an e2e-type result file of
+    :mod:`moesd.measure.bench`; the paper's points are likewise means over runs (the last 5 of 10, Sec. 4).
+    Speedups and sigma are averaged as measured (the mean of the repeats' ratios), stage times in
+    seconds likewise; ``run`` and ``seed`` are dropped.
+
+    Parameters
+    ----------
+    rows : pandas.DataFrame
+        The rows of a result file, one per repeat and point.
+    errors : sequence of str
+        Columns whose standard error of the mean is added as ``<column>_se`` (the sample standard
+        deviation over the repeats over the square root of their number; NaN for a single repeat).
+
+    Returns
+    -------
+    pandas.DataFrame
+        The point's columns, the mean of every other numeric column, the ``<column>_se`` of ``errors``
+        and ``runs`` (the repeats averaged), sorted by the point's columns, with a fresh index.
+    """
+    if not isinstance(rows, pd.DataFrame):
+        raise ValueError(f"rows must be a pandas DataFrame, got {type(rows).__name__}")
+    missing = [c for c in ("batch_size", "gamma", *errors) if c not in rows]
+    if missing:
+        raise ValueError(f"rows lack the column(s) {', '.join(missing)} of an e2e-type result file")
+    keys = [c for c in ("batch_size", "gamma", "num_experts_per_tok") if c in rows]
+    numeric = [c for c in rows.select_dtypes("number").columns if c not in (*keys, "run", "seed")]
+    groups = rows.groupby(keys, dropna=False)
+    table = groups[numeric].mean()
+    table["runs"] = groups.size()
+    for column in errors:
+        table[f"{column}_se"] = groups[column].std(ddof=1) / np.sqrt(table["runs"])
+    return table.reset_index()
+
+
+def sigma_adjusted_speedup(frame: pd.DataFrame, reference_k: int = 8) -> pd.Series:
+    """Speedups rescaled by ``sigma_{K=reference_k} / sigma_K`` (Sec. 4.2 of the paper).
+
+    Editing K without retraining changes acceptance; the paper compares K by rescaling each run with
+    the mean sigma of its (K, gamma) group against that of ``K = reference_k`` at the same gamma.
+    """
+    group_sigma = frame.groupby(["K", "gamma"])["sigma"].transform("mean")
+    reference = frame[frame["K"] == reference_k]
+    if reference.empty:
+        raise ValueError(f"no measurement with K = {reference_k} to rescale against")
+    reference_sigma = frame["gamma"].map(reference.groupby("gamma")["sigma"].mean())
+    return frame["speedup"] * reference_sigma / group_sigma
+
+
+def check_measurements(frame: pd.DataFrame) -> pd.DataFrame:
+    """Validate a frame of measurements (columns :data:`COLUMNS`), raising ValueError on bad rows."""
+    measurement_array(frame)
+    return frame
+
+
+def measurement_array(frame: pd.DataFrame) -> np.ndarray:
+    """The checked :data:`COLUMNS` of a frame of measurements as a float array, one row per measurement.
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        Measurements with the columns :data:`COLUMNS` (numbers, or text that reads as numbers).
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(rows, 6)``, in :data:`COLUMNS` order: B (sequences), gamma (tokens), K and E (experts),
+        sigma and speedup (dimensionless).
+
+    Raises
+    ------
+    ValueError
+        When a column is missing, holds text or NaN, or a value is out of range (B, gamma >= 1,
+        1 <= K <= E, sigma in [1/(gamma+1), 1] of Eq. 5, speedup > 0).
+    """
+    if not isinstance(frame, pd.DataFrame):
+        raise ValueError(f"measurements must be a pandas DataFrame, got {type(frame).__name__}")
+    missing = [column for column in COLUMNS if column not in frame.columns]
+    if missing:
+        raise ValueError(f"measurements lack the column(s) {', '.join(missing)}")
+    values = frame[list(COLUMNS)]
+    if not all(pd.api.types.is_numeric_dtype(dtype) for dtype in values.dtypes):
+        for column in COLUMNS:
+            numbers = pd.to_numeric(values[column], errors="coerce")
+            text = numbers.isna() & values[column].notna()
+            if text.any():
+                label = text.idxmax()
+                raise ValueError(f"measurements column {column} holds {values[column][label]!r} (row {label}), "
+                                 "not a number")
+        values = values.apply(pd.to_numeric)
+    array = values.to_numpy(dtype=float)
+    if np.isnan(array).any():
+        bad = [column for column, nan in zip(COLUMNS, np.isnan(array).any(axis=0)) if nan]
+        raise ValueError(f"measurements have NaN in {', '.join(bad)}")
+    B, gamma, K, E, sigma, speedup = array.T
+    if (B < 1).any() or (gamma < 1).any():
+        raise ValueError("B and gamma must be >= 1")
+    if ((K < 1) | (K > E)).any():
+        raise ValueError("K must be in [1, E]")
+    if ((sigma < 1 / (gamma + 1) - 1e-9) | (sigma > 1)).any():
+        raise ValueError("sigma must be in [1/(gamma+1), 1] (Eq. 5)")
+    if (speedup <= 0).any():
+        raise ValueError("speedup must be > 0")
+    return array
+
+
+def speedup_inputs(frame: pd.DataFrame, rp: float, verify_tokens, array: np.ndarray | None = None) -> SpeedupInputs:
+    """:class:`~moesd.model.algorithm1.SpeedupInputs` of the rows of a fitting frame.
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        A fitting frame (columns B, gamma, K, E, sigma of :data:`COLUMNS`).
+    rp : float
+        Ridge point in tokens (G's transition is at ``lam * rp`` tokens).
+    verify_tokens : {"gamma", "gamma+1"} or None
+        Tokens per sequence in the verification forward (see :func:`moesd.model.algorithm1.compute_speedup`).
+    array : numpy.ndarray, optional
+        The frame's :func:`measurement_array`, when already at hand (its columns are used instead of
+        the frame's).
+
+    Returns
+    -------
+    SpeedupInputs
+        The parameter-free part of the model for every row.
+    """
+    if array is None:
+        array = frame[list(COLUMNS[:5])].to_numpy(dtype=float)
+    return SpeedupInputs.build(*array[:, :5].T, rp, verify_tokens)

@@ -1,0 +1,264 @@
+"""Every sentence of a verdict: numbers written for prose, the phrases of each shape, and the
+summary and sentence of a :class:`~moesd.paper.criteria.Verdict` built from its typed parts.
+
+The criteria (:mod:`moesd.paper.criteria`) and the claims (:mod:`moesd.paper.verdicts`) compute
+statuses, numbers and parts; the words are written here only, so that a wording change touches one
+module and tests assert fields, not sentences.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from moesd.paper.criteria import CONTRADICTED, FAILS, HOLDS, INCONCLUSIVE, NOT_SHOWN, PART_COLUMNS, UNMEASURABLE, Verdict
+
+
+def number(x, whole: bool = False) -> str:
+    """A number for a sentence: two decimals, or whole (batch sizes and widths in batch sizes)."""
+    return f"{x:.0f}" if whole else f"{x:.2f}"
+
+
+def span(values, whole: bool = False) -> str:
+    """``a`` or ``a-b`` (``a to b`` if negative): the range of some numbers, for a sentence."""
+    low, high = number(min(values), whole), number(max(values), whole)
+    return low if low == high else f"{low}-{high}" if min(values) >= 0 else f"{low} to {high}"
+
+
+def judged_from(statement: str, smallest) -> str:
+    """A claim's statement, with the smallest batch size judged when not all are."""
+    return statement if smallest is None else f"{statement}; judged from B = {number(smallest, whole=True)}"
+
+
+def shape_phrase(shape: dict) -> str:
+    reversal = ("" if shape["unimodal"] else
+                f"; reversal {number(shape['largest_reversal'])} beyond noise from B = "
+                f"{number(shape['largest_reversal_from'], whole=True)} to {number(shape['largest_reversal_to'], whole=True)}")
+    return (f"{number(shape['first'])} at the smallest B, {number(shape['peak'])} at B = "
+            f"{number(shape['peak_batch_size'], whole=True)}, {number(shape['last'])} at the largest B "
+            f"(rise {number(shape['rise'])}, fall {number(shape['fall'])}; noise margins "
+            f"{number(shape['rise_margin'])}, {number(shape['fall_margin'])}{reversal})")
+
+
+def shapes_phrase(rows, prefix: str = "") -> str:
+    """The rise-then-fall numbers of several passing curves at once (``prefix`` names their columns)."""
+    def values(key):
+        return [row[prefix + key] for row in rows]
+    margins = values("rise_margin") + values("fall_margin")
+    return (f"{span(values('first'))} at the smallest B, {span(values('peak'))} at B = "
+            f"{span(values('peak_batch_size'), whole=True)}, {span(values('last'))} at the largest B (rise "
+            f"{span(values('rise'))}, fall {span(values('fall'))}; noise margins at most {number(max(margins))})")
+
+
+def fall_phrase(fall: dict) -> str:
+    bump = (f"largest rise {number(fall['largest_rise'])} from B = {number(fall['largest_rise_from'], whole=True)} to "
+            f"{number(fall['largest_rise_to'], whole=True)}" if fall["largest_rise"] > 0 else "no rise anywhere")
+    return (f"{number(fall['first'])} -> {number(fall['last'])} (fall {number(fall['fall'])}, margin "
+            f"{number(fall['fall_margin'])}; {bump})")
+
+
+def noise_phrase(rows, key: str = "noise") -> str:
+    noise = sorted({row[key] for row in rows if key in row})
+    return f"noise from {', '.join(noise)}" if noise else ""
+
+
+def join(*phrases) -> str:
+    return "; ".join(p for p in phrases if p)
+
+
+def verdict(claim: str, statement: str, status: str, numbers, details: str, notes=()) -> Verdict:
+    """A Verdict whose sentence reads ``claim (statement): status - details.``
+
+    ``notes`` are ``(outcome, part, where)`` or ``(outcome, part, where, detectable, unit)`` tuples for the
+    parts that do not hold (outcome :data:`CONTRADICTED`, :data:`NOT_SHOWN` or :data:`UNMEASURABLE`;
+    ``detectable`` the smallest effect a part not shown needed, in ``unit``); the summary lists them,
+    grouped by part, contradicted parts first (places that all read ``gamma = g`` are listed as
+    ``gamma = 2, 3``), with the range of the detectable effects of the parts not shown. Without notes
+    the summary is the status, with ``details`` when the claim does not hold.
+    """
+    numbers = numbers if isinstance(numbers, pd.DataFrame) else pd.DataFrame(numbers)
+    parts = pd.DataFrame([(*note, *(None, "")[len(note) - 3:]) for note in notes], columns=list(PART_COLUMNS))
+    parts["detectable"] = parts["detectable"].astype(float)
+    grouped = {}
+    for note in parts.itertuples(index=False):
+        grouped.setdefault((note.outcome, note.part), []).append(note)
+    order = (CONTRADICTED, NOT_SHOWN, UNMEASURABLE)
+
+    def places(group):
+        wheres, prefix = [str(n.where) for n in group], "gamma = "
+        text = (prefix + ", ".join(w[len(prefix):] for w in wheres)
+                if all(w.startswith(prefix) and "," not in w for w in wheres) else "; ".join(wheres))
+        sizes = [n.detectable for n in group if np.isfinite(n.detectable)]
+        if sizes:
+            unit = group[0].unit
+            low, high = (f"{x:.0f}" if unit == "B" else f"{x:.2g}" for x in (min(sizes), max(sizes)))
+            text += f"; detectable from {low if low == high else f'{low}-{high}'}{' ' + unit if unit else ''}"
+        return text
+    phrases = [f"{part} {outcome} ({places(group)})"
+               for (outcome, part), group in sorted(grouped.items(), key=lambda item: order.index(item[0][0]))]
+    summary = (f"{status}: {'; '.join(phrases)}" if phrases else status if status == HOLDS
+               else f"{status}: {details}")
+    return Verdict(claim, status, numbers, f"{claim} ({statement}): {status} - {details}.", summary, parts)
+
+
+def _keys(row: dict, prefix: str) -> dict:
+    """The entries of ``row`` whose names start with ``prefix``, with the prefix taken off."""
+    return {key[len(prefix):]: value for key, value in row.items() if key.startswith(prefix)}
+
+
+def no_study(*names) -> str:
+    return f"no complete {' and '.join(names)} study on this device"
+
+
+def _few(row: dict, minimum: int) -> str:
+    return f"gamma = {row['gamma']} has fewer than {minimum} batch sizes"
+
+
+def _which(flag: bool, yes: str, no: str) -> str:
+    return yes if flag else no
+
+
+def fig2_details(rows: list, minimum: int) -> str:
+    """The details of Fig. 2's verdict from its rows (:func:`moesd.paper.verdicts.speedup_rises_then_falls`)."""
+    phrases = []
+    for row in rows:
+        if "first" not in row:
+            phrases.append(_few(row, minimum))
+        elif row["status"] != HOLDS:
+            efficiency = _keys(row, "efficiency_")
+            phrases.append(f"gamma = {row['gamma']}: the speedup is {shape_phrase(row)}, "
+                           f"{_which(row['rises_then_falls'], 'rising then falling', 'not rising then falling')}; "
+                           f"target efficiency is {shape_phrase(efficiency)}, "
+                           f"{_which(efficiency['rises_then_falls'], 'rising then falling', 'not rising then falling')}"
+                           f", peaks within B = "
+                           f"{span([row['follower_peak_low'], row['follower_peak_high']], whole=True)}, "
+                           f"rank correlation {row['rank_correlation']:.2f} "
+                           f"({_which(row['tracks'], 'tracks', 'does not track')})")
+    held = [row for row in rows if row["status"] == HOLDS]
+    if held:
+        phrases.insert(0, f"at gamma = {', '.join(str(r['gamma']) for r in held)} the speedup is "
+                          f"{shapes_phrase(held)}, target efficiency is {shapes_phrase(held, 'efficiency_')}, "
+                          f"peaking within B = "
+                          f"{span([r[k] for r in held for k in ('follower_peak_low', 'follower_peak_high')], True)}"
+                          f", rank correlation {span([r['rank_correlation'] for r in held])} with the speedup")
+    return join(*phrases, noise_phrase(rows))
+
+
+def fig3_details(rows: list, minimum: int) -> str:
+    """The details of Fig. 3's verdict (:func:`moesd.paper.verdicts.efficiency_moe_rises_dense_falls`)."""
+    phrases = []
+    for row in rows:
+        if "moe_first" not in row:
+            phrases.append(_few(row, minimum))
+        elif row["status"] != HOLDS:
+            shape, fall = _keys(row, "moe_"), _keys(row, "dense_")
+            phrases.append(f"gamma = {row['gamma']}: MoE {shape_phrase(shape)}, "
+                           f"{_which(shape['rises_then_falls'], 'rising then falling', 'not rising then falling')}; "
+                           f"dense {fall_phrase(fall)}, "
+                           f"{_which(fall['falls_monotonically'], 'falling', 'not falling monotonically')}")
+    held = [row for row in rows if row["status"] == HOLDS]
+    if held:
+        phrases.insert(0, f"at gamma = {', '.join(str(r['gamma']) for r in held)} the MoE efficiency is "
+                          f"{shapes_phrase(held, 'moe_')}, and the dense model's falls from "
+                          f"{span([r['dense_first'] for r in held])} to {span([r['dense_last'] for r in held])} "
+                          f"with no rise beyond noise")
+    return join(*phrases, noise_phrase(rows))
+
+
+def no_common_pass(gammas) -> str:
+    return f"the forward studies share no pass of gamma + 1 tokens for gamma in {list(gammas)}"
+
+
+def fig4_gamma(rows: list, monotone_ks, minimum: int, later: str | None = None, wider: str | None = None) -> str:
+    """Fig. 4's phrase for one gamma from its rows (:func:`moesd.paper.verdicts.sparser_peaks_later_and_wider`):
+    the falls of ``monotone_ks``, then the peaks and ranges of the other K and the statuses of their
+    ``later`` peak and ``wider`` range (None when fewer than two other K were measured)."""
+    phrases = []
+    for k in monotone_ks:
+        row = next((r for r in rows if r["role"] == "monotone" and r["K"] == k), None)
+        if row is None:
+            phrases.append(f"no K = {k} curve of {minimum}+ batch sizes")
+        else:
+            phrases.append(f"K = {k} {fall_phrase(row)} "
+                           f"{_which(row['falls_monotonically'], 'falls monotonically', 'does not fall monotonically')}")
+    shaped = [r for r in rows if r["role"] == "shaped"]
+    if later is None:
+        phrases.append(f"fewer than two K outside {list(monotone_ks)}")
+        return ", ".join(phrases)
+    listing = ", ".join(f"K = {r['K']} peak within B = {span([r['peak_low'], r['peak_high']], whole=True)}, "
+                        f"width {span([r['width_low'], r['width_high']], whole=True)}"
+                        for r in shaped).replace("-inf", " or more")
+    widening = {HOLDS: "widens beyond noise", FAILS: "narrows beyond noise", INCONCLUSIVE: "does not widen beyond noise",
+                UNMEASURABLE: f"cannot be shown wider (the K = {shaped[0]['K']} range may reach past the largest B)"}
+    phrases.append(f"{listing}: the peak {_which(later == HOLDS, 'moves', 'does not move')} to larger B beyond noise "
+                   f"and the range {widening[wider]} as K falls")
+    return ", ".join(phrases)
+
+
+def fig4_details(phrases_by_gamma: dict, rows: list) -> str:
+    """Fig. 4's details: each gamma's :func:`fig4_gamma` phrase, and the noise."""
+    return join(*(f"gamma = {gamma}: {phrase}" for gamma, phrase in phrases_by_gamma.items()), noise_phrase(rows))
+
+
+def fig5_details(rows: list, minimum: int, one_gamma: bool) -> str:
+    """The details of Fig. 5's verdict (:func:`moesd.paper.verdicts.shape_holds_across_settings`)."""
+    phrases = []
+    for row in rows:
+        if "first" not in row:
+            where = str(row["setting"]) if one_gamma else f"{row['setting']}, gamma = {row['gamma']}"
+            phrases.append(f"{where}: fewer than {minimum} batch sizes or than two runs")
+        elif row["status"] != HOLDS:
+            phrases.append(f"{row['setting']}, gamma = {row['gamma']}: {shape_phrase(row)}, typical run range "
+                           f"{number(row['run_range'])}")
+    held = [r for r in rows if r["status"] == HOLDS]
+    if held:
+        frame = pd.DataFrame(held)
+        phrases.insert(0, f"{len(held)} of {len(rows)} (setting, gamma) curves rise then fall with small spread "
+                          f"(peaks at B = {span(frame['peak_batch_size'], whole=True)}, "
+                          f"smallest rise {number(frame['rise'].min())}, "
+                          f"smallest fall {number(frame['fall'].min())}, largest typical run range "
+                          f"{number(frame['run_range'].max())})")
+    return join(*phrases, noise_phrase(rows))
+
+
+FEWER_THAN_TWO_SETTINGS = "fewer than two settings"
+
+
+def fig6_details(rows: list, beyond: float, minimum: int) -> str:
+    """The details of Fig. 6's verdict (:func:`moesd.paper.verdicts.moe_above_dense`)."""
+    phrases = []
+    for row in rows:
+        if "above" not in row:
+            phrases.append(f"gamma = {row['gamma']}: fewer than three common batch sizes above "
+                           f"{number(beyond, whole=True)} or {minimum} dense batch sizes")
+            continue
+        crossover = row["crossover"]
+        fall = _keys(row, "dense_")
+        phrases.append(f"gamma = {row['gamma']}: above beyond noise at {row['above']} and below at {row['below']} of "
+                       f"{row['batch_sizes']} batch sizes (median difference {number(row['median_difference'])}, "
+                       f"median margin {number(row['median_margin'])}), MoE above from B = "
+                       f"{number(crossover, whole=True) if np.isfinite(crossover) else 'nowhere'}; the dense speedup "
+                       f"{fall_phrase(fall)} "
+                       f"{_which(fall['falls_monotonically'], 'falls monotonically', 'does not fall monotonically')}")
+    noise = join(noise_phrase(rows, "moe_noise").replace("noise", "MoE noise", 1),
+                 noise_phrase(rows, "dense_noise").replace("noise", "dense noise", 1))
+    return join(*phrases, noise)
+
+
+NO_COMMON_GAMMA = "the e2e and dense studies share no gamma"
+NO_ROBUSTNESS = "no robustness study given"
+
+
+def table3_too_few(poor: int, well: int, parameters: int) -> str:
+    return f"{poor} poorly and {well} well covering samples with m > {parameters}"
+
+
+def table3_details(worst, poor_m, poor_mse: float, well_mse: float, well: int, scatter: float, excess: float) -> str:
+    """The details of Table 3's verdict (:func:`moesd.paper.verdicts.poor_coverage_worst_fits`): the worst
+    fit's row, the poorly covering samples' m, both medians of the MSE, the well covering count, their scatter
+    and the excess."""
+    return (f"the worst fit (m = {int(worst['m'])}, MSE {worst['mse']:.3g}) leaves out {int(worst['gap'])} "
+            f"consecutive batch sizes ({'poor' if worst['poor'] else 'even'} coverage); poorly covering samples "
+            f"(m = {', '.join(str(int(m)) for m in poor_m)}) have median MSE {poor_mse:.3g} against "
+            f"{well_mse:.3g} for the {well} well covering ones (scatter {scatter:.3g}, "
+            f"excess {excess / scatter if scatter else float('inf'):.1f} scatters)")

@@ -1,0 +1,32 @@
+"""The sentences of a verdict, written by moesd.paper.narration from typed parts: the only tests that read words."""
+
+import numpy as np
+
+from moesd.paper import criteria as cr
+from moesd.paper import narration
+
+
+def test_a_summary_groups_parts_by_outcome_contradicted_first_with_detectable_effects():
+    notes = [(cr.NOT_SHOWN, "the later peak", "gamma = 2", 24.0, "B"),
+             (cr.NOT_SHOWN, "the later peak", "gamma = 4", 31.0, "B"),
+             (cr.CONTRADICTED, "K = 2's monotone fall", "gamma = 2"),
+             (cr.CONTRADICTED, "K = 2's monotone fall", "gamma = 4")]
+    verdict = narration.verdict("Fig. 4", "a claim", cr.FAILS, [], "the details", notes)
+    assert verdict.summary == ("does not hold: K = 2's monotone fall contradicted by the data (gamma = 2, 4); "
+                               "the later peak not shown beyond noise (gamma = 2, 4; detectable from 24-31 B)")
+    assert verdict.sentence == "Fig. 4 (a claim): does not hold - the details."
+    assert list(verdict.parts["outcome"]) == [cr.NOT_SHOWN, cr.NOT_SHOWN, cr.CONTRADICTED, cr.CONTRADICTED]
+    assert np.isnan(verdict.parts["detectable"].iloc[2])
+
+
+def test_a_claim_that_holds_or_cannot_be_measured_says_so_in_its_summary():
+    assert narration.verdict("Fig. 2", "s", cr.HOLDS, [], "numbers").summary == cr.HOLDS
+    missing = narration.verdict("Fig. 2", "s", cr.UNMEASURABLE, [], narration.no_study("e2e"))
+    assert missing.summary == "not measurable here: no complete e2e study on this device"
+
+
+def test_numbers_for_prose():
+    assert narration.number(2.345) == "2.35" and narration.number(24.0, whole=True) == "24"
+    assert narration.span([1.0, 1.004]) == "1.00" and narration.span([0.5, 2]) == "0.50-2.00"
+    assert narration.span([-1.0, 2.0]) == "-1.00 to 2.00"
+    assert narration.judged_from("claim", None) == "claim" and narration.judged_from("claim", 4).endswith("B = 4")
