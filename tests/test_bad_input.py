@@ -116,7 +116,7 @@ def _theory_failing_inside(error: Exception):
     def failing(args):
         raise error
 
-    with mock.patch.object(moesd_cli, "_theory", failing):
+    with mock.patch.object(moesd_cli.theory, "run", failing):
         moesd_cli.main(["theory", "--E", "64", "--K", "8"])
 
 
@@ -432,7 +432,7 @@ def _run_command_with_theory_raising(error: Exception):
     def failing(args):
         raise error
 
-    with mock.patch.object(moesd_cli, "_theory", failing):
+    with mock.patch.object(moesd_cli.theory, "run", failing):
         _run_command(["theory", "--E", "64", "--K", "8"])
 
 

@@ -1,9 +1,9 @@
-"""The sentences of a verdict, written by moesd.paper.narration from typed parts: the only tests that read words."""
+"""The sentences of a verdict, written by moesd.narration from typed parts: the only tests that read words."""
 
 import numpy as np
 
 from moesd.paper import criteria as cr
-from moesd.paper import narration
+from moesd import narration
 
 
 def test_a_summary_groups_parts_by_outcome_contradicted_first_with_detectable_effects():

@@ -546,7 +546,7 @@ def test_a_broken_pipe_inside_a_sweep_is_a_failure(monkeypatch):
     def broken(args):
         raise BrokenPipeError("a worker went away")
 
-    monkeypatch.setattr(cli, "_sweep", broken)
+    monkeypatch.setattr(cli.sweep, "run", broken)
     with pytest.raises(BrokenPipeError, match="worker"):
         cli.main(["sweep", "forward", "--preset", "cpu"])
 
@@ -612,7 +612,8 @@ def test_hardware_is_found_by_name_in_any_case():
 def test_cli_lists_where_sd_is_on_and_marginal_as_unbroken_runs(capsys, tmp_path):
     """The verdict names every run of batch sizes where the best speedup exceeds 1 + SD_MARGIN ('on') and
     where it exceeds 1 by less ('marginal'), gaps included; the SD column agrees row by row."""
-    from moesd.cli import SD_MARGIN, main
+    from moesd.cli import main
+    from moesd.model.recommend import SD_MARGIN
 
     out = tmp_path / "p.csv"
     main(["predict", "--target", "deepseek-v2-lite", "--draft", "qwen2-0.5b", "--hardware", "H100", "--alpha", "0.6",
@@ -706,7 +707,7 @@ def test_cli_suggests_only_what_exists_when_a_setup_does_not_fit(capsys):
 
 def test_cli_says_where_sd_is_marginal_and_when_the_host_cost_decides(capsys):
     """At the default host cost 0 qwen3-30b-a3b is on at B = 1-16; vLLM v0's host cost turns the smallest off."""
-    from moesd.cli import SD_MARGIN
+    from moesd.model.recommend import SD_MARGIN
 
     printed = _predict_cli(capsys, "--target", "qwen3-30b-a3b", "--draft", "qwen3-0.6b", "--hardware", "H100",
                            "--batch", "1-16")

@@ -11,7 +11,7 @@ import moesd.measure.studies
 from moesd.paper import criteria as cr
 from moesd.paper import scorecard as sc
 from moesd.paper import verdicts as v
-from moesd.paper.narration import no_common_pass
+from moesd.narration import no_common_pass
 from moesd.model.samples import stride_sample
 from moesd.paper.tables import paper_table
 from moesd.theory.roofline import HARDWARE

@@ -4,7 +4,7 @@ A claim's parts are judged on *curves*: a quantity against batch size with its n
 the curves, the shapes a criterion asks of them (a rise then fall, a monotone fall, a peak region, a
 width), the outcome of each part (shown, :data:`CONTRADICTED`, :data:`NOT_SHOWN`, not measurable),
 how parts combine into a status, and the typed :class:`Verdict` every claim of
-:mod:`moesd.paper.verdicts` returns. No sentence is written here (:mod:`moesd.paper.narration`).
+:mod:`moesd.paper.verdicts` returns. No sentence is written here (:mod:`moesd.narration`).
 
 The criteria were written before the re-measured data existed, and no threshold was chosen by
 looking at measured data. Every threshold is a multiple of the measurement noise, estimated as

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from moesd.paper.criteria import UNMEASURABLE
-from moesd.paper.narration import verdict
+from moesd.narration import verdict
 from moesd.paper.verdicts import (CLAIMS, efficiency_moe_rises_dense_falls, moe_above_dense, poor_coverage_worst_fits,
                                   shape_holds_across_settings, sparser_peaks_later_and_wider,
                                   speedup_rises_then_falls)

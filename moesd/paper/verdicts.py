@@ -16,7 +16,7 @@ were added on 2026-11-26, before the studies at real widths were measured; the c
 each part did not change.
 
 The noise model and the criteria's building blocks live in :mod:`moesd.paper.criteria`, the sentences in
-:mod:`moesd.paper.narration`, and the scorecard of a device folder in :mod:`moesd.paper.scorecard`.
+:mod:`moesd.narration`, and the scorecard of a device folder in :mod:`moesd.paper.scorecard`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from moesd.paper.criteria import (CONTRADICTED, MIN_BATCH_SIZES, NOISE_Z, NOT_SH
                                    UNMEASURABLE, Verdict, combine, curve, fall_outcome, falls_monotonically,
                                    growth_detectable, growth_status, half_power_width, peak_region, rises_then_falls,
                                    shape_detectable, shape_outcome, status_of, tracks, tracks_outcome)
-from moesd.paper.narration import (FEWER_THAN_TWO_SETTINGS, NO_COMMON_GAMMA, NO_ROBUSTNESS, fig2_details, fig3_details,
+from moesd.narration import (FEWER_THAN_TWO_SETTINGS, NO_COMMON_GAMMA, NO_ROBUSTNESS, fig2_details, fig3_details,
                                    fig4_details, fig4_gamma, fig5_details, fig6_details, judged_from, no_common_pass,
                                    no_study, number, table3_details, table3_too_few, verdict)
 

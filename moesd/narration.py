@@ -1,9 +1,11 @@
-"""Every sentence of a verdict: numbers written for prose, the phrases of each shape, and the
-summary and sentence of a :class:`~moesd.paper.criteria.Verdict` built from its typed parts.
+"""Every sentence the package writes about a result: the verdicts on the paper's claims and the
+predictor's recommendation.
 
-The criteria (:mod:`moesd.paper.criteria`) and the claims (:mod:`moesd.paper.verdicts`) compute
-statuses, numbers and parts; the words are written here only, so that a wording change touches one
-module and tests assert fields, not sentences.
+The criteria (:mod:`moesd.paper.criteria`), the claims (:mod:`moesd.paper.verdicts`) and the
+recommendation (:mod:`moesd.model.recommend`) compute statuses, numbers and parts; the words are
+written here only: numbers for prose, the phrases of each shape, the summary and sentence of a
+:class:`~moesd.paper.criteria.Verdict` built from its typed parts, and the report ``moesd predict``
+prints. A wording change touches this module alone, and tests assert fields, not sentences.
 """
 
 from __future__ import annotations
@@ -262,3 +264,112 @@ def table3_details(worst, poor_m, poor_mse: float, well_mse: float, well: int, s
             f"(m = {', '.join(str(int(m)) for m in poor_m)}) have median MSE {poor_mse:.3g} against "
             f"{well_mse:.3g} for the {well} well covering ones (scatter {scatter:.3g}, "
             f"excess {excess / scatter if scatter else float('inf'):.1f} scatters)")
+
+
+# ---- The predictor's recommendation (moesd predict) -----------------------------------------------
+
+def batch_runs(chosen, sizes) -> str:
+    """The batch sizes ``chosen`` out of ``sizes`` as unbroken runs: ``B = 1, 4-256``."""
+    sizes = np.asarray(sizes)
+    inside = np.isin(sizes, np.asarray(chosen))
+    starts = np.flatnonzero(inside & ~np.r_[False, inside[:-1]])
+    ends = np.flatnonzero(inside & ~np.r_[inside[1:], False])
+    return "B = " + ", ".join(f"{sizes[a]}" if a == b else f"{sizes[a]}-{sizes[b]}" for a, b in zip(starts, ends))
+
+
+def where_sd_pays(advice, margin: float) -> str:
+    """Where SD is on, marginal or off at one acceptance value (a :class:`moesd.model.recommend.Advice`),
+    and whether the host cost decides it."""
+    sizes = advice.best["batch_size"].to_numpy()
+    if not len(advice.on) and not len(advice.marginal):
+        text = "SD does not pay at any of these batch sizes: leave it off"
+    else:
+        parts = [f"SD pays (best speedup > {1 + margin:g}) at {len(advice.on)} of {len(sizes)} batch sizes"
+                 + (f", {batch_runs(advice.on, sizes)}" if len(advice.on) else "")]
+        if len(advice.marginal):
+            parts.append(f"marginal (1-{1 + margin:g}) at {batch_runs(advice.marginal, sizes)}")
+        text = "; ".join(parts)
+    if advice.host_decides:
+        text += (f" (this depends on the host cost: at --host-ms {advice.other_host_ms:.2g} SD is on at "
+                 + (batch_runs(advice.on_at_other_host, sizes) if len(advice.on_at_other_host) else "no batch size")
+                 + ")")
+    return text
+
+
+def _thinned(best: pd.DataFrame) -> pd.DataFrame:
+    """A readable table: the powers of two and the ends, when there are more than 24 rows."""
+    if len(best) <= 24:
+        return best
+    keep = {int(b) for b in best["batch_size"] if b & (b - 1) == 0} | {int(best["batch_size"].iloc[0]),
+                                                                       int(best["batch_size"].iloc[-1])}
+    return best[best["batch_size"].isin(keep)]
+
+
+def advice_report(advice, margin: float) -> str:
+    """One acceptance value's headline and table of the best gamma per batch size."""
+    shown = _thinned(advice.best)
+    table = shown.assign(t_target_1=shown["t_target_1"] * 1e3, t_target_gamma=shown["t_target_gamma"] * 1e3,
+                         t_draft=shown["t_draft"] * 1e3)[
+        ["batch_size", "gamma", "speedup", "sd", "target_efficiency", "draft_term", "t_target_1",
+         "t_target_gamma", "t_draft"]].rename(columns={
+            "gamma": "best gamma", "sd": "SD", "t_target_1": "T_T(B,1) ms", "t_target_gamma": "T_T(B,g+1) ms",
+            "t_draft": "T_D(B,1) ms"})
+    band = (", the paper's x / sqrt(2) band (>= peak / sqrt(2) and > 1) "
+            + (f"B = {advice.band[0]}" if advice.band[0] == advice.band[1] else f"B = {advice.band[0]}-{advice.band[1]}")
+            if advice.band else "")
+    return (f"\n{advice.column} = {advice.value:g}: {where_sd_pays(advice, margin)}; peak speedup {advice.peak:.2f}x "
+            f"at B = {advice.peak_batch_size}{band}"
+            + (" (rows shown: powers of two and the ends)" if len(shown) < len(advice.best) else "") + "\n"
+            + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+def predict_setup(target: str, draft: str, recommendation, tp: int, ep: int, draft_tp: int, dtype: str, context: int,
+                  host_ms: float, other_host_ms: float) -> str:
+    """The first line of ``moesd predict``: the setup and what the model prices."""
+    return (f"{target} on {tp} x {recommendation.hardware.name} (ep {ep}), draft {draft} on {draft_tp} "
+            f"GPU(s), {dtype}, context {context} tokens; speedup of Eq. 4 predicted by moesd.model.predict "
+            f"(roofline at achieved fractions of data-sheet peaks, host cost {host_ms:g} ms per forward pass"
+            + (f": where SD pays, an upper bound; --host-ms adds a serving engine's, e.g. {other_host_ms:.2g} ms from "
+               "vLLM v0's own profile, moesd.paper.predictor_check" if host_ms == 0 else "") + ")")
+
+
+def predict_notes(recommendation, tp: int, draft_tp: int) -> list:
+    """Notes on the pair: vocabularies that differ, or a draft of the target's shape on GPUs of its own."""
+    target_vocab, draft_vocab = recommendation.vocabularies
+    if target_vocab != draft_vocab:
+        return [f"note: the vocabularies differ ({target_vocab} against {draft_vocab} tokens); SD needs a "
+                "draft that shares the target's tokenizer"]
+    if recommendation.shares_target_shape and draft_tp < tp:
+        return [f"note: the draft shares the target's hidden size and vocabulary (an MTP head or a one-layer draft), "
+                f"which engines run on the target's GPUs: --draft-tp {tp} times that (its memory still "
+                f"checked on GPUs of its own), --draft-tp {draft_tp} times it on {draft_tp} GPU(s)"]
+    return []
+
+
+def memory_lines(recommendation, batch_sizes, context: int) -> list:
+    """What does not fit, with the options that would make it fit, and which batch sizes the advice covers."""
+    batch = np.asarray(batch_sizes)
+    hardware = recommendation.hardware
+    lines = []
+    for short in recommendation.shortfalls:
+        flag = "--tp" if short.role == "target" else "--draft-tp"
+        remedies = ([f"{flag} {' or '.join(map(str, short.more_gpus))}"] if short.more_gpus else []) \
+            + ([f"--dtype {' or '.join(short.smaller_dtypes)}"] if short.smaller_dtypes else []) \
+            + (["a shorter --context"] if context else [])
+        lines.append(f"does not fit: the {short.role}'s weights and KV cache need {short.largest_bytes / 1e9:.0f} GB per "
+                     f"GPU at B = {batch.max()}"
+                     + (f" ({short.smallest_bytes / 1e9:.0f} GB at B = {batch.min()})" if len(batch) > 1 else "")
+                     + f" on {short.gpus} GPU(s); one {hardware.name} holds {short.capacity_bytes / 1e9:.0f} GB"
+                     + (f" (try {'; '.join(remedies)})." if remedies else "."))
+    fits = recommendation.fits
+    if not fits.all():
+        lines.append(f"Only B <= {batch[fits].max()} fits ({fits.sum()} of {len(batch)} batch sizes; activations and "
+                     "the engine's workspace not counted); the summary below covers those." if fits.any()
+                     else "No batch size fits; the numbers below assume one did.")
+    return lines
+
+
+def sd_legend(margin: float) -> str:
+    return (f"\nSD: on where the best gamma's speedup exceeds {1 + margin:g}, marginal where it exceeds 1 by less "
+            f"(a margin of {100 * margin:g} %), else off. draft_term: gamma T_D(B,1) / T_T(B,1), the draft's "
+            "share of Eq. 4's denominator; target_efficiency: T_T(B,1) / T_T(B,gamma+1).")

@@ -1,0 +1,147 @@
+"""``moesd predict``: should SD be on for this MoE on this GPU? The predicted speedup over batch size
+and draft length, the memory that fits, and where SD pays."""
+
+import argparse
+import math
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+from moesd._checks import UsageError, new_file
+from moesd.theory.roofline import HARDWARE
+from moesd.zoo import MODELS
+from moesd.cli.arguments import integers, numbers
+from moesd.cli.hardware import HARDWARE_NOTE
+
+
+
+
+def _plot_path(plot: str) -> Path:
+    """The file ``--plot`` names, as matplotlib writes it (``.png`` added to a name without a suffix);
+    UsageError for a suffix matplotlib cannot write."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(plot)
+    if not path.suffix:
+        return path.with_name(path.name + ".png")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise UsageError(f"--plot: matplotlib cannot write {path.suffix!r} files; use one of "
+                         f"{', '.join('.' + kind for kind in sorted(formats))}")
+    return path
+
+
+def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str, np.ndarray, dict]:
+    """The checked batch sizes, gammas, acceptance column and values, and options of ``moesd predict``."""
+    batch, gammas = integers(args.batch, "--batch"), integers(args.gamma, "--gamma")
+    for name, values in (("--batch", batch), ("--gamma", gammas)):
+        if values.min() < 1:
+            raise UsageError(f"{name} must be >= 1, got {values.min()}")
+    if args.alpha is not None and args.sigma is not None:
+        raise UsageError("--sigma and --alpha exclude each other")
+    if args.sigma is None:
+        column, values = "alpha", numbers(args.alpha or "0.8", "--alpha")
+        if ((values < 0) | (values > 1)).any():
+            raise UsageError(f"--alpha must be in [0, 1], got {args.alpha}")
+    else:
+        column, values = "sigma", numbers(args.sigma, "--sigma")
+        if ((values <= 0) | (values > 1)).any():
+            raise UsageError(f"--sigma must be in (0, 1], got {args.sigma}")
+        if (values[:, None] < 1 / (gammas[None, :] + 1)).any():
+            raise UsageError(f"--sigma must be >= 1 / (gamma + 1) for every --gamma, got {args.sigma}")
+    for flag, value, low in (("--tp", args.tp, 1), ("--ep", args.ep, 1), ("--draft-tp", args.draft_tp, 1),
+                             ("--context", args.context, 0)):
+        if value < low:
+            raise UsageError(f"{flag} must be >= {low}, got {value}")
+    if not (math.isfinite(args.host_ms) and args.host_ms >= 0):
+        raise UsageError(f"--host-ms must be a finite number >= 0, got {args.host_ms}")
+    return batch, gammas, column, values, dict(tp=args.tp, draft_tp=args.draft_tp, context=args.context, ep=args.ep,
+                                               dtype=args.dtype)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Print where SD pays for the setup the options describe (:func:`moesd.model.recommend.recommend`)."""
+    from moesd import narration
+    from moesd.model.recommend import SD_MARGIN, recommend
+
+    batch, gammas, column, values, options = _predict_options(args)
+    plot = _plot_path(args.plot) if args.plot else None
+    for flag, path in (("--csv", args.csv), ("--plot", plot)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise UsageError(f"{flag}: folder {Path(path).resolve().parent} does not exist")
+        if path:
+            new_file(flag, path, overwrite=True)
+    try:  # one point checks what the options must satisfy together (ep divides E, an interconnect for tp...)
+        recommend(args.target, args.draft, args.hardware, batch[:1], gammas, column, values[:1], **options,
+                  host_ms=args.host_ms)
+    except ValueError as error:  # name the command-line flag of the argument the package names
+        message = str(error)
+        first = message.split(" ", 1)[0].rstrip(":")
+        flag = {"model": "--target/--draft", "hardware": "--hardware", "tp": "--tp", "draft_tp": "--draft-tp",
+                "ep": "--ep", "dtype": "--dtype", "context": "--context"}.get(first)
+        message = message.replace(" or a Hardware record", "")  # what a program, not the command line, may pass
+        raise UsageError(f"{flag}: {message}" if flag else message) from None
+    answer = recommend(args.target, args.draft, args.hardware, batch, gammas, column, values, **options,
+                       host_ms=args.host_ms)
+    if args.csv:
+        answer.frame.to_csv(args.csv, index=False)
+    other_ms = answer.advice[0].other_host_ms
+    print(narration.predict_setup(args.target, args.draft, answer, args.tp, args.ep, args.draft_tp, args.dtype,
+                                  args.context, args.host_ms, other_ms))
+    for line in narration.predict_notes(answer, args.tp, args.draft_tp) + narration.memory_lines(answer, batch,
+                                                                                                 args.context):
+        print(line)
+    for advice in answer.advice:
+        print(narration.advice_report(advice, SD_MARGIN))
+    print(narration.sd_legend(SD_MARGIN))
+    if plot:
+        _heatmaps(answer, column, values, plot, f"{args.target} on {args.tp} x {answer.hardware.name}")
+    if args.csv or plot:
+        print("\n" + " and ".join(f"{path}" for path in (args.csv, plot) if path) + " written")
+
+
+def _heatmaps(answer, column: str, values, path, title: str) -> None:
+    """One heatmap of speedup over (B, gamma) per acceptance value, over the batch sizes judged, to ``path``."""
+    import matplotlib.pyplot as plt
+
+    from moesd.plots import speedup_heatmap
+
+    figure, axes = plt.subplots(len(values), 1, figsize=(6.4, 3.2 * len(values)), squeeze=False,
+                                layout="constrained")
+    for value, ax in zip(values, axes[:, 0]):
+        rows = answer.frame[(answer.frame[column] == value) & answer.frame["batch_size"].isin(answer.judged)]
+        speedup_heatmap(rows, ax=ax, title=f"{title}, {column} {value:g}")
+    figure.savefig(path, dpi=150, bbox_inches="tight")
+
+
+def add_parser(commands) -> None:
+    """Declare ``moesd predict`` and its options on the sub-command parsers ``commands``."""
+    predict = commands.add_parser(
+        "predict", help="predict SD's speedup for a model on GPUs (moesd.model.predict)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=textwrap.fill("models (--target, --draft): " + ", ".join(MODELS), 100, break_on_hyphens=False) + "\n"
+        + textwrap.fill("hardware (--hardware, any case): " + ", ".join(HARDWARE), 100, break_on_hyphens=False) + "\n"
+        + textwrap.fill(HARDWARE_NOTE + "; `moesd hardware` lists them.", 100, break_on_hyphens=False))
+    predict.add_argument("--target", required=True, help="moesd.zoo name of the target, e.g. deepseek-v3")
+    predict.add_argument("--draft", required=True, help="moesd.zoo name of the draft, e.g. deepseek-v3-mtp")
+    predict.add_argument("--hardware", required=True, help="moesd.theory.roofline.HARDWARE name, e.g. H200 (below)")
+    predict.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of the target (default 1)")
+    predict.add_argument("--ep", type=int, default=1, help="expert-parallel degree, dividing --tp (default 1)")
+    predict.add_argument("--draft-tp", type=int, default=1,
+                         help="tensor-parallel GPUs of the draft, its own beside the target's (default 1)")
+    predict.add_argument("--gamma", default="1-5", help="draft lengths, e.g. 1-5 or 2,4 (default 1-5)")
+    predict.add_argument("--alpha", help="per-token acceptance probability(ies): sigma(alpha, gamma) of Eq. 5 for "
+                         "each gamma (default 0.8)")
+    predict.add_argument("--sigma", help="emitted fraction(s) sigma of Eq. 5 instead of --alpha, the same for every "
+                         "gamma (then a longer draft looks better wherever verification is memory-bound)")
+    predict.add_argument("--batch", default="1-256", help="batch sizes, e.g. 1-256 or 1,8,64 (default 1-256)")
+    predict.add_argument("--context", type=int, default=1024, help="tokens in each KV cache (default 1024)")
+    predict.add_argument("--dtype", default="bf16", help="weight dtype: bf16, fp8 or fp32 (default bf16)")
+    predict.add_argument("--host-ms", type=float, default=0.0,
+                         help="host cost of every forward pass of target and draft, ms (scheduling, input "
+                         "preparation, sampling in a serving engine; default 0: the GPUs' work only)")
+    predict.add_argument("--csv", help="write every predicted row to this CSV file")
+    predict.add_argument("--plot", help="write a heatmap of speedup over (B, gamma) to this image file (a suffix matplotlib writes, "
+                         ".png if none), one panel per --alpha or --sigma, over the batch sizes that fit")
+    predict.set_defaults(run=run, prints_only=True)
