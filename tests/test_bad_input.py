@@ -55,7 +55,7 @@ class Case(NamedTuple):
     call: Callable
     error: type
     fragment: str
-    slow: bool = False  # imports torch (marked slow, still run by `make test`)
+    integration: bool = False  # imports torch (marked integration, still run by `make test`)
 
 
 class CommandRefused(Exception):
@@ -94,7 +94,7 @@ def _unimportable(names):
                 sys.modules.pop(name, None)
 
 
-def cli(what: str, argv, fragment: str, slow: bool = False, before: tuple = (), stops: tuple = ()) -> Case:
+def cli(what: str, argv, fragment: str, integration: bool = False, before: tuple = (), stops: tuple = ()) -> Case:
     """A row for a ``moesd`` command line that must stop with a one-line usage error (status 2).
 
     ``argv`` is a list, or a function of the temporary folder returning one. ``before`` names moesd
@@ -108,7 +108,7 @@ def cli(what: str, argv, fragment: str, slow: bool = False, before: tuple = (), 
                 stack.enter_context(mock.patch(f"{module}.{function}", side_effect=AssertionError(f"{function} ran")))
             _run_command(argv(tmp) if callable(argv) else argv)
 
-    return Case("cli", what, call, CommandRefused, fragment, slow)
+    return Case("cli", what, call, CommandRefused, fragment, integration)
 
 
 def _theory_failing_inside(error: Exception):
@@ -950,9 +950,9 @@ CLI_COMMANDS = [
     cli("trace with a bogus dtype (was ignored)", _trace_argv("--dtype", "bogus"),
         "argument --dtype: invalid choice: 'bogus'", before=NO_MODELS),
     cli("trace on a bogus device (was ignored)", _trace_argv("--device", "nonsense"),
-        "--device 'nonsense' is not a torch device", slow=True, before=NO_MODELS),
+        "--device 'nonsense' is not a torch device", integration=True, before=NO_MODELS),
     cli("trace on a CUDA device not here", _trace_argv("--device", "cuda:99"), "--device 'cuda:99' is not available",
-        slow=True, before=NO_MODELS),
+        integration=True, before=NO_MODELS),
     cli("trace of a model folder that is not there", _trace_argv(), "no-model' is not there: give a folder",
         before=NO_MODELS),
     cli("trace into an existing file", _trace_argv(model=GSM8K_FOLDER, out=lambda tmp: _write(tmp, "x.npz", b"")),
@@ -975,9 +975,9 @@ CLI_COMMANDS = [
         "--model opt-30b is dense", before=NO_MODELS),
     cli("random-weight trace of more layers than the model", _random_trace_argv("--model", "olmoe-1b-7b", "--layers",
                                                                                "17"),
-        "--layers must be in [1, 16] (olmoe-1b-7b), got 17", slow=True, stops=TRACING),
+        "--layers must be in [1, 16] (olmoe-1b-7b), got 17", integration=True, stops=TRACING),
     cli("random-weight trace at width 2", _random_trace_argv("--model", "olmoe-1b-7b", "--width", "2"),
-        "--width must be in (0, 1], got 2.0", slow=True, stops=TRACING),
+        "--width must be in (0, 1], got 2.0", integration=True, stops=TRACING),
     cli("trace by the HF engine with a draft", _trace_argv("--draft", "d", "--gamma", "2"),
         "--draft, --gamma and --temperature apply only with --engine vllm", before=NO_MODELS),
     cli("vLLM trace with a draft but no gamma", _trace_argv("--engine", "vllm", "--draft", "d"),
@@ -1024,16 +1024,16 @@ CLI_COMMANDS = [
     cli("sweep of batch size 0", _sweep_argv("e2e", "--batch-sizes", "0"), "--batch-sizes must be >= 1, got 0",
         before=NO_MODELS),
     cli("sweep into a file (ran, then said error: 17)",
-        lambda tmp: ["sweep", "e2e", "--out-dir", str(_write(tmp, "file", b""))], "is not a folder", slow=True,
+        lambda tmp: ["sweep", "e2e", "--out-dir", str(_write(tmp, "file", b""))], "is not a folder", integration=True,
         stops=SWEEPING),
     cli("sweep into a read-only folder (crashed after the work)",
-        lambda tmp: ["sweep", "e2e", "--out-dir", str(_read_only(tmp))], "cannot be written", slow=True,
+        lambda tmp: ["sweep", "e2e", "--out-dir", str(_read_only(tmp))], "cannot be written", integration=True,
         stops=SWEEPING),
     cli("sweep on CUDA without CUDA (a 24-line traceback)",
         lambda tmp: ["sweep", "e2e", "--preset", "gpu", "--device", "cuda:99", "--out-dir", str(tmp)],
-        "device 'cuda:99' is not available", slow=True, stops=SWEEPING),
+        "device 'cuda:99' is not available", integration=True, stops=SWEEPING),
     cli("sweep over a finished result file", lambda tmp: ["sweep", "e2e", "--out-dir", str(_finished_sweep(tmp))],
-        "holds a finished sweep; pass overwrite (--overwrite) to replace it, or write elsewhere", slow=True,
+        "holds a finished sweep; pass overwrite (--overwrite) to replace it, or write elsewhere", integration=True,
         stops=SWEEPING),
     cli("fit of a missing file (said error: 2)", lambda tmp: ["fit", str(tmp / "missing.csv")], "missing.csv: no such file"),
     cli("fit of a folder (a traceback)", lambda tmp: ["fit", str(tmp)], "is a directory; give an e2e or sparsity"),
@@ -1114,7 +1114,7 @@ CASES = (EXPERTS + SPEEDUP + ROOFLINE + PROMPTS + PAPER + CLI + TRACES + IMPORTE
          + BENCH + CLI_COMMANDS)
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c.slow else c for c in CASES],
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.integration) if c.integration else c for c in CASES],
                          ids=[f"{c.module}: {c.what}" for c in CASES])
 def test_bad_input_is_refused_clearly(case, tmp_path):
     arguments = [tmp_path] if inspect.signature(case.call).parameters else []

@@ -34,7 +34,7 @@ SCREENSHOTS = ROOT / "_build" / "screenshots"
 if not (BOOK / "index.html").is_file():
     pytest.skip(f"no built book in {BOOK}: run make book first", allow_module_level=True)
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 PAGES = sorted(
     path.relative_to(BOOK).as_posix()

@@ -4,7 +4,8 @@ Sphinx 7.4 adds an inline script registered after the HTML builder started (sphi
 sphinx-togglebutton's configuration) twice: once under the file name ``None`` and again, from the
 registry, under ``''``, which it then takes for a different script. The second copy of sphinx-thebe's
 ``const THEBE_JS_URL`` is a SyntaxError in every page's console (tests/test_browser.py finds it).
-This keeps the first of identical inline scripts.
+This keeps the first of identical inline scripts. Not run by hand: `make book` loads it (`_config.yml`,
+``local_extensions``).
 """
 
 
