@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from moesd.measure.studies import forward_speedup, forward_target_efficiency
-from moesd.plots.measuring_sd import eq4_terms, plot_eq4_check
+from moesd.measure.studies import eq4_terms
+from moesd.plots.measuring_sd import plot_eq4_check
 from moesd.plots.target_efficiency import plot_fig2, plot_fig3, plot_forward_speedup
 from moesd.theory.speedup import speedup
 
@@ -73,7 +74,7 @@ def e2e_rows():
 
 def test_eq4_terms_recombine_to_eq4_and_average_repeats():
     e2e = e2e_rows()
-    terms = eq4_terms(e2e)
+    terms = eq4_terms(e2e).reset_index()
     assert len(terms) == 12
     recombined = terms["sigma"] * (terms["gamma"] + 1) / (terms["draft"] + terms["verify"] + terms["reject"])
     # terms of each repeat share t_ar etc. here, so the mean sigma recombines to the mean Eq. 4
@@ -89,7 +90,7 @@ def test_figures_have_a_legend_entry_for_every_line():
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert sorted(labels) == sorted([rf"speedup, $\gamma = {g}$" for g in (2, 4)]
                                     + [rf"target efficiency, $\gamma = {g}$" for g in (2, 4)])
-    fig = plot_eq4_check(eq4_terms(e2e), {"2": 0.95, "4": 0.9})
+    fig = plot_eq4_check(eq4_terms(e2e).reset_index(), {"2": 0.95, "4": 0.9})
     assert len(fig.axes) == 3 and all(ax.get_legend() is not None for ax in fig.axes)
     study = forward_study()
     tables = {"MoE": forward_target_efficiency(study, gammas=(2, 4)),

@@ -11,11 +11,29 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from moesd.plots.more_settings import (denominator_terms, eq4_terms, moe_vs_dense, rise_split,  # noqa: E402
-                                      settings_runs)
-from moesd.plots.sparsity_and_model import boxes_overlap, sparsity_panels, speedup_model_diagram  # noqa: E402
+from moesd.measure.studies import eq4_terms  # noqa: E402
+from moesd.plots.more_settings import denominator_terms, moe_vs_dense, rise_split, settings_runs  # noqa: E402
+from moesd.plots.sparsity_and_model import sparsity_panels, speedup_model_diagram  # noqa: E402
 
 BATCH = np.array([1, 2, 4, 8, 16, 32, 64])
+
+
+def boxes_overlap(figure: plt.Figure) -> list[tuple[str, str]]:
+    """Pairs of text boxes of a figure's first axes whose drawn extents overlap, and boxes cut by the canvas.
+
+    Returns a list of ``(text_a, text_b)`` pairs (``text_b`` is ``"canvas"`` for a box reaching past
+    the figure's edge); empty for a clean diagram.
+    """
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    canvas = figure.bbox
+    boxes = [(t.get_text(), t.get_bbox_patch().get_window_extent(renderer))
+             for t in figure.axes[0].texts if t.get_bbox_patch() is not None]
+    problems = [(text, "canvas") for text, box in boxes
+                if box.x0 < canvas.x0 or box.y0 < canvas.y0 or box.x1 > canvas.x1 or box.y1 > canvas.y1]
+    for i, (text_a, a) in enumerate(boxes):
+        problems += [(text_a, text_b) for text_b, b in boxes[i + 1:] if a.overlaps(b)]
+    return problems
 
 
 @pytest.fixture(autouse=True)
@@ -130,18 +148,18 @@ def _timed(batch_sizes=(1, 8, 24, 100), runs=3):
 
 def test_eq4_terms_recombine_to_the_speedup_and_sum_to_the_denominator():
     study = _timed()
-    terms = eq4_terms(study)
+    terms = eq4_terms(study, by=["setting", "batch_size"], step="t_target_1")
     assert list(terms.index.names) == ["setting", "batch_size"]
     np.testing.assert_allclose(terms["recombined"], terms["speedup"])
     np.testing.assert_allclose(terms["denominator"], terms["verify"] + terms["draft"] + terms["reject"])
     np.testing.assert_allclose(terms["tokens_per_round"], [4.5] * 4 + [2.5] * 4)
     assert (terms["rows"] == 3).all()
-    pooled = eq4_terms(study, by=["batch_size"])
+    pooled = eq4_terms(study, by=["batch_size"], step="t_target_1")
     assert list(pooled.index) == [1, 8, 24, 100] and (pooled["rows"] == 6).all()
 
 
 def test_rise_split_shares_sum_to_one_and_name_the_term_that_fell():
-    split = rise_split(eq4_terms(_timed()))
+    split = rise_split(eq4_terms(_timed(), by=["setting", "batch_size"], step="t_target_1"))
     assert list(split.index) == ["a", "b"]
     assert (split["first_batch_size"] == 1).all() and (split["peak_batch_size"] == 24).all()
     shares = split[["verify_share", "draft_share", "reject_share"]]
@@ -150,12 +168,12 @@ def test_rise_split_shares_sum_to_one_and_name_the_term_that_fell():
     assert (split["draft_share"] > 0).all()  # a fixed draft time is fewer decode steps at larger B
     np.testing.assert_allclose(split["yield_change"], 0.0, atol=1e-12)
     assert split["speedup_peak"].gt(split["speedup_first"]).all()
-    pooled = rise_split(eq4_terms(_timed(), by=["batch_size"]))
+    pooled = rise_split(eq4_terms(_timed(), by=["batch_size"], step="t_target_1"))
     assert list(pooled.index) == ["all"] and pooled.loc["all", "peak_batch_size"] == 24
 
 
 def test_denominator_terms_stacks_the_three_terms_to_their_sum():
-    terms = eq4_terms(_timed(), by=["batch_size"])
+    terms = eq4_terms(_timed(), by=["batch_size"], step="t_target_1")
     figure = denominator_terms(terms)
     ax = figure.axes[0]
     assert len(ax.collections) == 3  # verification, draft, rejection

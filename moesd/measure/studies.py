@@ -259,6 +259,54 @@ def forward_target_efficiency(forward: pd.DataFrame, gammas=(2, 3, 4), role: str
     return pd.concat(parts).reset_index()
 
 
+EQ4_TERMS = ("tokens_per_round", "verify", "draft", "reject")
+"""Eq. 4's terms (:class:`moesd.theory.speedup.SpeedupTerms`), in the order of the tables."""
+
+
+def eq4_terms(study: pd.DataFrame, by=("gamma", "batch_size"), step: str = "t_ar") -> pd.DataFrame:
+    """Eq. 4's terms of every row of an e2e-type study, averaged over the rows of each group.
+
+    Each row's measured stage times go into :func:`moesd.theory.speedup.speedup_terms` with ``T_T(B, 1)``
+    taken from the column ``step``: ``"t_ar"``, the AR step (forward, token selection and bookkeeping:
+    Eq. 3's time per token, with which the terms recombine to the measured speedup, as the
+    ``speedup_eq4`` column), or ``"t_target_1"``, the forward alone (the paper's definition).
+
+    Parameters
+    ----------
+    study : pandas.DataFrame
+        Rows of an e2e-type study (``sigma``, ``gamma``, ``step``, ``t_target_gamma``, ``t_draft``,
+        ``t_reject``, ``speedup`` and the columns of ``by``).
+    by : sequence of str
+        Columns to group by.
+    step : {"t_ar", "t_target_1"}
+        The column that is ``T_T(B, 1)``, in seconds.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Indexed by ``by``: ``tokens_per_round`` (sigma (gamma + 1)), ``verify`` (``T_T(B, gamma) / T_T(B, 1)``),
+        ``draft`` (``gamma T_D(B, 1) / T_T(B, 1)``) and ``reject`` (``T_reject / T_T(B, 1)``), all
+        dimensionless; the means of ``speedup`` and of ``sigma``, ``speedup_eq4`` and ``target_efficiency``
+        where the study has them; ``denominator`` (the three terms' sum: a round's cost in decode steps),
+        ``recombined`` (Eq. 4 of the mean terms) and ``rows``.
+    """
+    from moesd.theory.speedup import speedup_terms
+
+    if step not in ("t_ar", "t_target_1"):
+        raise ValueError(f"step must be 't_ar' or 't_target_1', got {step!r}")
+    by = list(by)
+    terms = speedup_terms(study["sigma"], study["gamma"], study[step], study["t_target_gamma"], study["t_draft"],
+                          study["t_reject"])
+    kept = [column for column in ("sigma", "speedup", "speedup_eq4", "target_efficiency") if column in study]
+    rows = study[by + kept].assign(**{name: np.asarray(getattr(terms, name)) for name in EQ4_TERMS})
+    grouped = rows.groupby(by)
+    means = grouped.mean()
+    means["denominator"] = means["verify"] + means["draft"] + means["reject"]
+    means["recombined"] = means["tokens_per_round"] / means["denominator"]
+    means["rows"] = grouped.size()
+    return means
+
+
 def forward_speedup(forward: pd.DataFrame, sigma, gammas=(2, 3, 4), per_repeat: bool = False) -> pd.DataFrame:
     """Eq. 4 evaluated from a forward study's stage times, per batch size and gamma.
 

@@ -1,7 +1,7 @@
 """Figures of the chapter *Measuring SD* (``book/measuring_sd.ipynb``), and the tables behind them.
 
 The chapter shows the engine's round (:func:`round_loop_source`), checks the shipped e2e study against
-its own settings and Eq. 4 (:func:`protocol_checks`, :func:`eq4_terms`), asks whether the studies are
+its own settings and Eq. 4 (:func:`protocol_checks`, :func:`moesd.measure.studies.eq4_terms`), asks whether the studies are
 in the paper's regime (:func:`plot_regime_gemm`, :func:`regime_steps`, :func:`streaming_shares`,
 :func:`expert_read_seconds`), reads the forward study's step against the activated experts
 (:func:`step_against_experts`, :func:`expert_cost_fit`) and says how long each study took
@@ -110,33 +110,10 @@ def protocol_checks(e2e: pd.DataFrame, sidecar: dict, small_batch: int = 4) -> p
     return table
 
 
-def eq4_terms(e2e: pd.DataFrame) -> pd.DataFrame:
-    """Eq. 4's terms for each e2e point, averaged over repeats.
-
-    Eq. 4 reads ``speedup = sigma (gamma + 1) / (draft + verify + reject)`` with ``draft = gamma T_D(B, 1) /
-    T_T(B, 1)``, ``verify = T_T(B, gamma) / T_T(B, 1)`` and ``reject = T_reject / T_T(B, 1)``, ``T_T(B, 1)``
-    the AR step (:func:`moesd.theory.speedup.speedup_terms` with ``T_T(B, 1) = t_ar``, as the ``speedup_eq4`` column).
-
-    Returns
-    -------
-    pandas.DataFrame
-        One row per (gamma, batch size): ``gamma``, ``batch_size``, ``sigma``, ``draft``, ``verify``,
-        ``reject``, ``speedup`` (measured), ``speedup_eq4``, ``target_efficiency``; means over repeats.
-    """
-    from moesd.theory.speedup import speedup_terms
-
-    terms = speedup_terms(e2e["sigma"], e2e["gamma"], e2e["t_ar"], e2e["t_target_gamma"], e2e["t_draft"],
-                          e2e["t_reject"])
-    rows = e2e[["gamma", "batch_size", "sigma", "speedup", "speedup_eq4", "target_efficiency"]].assign(
-        draft=np.asarray(terms.draft), verify=np.asarray(terms.verify), reject=np.asarray(terms.reject))
-    columns = ["sigma", "draft", "verify", "reject", "speedup", "speedup_eq4", "target_efficiency"]
-    return rows.groupby(["gamma", "batch_size"])[columns].mean().reset_index()
-
-
 def plot_eq4_check(terms: pd.DataFrame, sigma_target: dict) -> plt.Figure:
     """Measured speedup against Eq. 4 of the same windows, measured sigma, and the draft term, against B.
 
-    ``terms`` is :func:`eq4_terms`'s table; ``sigma_target`` maps gamma (int or str) to the sigma the
+    ``terms`` is :func:`moesd.measure.studies.eq4_terms`'s table (index reset); ``sigma_target`` maps gamma (int or str) to the sigma the
     synthetic acceptance aimed at.
     """
     figure, axes = plt.subplots(1, 3, figsize=(12.5, 3.8))

@@ -109,43 +109,6 @@ def moe_vs_dense(moe: pd.DataFrame, dense: pd.DataFrame, flagged: pd.DataFrame |
     return figure
 
 
-TERMS = ("tokens_per_round", "verify", "draft", "reject")
-"""Eq. 4's terms (:class:`moesd.theory.speedup.SpeedupTerms`), in the order of the tables."""
-
-
-def eq4_terms(study: pd.DataFrame, by=("setting", "batch_size")) -> pd.DataFrame:
-    """Eq. 4's terms of every row of an e2e-type study, averaged over the rows of each group.
-
-    Each row's measured stage times go into :func:`moesd.theory.speedup.speedup_terms`, with the forward
-    time ``t_target_1`` as ``T_T(B, 1)`` (the paper's definition; the AR step's token selection,
-    ``t_ar - t_target_1``, is left out).
-
-    Parameters
-    ----------
-    study : pandas.DataFrame
-        Rows of an e2e-type study (``sigma``, ``gamma``, ``t_target_1``, ``t_target_gamma``, ``t_draft``,
-        ``t_reject``, ``speedup`` and the columns of ``by``).
-    by : sequence of str
-        Columns to group by (default: workload and batch size).
-
-    Returns
-    -------
-    pandas.DataFrame
-        Indexed by ``by``: the measured ``speedup``; ``tokens_per_round`` (sigma (gamma + 1)),
-        ``verify`` (``T_T(B, gamma) / T_T(B, 1)``), ``draft`` (``gamma T_D(B, 1) / T_T(B, 1)``) and
-        ``reject`` (``T_reject / T_T(B, 1)``), all dimensionless; ``denominator`` (their sum but the
-        first: a round's cost in decode steps); ``recombined`` (Eq. 4 of the mean terms); ``rows``.
-    """
-    from moesd.theory.speedup import speedup_terms
-
-    terms = speedup_terms(study["sigma"], study["gamma"], study["t_target_1"], study["t_target_gamma"],
-                          study["t_draft"], study["t_reject"])
-    rows = study[list(by)].assign(speedup=study["speedup"], **{name: getattr(terms, name) for name in TERMS})
-    means = rows.groupby(list(by)).mean()
-    means["denominator"] = means["verify"] + means["draft"] + means["reject"]
-    means["recombined"] = means["tokens_per_round"] / means["denominator"]
-    means["rows"] = rows.groupby(list(by)).size()
-    return means
 
 
 def rise_split(terms: pd.DataFrame) -> pd.DataFrame:
@@ -159,7 +122,7 @@ def rise_split(terms: pd.DataFrame) -> pd.DataFrame:
     Parameters
     ----------
     terms : pandas.DataFrame
-        :func:`eq4_terms` indexed by ``batch_size`` alone or by a group and ``batch_size`` (last level).
+        :func:`moesd.measure.studies.eq4_terms` indexed by ``batch_size`` alone or by a group and ``batch_size`` (last level).
 
     Returns
     -------
@@ -193,7 +156,7 @@ def denominator_terms(terms: pd.DataFrame, title: str = "") -> plt.Figure:
     Parameters
     ----------
     terms : pandas.DataFrame
-        :func:`eq4_terms` indexed by ``batch_size`` alone (e.g. pooled over workloads).
+        :func:`moesd.measure.studies.eq4_terms` indexed by ``batch_size`` alone (e.g. pooled over workloads).
     title : str
         Axes title.
     """

@@ -178,21 +178,3 @@ def speedup_model_diagram() -> plt.Figure:
     for source in (ar, verify, draft, reject):
         _arrow(ax, source, result)
     return figure
-
-
-def boxes_overlap(figure: plt.Figure) -> list[tuple[str, str]]:
-    """Pairs of text boxes of a figure's first axes whose drawn extents overlap, and boxes cut by the canvas.
-
-    Returns a list of ``(text_a, text_b)`` pairs (``text_b`` is ``"canvas"`` for a box reaching past
-    the figure's edge); empty for a clean diagram.
-    """
-    figure.canvas.draw()
-    renderer = figure.canvas.get_renderer()
-    canvas = figure.bbox
-    boxes = [(t.get_text(), t.get_bbox_patch().get_window_extent(renderer))
-             for t in figure.axes[0].texts if t.get_bbox_patch() is not None]
-    problems = [(text, "canvas") for text, box in boxes
-                if box.x0 < canvas.x0 or box.y0 < canvas.y0 or box.x1 > canvas.x1 or box.y1 > canvas.y1]
-    for i, (text_a, a) in enumerate(boxes):
-        problems += [(text_a, text_b) for text_b, b in boxes[i + 1:] if a.overlaps(b)]
-    return problems
