@@ -22,7 +22,7 @@ from moesd.model.predict import (
     predict_sd,
 )
 from moesd.paper.predictor_check import PAPER_ORDERINGS, efficiency_to_match, ordering_scan, paper_orderings
-from moesd.theory.roofline import HARDWARE
+from moesd.theory.roofline import HARDWARE, hardware_record
 from moesd.theory.speedup import sigma as speedup_sigma
 from moesd.theory.speedup import speedup
 from moesd.routing.traces import RoutingTrace
@@ -602,11 +602,9 @@ def test_fp8_weights_leave_router_head_and_norms_in_bf16():
 
 
 def test_hardware_is_found_by_name_in_any_case():
-    from moesd.model.layout import resolve_hardware
-
-    assert resolve_hardware("h100") is HARDWARE["H100"] and resolve_hardware("H100") is HARDWARE["H100"]
+    assert hardware_record("h100") is HARDWARE["H100"] and hardware_record("H100") is HARDWARE["H100"]
     with pytest.raises(ValueError, match="hardware must be one of"):
-        resolve_hardware("h1000")
+        hardware_record("h1000")
 
 
 def test_cli_lists_where_sd_is_on_and_marginal_as_unbroken_runs(capsys, tmp_path):

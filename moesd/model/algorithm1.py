@@ -32,7 +32,7 @@ import numpy as np
 
 from moesd._checks import as_array
 from moesd.theory.experts import expected_active_experts
-from moesd.theory.roofline import HARDWARE, G, unchecked_G
+from moesd.theory.roofline import G, unchecked_G, hardware_record
 
 PARAMETERS = ("bias", "k1", "k2", "k3", "draft_bias", "draft_k", "reject_bias", "reject_k", "lam", "s")
 """Algorithm 1's ten parameters, in its order (the order of :meth:`SpeedupParams.vector`)."""
@@ -443,10 +443,7 @@ def parameter_bounds(model=None, hardware=None, draft=None, bytes_per_parameter:
     lower = np.array([0, 1e-12, 0, 0, 0, 0, 0, 0, 0.2, 1.0])
     upper = np.array([np.inf] * 8 + [1.0, 2.0])
     if model is not None:
-        if isinstance(hardware, str):
-            if hardware not in HARDWARE:
-                raise ValueError(f"hardware must be one of {', '.join(HARDWARE)} or a Hardware, got {hardware!r}")
-            hardware = HARDWARE[hardware]
+        hardware = hardware_record(hardware)
         counts = model.parameter_counts(num_layers=layers, width=width)
         seconds = bytes_per_parameter / hardware.memory_bandwidth
         if vocab_size is not None:

@@ -17,8 +17,8 @@ import pandas as pd
 from moesd.measure.studies import measuring_hardware
 from moesd.model.forward import step_time
 from moesd.model.kernels import Efficiency
-from moesd.model.layout import resolve_hardware, resolve_model
-from moesd.theory.roofline import Hardware
+from moesd.model.layout import resolve_model
+from moesd.theory.roofline import Hardware, hardware_record
 from moesd.architecture import Architecture
 from moesd.zoo import get_model
 
@@ -154,7 +154,7 @@ def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dt
     if not held_out <= set(int(b) for b in batch_sizes) or len(held_out) >= len(batch_sizes):
         raise ValueError("held_out_batch_sizes must be measured batch sizes, leaving some to fit")
     table["held_out"] = table["batch_size"].isin(held_out)
-    arch, hardware = resolve_model(model), resolve_hardware(hardware)
+    arch, hardware = resolve_model(model), hardware_record(hardware)
     parameters = tuple(p for p in parameters if p != "expert_seconds" or arch.num_experts)  # dense: no experts
     start = Efficiency(bandwidth_fraction=hardware.bandwidth_fraction, flops_fraction=hardware.flops_fraction,
                        expert_seconds=1e-4 if "expert_seconds" in parameters else None)

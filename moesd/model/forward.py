@@ -28,11 +28,11 @@ from moesd._checks import as_array
 from moesd.model.kernels import (KERNELS, Efficiency, achieved_rates, grouped_gemm_roofline, per_expert_seconds,
                                  per_kernel_seconds)
 from moesd.model.layout import (DTYPE_BYTES, activation_bytes, attention_per_gpu, check_dtype, check_parallelism,
-                                kept_dtype, resolve_hardware, resolve_model)
+                                kept_dtype, resolve_model)
 from moesd.routing.loads import activated_experts
 from moesd.routing.traces import RoutingTrace
 from moesd.theory.experts import expected_active_experts, most_loaded_share
-from moesd.theory.roofline import Hardware
+from moesd.theory.roofline import Hardware, hardware_record
 from moesd.architecture import Architecture
 
 __all__ = ["TRACE_ROUTING_MODELS", "COMPONENTS", "StepTime", "step_time", "zipf_popularity"]
@@ -291,7 +291,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
         Seconds, bytes and FLOPs per component; ``.total`` is the forward pass in seconds.
     """
     arch = resolve_model(model)
-    hardware = resolve_hardware(hardware)
+    hardware = hardware_record(hardware)
     efficiency = efficiency or Efficiency()
     dtype = check_dtype(dtype)
     s = as_array("tokens_per_sequence", tokens_per_sequence, low=1, whole=True)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from moesd._checks import as_array
-from moesd.model.layout import DTYPE_BYTES, activation_bytes, check_dtype, resolve_hardware
-from moesd.theory.roofline import Hardware
+from moesd.model.layout import DTYPE_BYTES, activation_bytes, check_dtype
+from moesd.theory.roofline import Hardware, hardware_record
 
 __all__ = ["KERNELS", "Efficiency", "achieved_rates", "per_kernel_seconds", "per_expert_seconds",
            "expert_gemm_time", "grouped_gemm_roofline", "rejection_time"]
@@ -155,7 +155,7 @@ def expert_gemm_time(hardware, experts, tokens_per_expert, in_features, out_feat
     numpy.ndarray or float
         Seconds.
     """
-    hardware = resolve_hardware(hardware)
+    hardware = hardware_record(hardware)
     efficiency = efficiency or Efficiency()
     dtype = check_dtype(dtype)
     experts = as_array("experts", experts, low=0)
@@ -187,7 +187,7 @@ def rejection_time(hardware, batch_size, gamma, vocab_size, efficiency: Efficien
     A memory-bound pass over two fp32 tensors of ``batch_size x (gamma + 1) x vocab_size`` values plus a
     few kernels. Returns seconds (broadcast over the arguments).
     """
-    hardware = resolve_hardware(hardware)
+    hardware = hardware_record(hardware)
     efficiency = efficiency or Efficiency()
     B = as_array("batch_size", batch_size, low=1, whole=True)
     gamma = as_array("gamma", gamma, low=1, whole=True)

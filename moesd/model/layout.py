@@ -1,7 +1,7 @@
 """How a model lies on its GPUs: weight dtypes, model and hardware records, parallel sizes, weights per GPU.
 
 The layout half of the whole-model performance model (beyond the paper): :func:`resolve_model` and
-:func:`resolve_hardware` turn names into :class:`~moesd.zoo.Architecture` and
+:func:`hardware_record` turn names into :class:`~moesd.zoo.Architecture` and
 :class:`~moesd.theory.roofline.Hardware` records; :data:`DTYPE_BYTES` and :func:`check_dtype` name the weight
 dtypes (fp8 checkpoints keep the router, embeddings, LM head and norms in bf16: :func:`kept_dtype`);
 :func:`tensor_parallel_sizes` and :func:`check_parallelism` say which tensor- and expert-parallel sizes a
@@ -19,11 +19,11 @@ import dataclasses
 import numpy as np
 
 from moesd._checks import as_array
-from moesd.theory.roofline import HARDWARE, Hardware
+from moesd.theory.roofline import Hardware, hardware_record
 from moesd.architecture import Architecture
 from moesd.zoo import MODELS, ModelSpec, get_model
 
-__all__ = ["DTYPE_BYTES", "check_dtype", "kept_dtype", "activation_bytes", "resolve_model", "resolve_hardware",
+__all__ = ["DTYPE_BYTES", "check_dtype", "kept_dtype", "activation_bytes", "resolve_model", "hardware_record",
            "one_layer_draft", "attention_per_gpu", "weights_per_gpu", "check_parallelism", "tensor_parallel_sizes"]
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}
@@ -68,16 +68,6 @@ def resolve_model(model) -> Architecture:
         except KeyError:
             raise ValueError(f"model must be a moesd.zoo name ({', '.join(MODELS)}), got {model!r}") from None
     raise ValueError(f"model must be a moesd.zoo name, ModelSpec or Architecture, got {type(model).__name__}")
-
-
-def resolve_hardware(hardware) -> Hardware:
-    """A :class:`~moesd.theory.roofline.Hardware` record from its :data:`~moesd.theory.roofline.HARDWARE` name or itself."""
-    if isinstance(hardware, Hardware):
-        return hardware
-    names = {name.lower(): name for name in HARDWARE}
-    if isinstance(hardware, str) and hardware.lower() in names:
-        return HARDWARE[names[hardware.lower()]]
-    raise ValueError(f"hardware must be one of {sorted(HARDWARE)} or a Hardware record, got {hardware!r}")
 
 
 def one_layer_draft(model) -> Architecture:
@@ -166,7 +156,7 @@ def tensor_parallel_sizes(model, hardware) -> list[int]:
     list of int
         GPUs per tensor-parallel group, ascending (1 always among them).
     """
-    arch, hardware = resolve_model(model), resolve_hardware(hardware)
+    arch, hardware = resolve_model(model), hardware_record(hardware)
     most = hardware.gpus_per_node if hardware.interconnect_bandwidth else 1
     return [tp for tp in range(1, most + 1)
             if not arch.num_heads % tp and not (arch.num_kv_heads % tp and tp % arch.num_kv_heads)]

@@ -26,9 +26,10 @@ import pandas as pd
 from moesd._checks import as_array
 from moesd.model.forward import step_time
 from moesd.model.kernels import Efficiency, rejection_time
-from moesd.model.layout import resolve_hardware, resolve_model, weights_per_gpu
+from moesd.model.layout import resolve_model, weights_per_gpu
 from moesd.theory.speedup import sigma as emitted_fraction
 from moesd.theory.speedup import speedup_terms
+from moesd.theory.roofline import hardware_record
 
 __all__ = ["PAPER_BATCH_SIZES", "memory_per_gpu", "memory_fit", "predict_sd", "best_gamma", "batch_range"]
 
@@ -87,7 +88,7 @@ def memory_fit(target, draft, hardware, batch_size, context, tp=1, draft_tp=1, e
         One row per broadcast ``(batch_size, context)``: ``target_bytes`` and ``draft_bytes`` per GPU
         (bytes) and ``fits``: each at most the GPU's memory, or with ``shared`` their sum.
     """
-    hardware = resolve_hardware(hardware)
+    hardware = hardware_record(hardware)
     if shared and draft_tp != tp:
         raise ValueError(f"draft_tp must equal tp for a draft on the target's GPUs (shared), got {draft_tp} and {tp}")
     B, context = np.broadcast_arrays(as_array("batch_size", batch_size, low=1, whole=True),
@@ -164,8 +165,8 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
     if verify_tokens not in ("gamma+1", "gamma"):
         raise ValueError(f"verify_tokens must be 'gamma+1' or 'gamma', got {verify_tokens!r}")
     target_arch, draft_arch = resolve_model(target), resolve_model(draft)
-    hardware = resolve_hardware(hardware)
-    draft_hardware = resolve_hardware(draft_hardware) if draft_hardware is not None else hardware
+    hardware = hardware_record(hardware)
+    draft_hardware = hardware_record(draft_hardware) if draft_hardware is not None else hardware
     draft_dtype = dtype if draft_dtype is None else draft_dtype
     if (sigma is None) == (alpha is None):
         raise ValueError("sigma: give either sigma or alpha (not both)")

@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 
 from moesd.model.kernels import Efficiency
-from moesd.model.layout import DTYPE_BYTES, resolve_hardware, resolve_model, tensor_parallel_sizes
+from moesd.model.layout import DTYPE_BYTES, resolve_model, tensor_parallel_sizes
 from moesd.model.predict import batch_range, best_gamma, memory_fit, predict_sd
+from moesd.theory.roofline import hardware_record
 
 SD_MARGIN = 0.05
 """SD is 'on' only where the best speedup exceeds 1 by more than this fraction, and 'marginal' above 1
@@ -195,7 +196,7 @@ def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values,
                           dtype=dtype, efficiency=Efficiency(step_seconds=milliseconds * 1e-3), **{column: values})
 
     frame = predict(batch_sizes, host_ms)
-    hardware = resolve_hardware(hardware)
+    hardware = hardware_record(hardware)
     target_shape, draft_shape = resolve_model(target), resolve_model(draft)
     fit = memory_fit(target, draft, hardware, batch_sizes, context, tp, draft_tp, ep, dtype)
     fits = fit["fits"].to_numpy()

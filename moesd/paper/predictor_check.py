@@ -20,8 +20,8 @@ import pandas as pd
 
 from moesd._checks import as_array
 from moesd.model.kernels import Efficiency
-from moesd.model.layout import resolve_hardware
 from moesd.model.predict import PAPER_BATCH_SIZES, predict_sd
+from moesd.theory.roofline import hardware_record
 
 
 def efficiency_to_match(speedup, target, draft, hardware, batch_size, gamma, sigma, field="step_seconds",
@@ -258,7 +258,7 @@ def model_stages(device: str, gamma: int, sigma: float, context=256, speedup=Non
         ``t_draft_ms`` at the peak.
     """
     name, gpus = _paper_device(device)
-    hardware = resolve_hardware(name)
+    hardware = hardware_record(name)
     ideal = dataclasses.replace(hardware, bandwidth_fraction=1.0, flops_fraction=1.0, interconnect_latency=0.0)
     stages = [("data-sheet roofline", ideal, Efficiency(kernel_seconds=0.0)),
               ("+ achieved bandwidth and FLOP/s", dataclasses.replace(hardware, interconnect_latency=0.0),

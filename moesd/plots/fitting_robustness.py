@@ -20,39 +20,6 @@ def _plain_log_axis(ax) -> None:
     ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
 
 
-def compact(figure: plt.Figure, dpi: float = 100, colours: int = 64):
-    """The figure as a PNG of at most ``colours`` colours, for display; the figure itself is closed.
-
-    Line plots need few colours: quantising (Pillow's median cut) makes the PNG several times
-    smaller than matplotlib's full-colour one, so the committed notebook stays small.
-
-    Parameters
-    ----------
-    figure : matplotlib.figure.Figure
-    dpi : float
-        Resolution (dots per inch).
-    colours : int
-        Colours kept (2 to 256).
-
-    Returns
-    -------
-    IPython.display.Image
-    """
-    import io
-
-    from IPython.display import Image
-    from PIL import Image as PILImage
-
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight", facecolor="white")
-    plt.close(figure)
-    buffer.seek(0)
-    image = PILImage.open(buffer).convert("RGB").quantize(colors=int(colours), method=PILImage.Quantize.MEDIANCUT)
-    output = io.BytesIO()
-    image.save(output, format="png", optimize=True)
-    return Image(data=output.getvalue(), format="png")
-
-
 def _k_legend(figure: plt.Figure, ks, measured: str = "measured", model: str = "fitted", **where) -> None:
     """One legend for a figure: a colour per K, and what points and lines are."""
     handles = [Line2D([], [], color=PALETTE[i % len(PALETTE)], lw=2, label=f"$K = {k:g}$") for i, k in enumerate(ks)]

@@ -220,13 +220,21 @@ def ridge_point(hardware) -> float:
     float
         Peak FLOP/s over memory bandwidth (FLOP/byte).
     """
-    return _device(hardware).ridge_point
+    return hardware_record(hardware).ridge_point
 
 
-def _device(hardware) -> Hardware:
-    """The :class:`Hardware` record given, or named; its peak numbers checked."""
-    if isinstance(hardware, str) and hardware in HARDWARE:
-        return HARDWARE[hardware]
+def hardware_record(hardware) -> Hardware:
+    """The :class:`Hardware` record given, or named in :data:`HARDWARE` (in any case); its peak numbers checked.
+
+    Raises
+    ------
+    UsageError
+        (a ValueError) for another name or object, or a record whose peaks are not positive.
+    """
+    if isinstance(hardware, str):
+        names = {name.lower(): name for name in HARDWARE}
+        if hardware.lower() in names:
+            return HARDWARE[names[hardware.lower()]]
     if not isinstance(hardware, Hardware):
         raise UsageError(f"hardware must be one of {', '.join(HARDWARE)} or a Hardware record, "
                          f"got {hardware!r}")
@@ -321,7 +329,7 @@ def time_floor(flops, traffic, hardware):
     flops = as_array("flops", flops, low=0)
     traffic = as_array("traffic", traffic, low=0)
     broadcast(flops=flops, traffic=traffic)
-    hardware = _device(hardware)
+    hardware = hardware_record(hardware)
     return np.maximum(traffic / hardware.memory_bandwidth, flops / hardware.peak_flops)
 
 
@@ -383,7 +391,7 @@ def compute_bound_tokens(hardware, d_model, d_ff, E=1, K=1, num_matrices=3,
         Tokens per forward pass where the layer turns compute-bound, or ``None`` when it stays
         memory-bound up to ``max_tokens``.
     """
-    hardware = _device(hardware)
+    hardware = hardware_record(hardware)
     shape = {"d_model": d_model, "d_ff": d_ff, "E": E, "K": K, "num_matrices": num_matrices,
              "bytes_per_value": bytes_per_value}
     for name, value in shape.items():
