@@ -15,7 +15,8 @@ from timing import median_seconds
 from moesd.model.diagnostics import held_out_errors, robustness_study
 from moesd.model.fit import fit_speedup_model
 from moesd.model.measurements import from_sweep
-from moesd.measure.studies import load, ridge_tokens_for
+from moesd.measure.studies import load
+from moesd.measure.analysis import ridge_tokens_for
 
 if __name__ == "__main__":
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 21

@@ -31,6 +31,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moesd import cli as moesd_cli
+from moesd.measure import analysis
 from moesd.measure import studies as measurements
 from moesd.measure import presets, sweeps
 from moesd.model import diagnostics, fit, forward, predict
@@ -723,20 +724,20 @@ MEASUREMENTS = [
     Case("measurements", "an empty cell", lambda tmp: _loaded(tmp, _e2e_rows(t_ar=np.nan)),
          measurements.MeasurementWarning, "line 3 (run=1, batch_size=2, gamma=4, num_experts_per_tok=8): t_ar is empty"),
     Case("measurements", "fitting a dense target",
-         lambda: measurements.fitting_frame(_e2e_rows(), {"settings": {"target": "opt-30b"}}), ValueError,
+         lambda: analysis.fitting_frame(_e2e_rows(), {"settings": {"target": "opt-30b"}}), ValueError,
          "opt-30b is dense: Algorithm 1 needs routed experts"),
-    Case("measurements", "a sidecar naming no target", lambda: measurements.fitting_frame(_e2e_rows(), {}),
+    Case("measurements", "a sidecar naming no target", lambda: analysis.fitting_frame(_e2e_rows(), {}),
          ValueError, "the sidecar names no target (settings.target)"),
     Case("measurements", "a sidecar naming an unknown target",
-         lambda: measurements.routed_experts({"settings": {"target": "gpt-5"}}), KeyError, "unknown model 'gpt-5'"),
+         lambda: analysis.routed_experts({"settings": {"target": "gpt-5"}}), KeyError, "unknown model 'gpt-5'"),
     Case("measurements", "fitting a forward study",
-         lambda: measurements.fitting_frame(_e2e_rows().drop(columns=["sigma", "speedup"]),
+         lambda: analysis.fitting_frame(_e2e_rows().drop(columns=["sigma", "speedup"]),
                                             {"settings": {"target": "qwen2-57b-a14b"}}), ValueError,
          "the rows lack sigma, speedup: fitting needs an e2e, sparsity or settings study"),
     Case("measurements", "a sidecar without a measured roofline",
-         lambda: measurements.ridge_point_for({"device": "AMD EPYC"}), ValueError, "holds no measured roofline"),
+         lambda: analysis.ridge_point_for({"device": "AMD EPYC"}), ValueError, "holds no measured roofline"),
     Case("measurements", "target efficiency at a gamma not measured",
-         lambda: measurements.forward_target_efficiency(
+         lambda: analysis.forward_target_efficiency(
              _e2e_rows().assign(role="target", tokens=1, seconds=0.01), gammas=(5,)), ValueError,
          "the forward study has no target pass of 1 and 6 tokens per sequence"),
 ]

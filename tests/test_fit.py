@@ -370,7 +370,8 @@ def test_same_answers_as_the_old_fit_on_the_shipped_data(variant):
 def shipped_sparsity():
     """The shipped 1/8-width float32 CPU sparsity study (one repeat of 228 points, cpu-dispatch/) as a fitting
     frame, with the ridge point in tokens of its sidecar: the data the solver tests below were written on."""
-    from moesd.measure.studies import load, ridge_tokens_for
+    from moesd.measure.studies import load
+    from moesd.measure.analysis import ridge_tokens_for
 
     raw, sidecar = load("sparsity", "cpu-dispatch")
     return from_sweep(raw, num_experts=64), ridge_tokens_for(sidecar)
@@ -503,7 +504,8 @@ def test_stride_samples_cover_the_batch_sizes_of_table_3():
 def test_ridge_point_in_tokens_is_the_ridge_point_times_bytes_over_two():
     """A GEMM over t tokens with weights of b bytes does 2 t / b FLOP per weight byte: it reaches the ridge
     point RP (FLOP/byte) at RP b / 2 tokens, RP itself for bf16 and 2 RP for float32."""
-    from moesd.measure.studies import load, ridge_point_for, ridge_tokens_for
+    from moesd.measure.studies import load
+    from moesd.measure.analysis import ridge_point_for, ridge_tokens_for
     from moesd.theory.roofline import HARDWARE
 
     record = HARDWARE["H200"].as_dict()

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from moesd.measure import breakdown, hardware, timing  # noqa: E402
 from moesd.cli import main  # noqa: E402
 from moesd.theory.experts import expected_active_experts  # noqa: E402
-from moesd.measure.studies import ridge_point_for  # noqa: E402
+from moesd.measure.analysis import ridge_point_for
 from moesd.theory.roofline import Hardware  # noqa: E402
 from moesd.zoo import get_model  # noqa: E402
 

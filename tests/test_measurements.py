@@ -9,8 +9,15 @@ import pandas as pd
 import pytest
 
 from moesd.model.measurements import sigma_adjusted_speedup
-from moesd.measure.studies import (MeasurementWarning, available, check_rows, fitting_frame, forward_speedup,
-                                forward_target_efficiency, load, provenance, summarize)
+from moesd.measure.studies import (
+    MeasurementWarning,
+    available,
+    check_rows,
+    load,
+    provenance,
+    summarize,
+)
+from moesd.measure.analysis import fitting_frame, forward_speedup, forward_target_efficiency
 
 
 def test_shipped_studies_load_with_provenance():
@@ -93,7 +100,7 @@ def test_sigma_adjustment():
 
 
 def test_ridge_point_comes_from_the_sidecars_measured_roofline():
-    from moesd.measure.studies import ridge_point_for
+    from moesd.measure.analysis import ridge_point_for
     from moesd.theory.roofline import HARDWARE
 
     record = HARDWARE["H200"].as_dict()
@@ -162,7 +169,8 @@ def test_summarize_and_the_read_side_need_no_torch():
     table = summarize(frame, ["b"], "v")
     assert table["median"].tolist() == [2.0, 5.0] and table["q25"].tolist() == [1.5, 5.0]
     assert table["runs"].tolist() == [3, 1]
-    code = ("import sys; from moesd.measure.studies import load, summarize, fitting_frame; "
+    code = ("import sys; from moesd.measure.studies import load, summarize; "
+            "from moesd.measure.analysis import fitting_frame; "
             "load('forward'); print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
@@ -170,7 +178,8 @@ def test_summarize_and_the_read_side_need_no_torch():
 
 def test_appendix_c2_bounds_count_the_measured_models():
     """The volume bounds of the shipped sparsity study: the cut models' parameters over the measured bandwidth."""
-    from moesd.measure.studies import appendix_c2_bounds, load, measuring_hardware
+    from moesd.measure.studies import load
+    from moesd.measure.analysis import appendix_c2_bounds, measuring_hardware
     from moesd.model.algorithm1 import PARAMETERS
     from moesd.zoo import get_model
 
@@ -190,7 +199,8 @@ def test_appendix_c2_bounds_count_the_measured_models():
 
 def test_appendix_c2_bounds_count_the_cut_vocabulary_and_the_dtype():
     """The real-width study cuts the vocabulary by the depth factor and runs bf16: the bias bound counts both."""
-    from moesd.measure.studies import appendix_c2_bounds, load, measuring_hardware
+    from moesd.measure.studies import load
+    from moesd.measure.analysis import appendix_c2_bounds, measuring_hardware
     from moesd.model.algorithm1 import PARAMETERS
     from moesd.zoo import get_model
 
@@ -207,7 +217,8 @@ def test_appendix_c2_bounds_count_the_cut_vocabulary_and_the_dtype():
 
 def test_appendix_c2_bounds_count_target_and_draft_layers_apart():
     """The e2e study cuts the target to 4 layers and the draft to 3: each bound counts its own model's layers."""
-    from moesd.measure.studies import appendix_c2_bounds, load, measuring_hardware
+    from moesd.measure.studies import load
+    from moesd.measure.analysis import appendix_c2_bounds, measuring_hardware
     from moesd.model.algorithm1 import PARAMETERS
     from moesd.zoo import get_model
 
@@ -225,7 +236,8 @@ def test_appendix_c2_bounds_count_target_and_draft_layers_apart():
 
 def test_fit_takes_bounds_or_a_model_not_both():
     from moesd.model.fit import fit_speedup_model
-    from moesd.measure.studies import fitting_frame, load, ridge_tokens_for
+    from moesd.measure.studies import load
+    from moesd.measure.analysis import fitting_frame, ridge_tokens_for
 
     rows, sidecar = load("sparsity", "cpu")
     frame = fitting_frame(rows, sidecar)

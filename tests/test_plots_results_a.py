@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moesd.measure.studies import forward_speedup, forward_target_efficiency
-from moesd.measure.studies import eq4_terms
+from moesd.measure.analysis import forward_speedup, forward_target_efficiency
+from moesd.measure.analysis import eq4_terms
 from moesd.plots.measuring_sd import plot_eq4_check
 from moesd.plots.target_efficiency import plot_fig2, plot_fig3, plot_forward_speedup
 from moesd.theory.speedup import speedup

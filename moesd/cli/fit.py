@@ -12,7 +12,7 @@ def _read_result_file(path) -> tuple[pd.DataFrame, dict | None]:
     """The rows of an e2e or sparsity result file and its sidecar (None if absent), or a one-line UsageError."""
     import json
 
-    from moesd.measure.studies import FITTING_COLUMNS
+    from moesd.measure.analysis import FITTING_COLUMNS
 
     path = Path(path)
     if path.is_dir():
@@ -50,7 +50,7 @@ def _read_result_file(path) -> tuple[pd.DataFrame, dict | None]:
 
 def _experts(args: argparse.Namespace, sidecar: dict | None) -> tuple[int, str]:
     """E and where it came from: --E, or the target named in the sidecar."""
-    from moesd.measure.studies import routed_experts
+    from moesd.measure.analysis import routed_experts
 
     if args.E is not None:
         if args.E < 1:
@@ -68,9 +68,9 @@ def _ridge_point(args: argparse.Namespace, sidecar: dict | None) -> tuple[float,
     """Algorithm 1's ridge point in tokens and its source: the sidecar's measured roofline, else --hardware's data sheet.
 
     A data-sheet record gives bf16 peaks, whose ridge point in tokens equals its FLOP/byte
-    (:func:`moesd.measure.studies.ridge_tokens_for`).
+    (:func:`moesd.measure.analysis.ridge_tokens_for`).
     """
-    from moesd.measure.studies import ridge_tokens_for
+    from moesd.measure.analysis import ridge_tokens_for
     from moesd.theory.roofline import ridge_point
 
     try:
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> None:
                          f"{(len(frame) - 1) // (len(PARAMETERS) - 1)}")
     bounds = None
     if args.bounds == "appendix-c2":
-        from moesd.measure.studies import appendix_c2_bounds
+        from moesd.measure.analysis import appendix_c2_bounds
 
         try:
             bounds = appendix_c2_bounds(rows, sidecar)
@@ -161,5 +161,5 @@ def add_parser(commands) -> None:
     fit.add_argument("--bounds", default="free", choices=["free", "appendix-c2"],
                      help="free: time-like parameters in [0, inf), reported relative to bias (default); appendix-c2: "
                           "the paper's volume bounds for the models and measured bandwidth of the sidecar, which "
-                          "make the parameters seconds (moesd.measure.studies.appendix_c2_bounds)")
+                          "make the parameters seconds (moesd.measure.analysis.appendix_c2_bounds)")
     fit.set_defaults(run=run, prints_only=True)

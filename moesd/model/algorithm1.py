@@ -4,7 +4,7 @@ Stage times are built from the expected activated experts N(t) (Eq. 8), the toke
 ``t K / N(t)`` (Eq. 10) and the roofline growth ``G(t) = G(t; lam RP, s)`` (Eq. 11), where ``RP`` (the
 argument ``rp``) is the ridge point in tokens: the tokens at which a GEMM reaches the hardware's
 ridge point in FLOP/byte (equal to it for bf16 weights, as in the paper; twice it for float32; see
-:func:`moesd.measure.studies.ridge_tokens_for`):
+:func:`moesd.measure.analysis.ridge_tokens_for`):
 
 * ``ar_time     = bias + k1 G(B) + k2 N(B) + k3 G(B K / N(B))``
 * ``verify_time = bias + k1 G(B w) + k2 N(B w) + k3 G(B w K / N(B w))``, ``w = gamma`` as Algorithm 1
@@ -361,7 +361,7 @@ def compute_speedup(params, B, gamma, K, E, sigma, rp, variant: str = "eq4", ver
         Measured sigma (Eq. 5), in [1/(gamma+1), 1].
     rp : float
         Ridge point in tokens (> 0): ``RP b / 2`` for a ridge point RP in FLOP/byte and weights of ``b``
-        bytes (:func:`moesd.measure.studies.ridge_tokens_for`), RP itself for bf16 as in the paper.
+        bytes (:func:`moesd.measure.analysis.ridge_tokens_for`), RP itself for bf16 as in the paper.
     variant : {"eq4", "printed"}
         The denominator: ``gamma draft + verify + reject`` (Eq. 4) or, as line 11 prints it,
         ``draft + ar + verify + reject``.

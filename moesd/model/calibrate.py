@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from moesd.measure.studies import measuring_hardware
+from moesd.measure.analysis import measuring_hardware
 from moesd.model.forward import step_time
 from moesd.model.kernels import Efficiency
 from moesd.model.layout import resolve_model
@@ -75,7 +75,7 @@ def measured_shapes(sidecar: dict) -> tuple[Architecture, Architecture]:
 def measured_device(sidecar: dict) -> Hardware:
     """The measured roofline of the device that ran a ``moesd sweep``, usable in the sweep's weight dtype.
 
-    :func:`moesd.measure.studies.measuring_hardware` reads the record from the sidecar; its GEMM peak
+    :func:`moesd.measure.analysis.measuring_hardware` reads the record from the sidecar; its GEMM peak
     was measured in the sweep's dtype, so for a float32 sweep it is also the record's fp32 peak
     (the record's ``peak_flops`` slot otherwise means bf16).
 

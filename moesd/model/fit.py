@@ -224,7 +224,7 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
         Measurements with columns ``B``, ``gamma``, ``K``, ``E``, ``sigma``, ``speedup`` and a unique index.
     rp : float
         Ridge point of the hardware measured, in tokens (> 0): G turns linear at ``lam * rp`` tokens. From
-        a result file, :func:`moesd.measure.studies.ridge_tokens_for` of its sidecar; for bf16 weights it
+        a result file, :func:`moesd.measure.analysis.ridge_tokens_for` of its sidecar; for bf16 weights it
         equals the ridge point in FLOP/byte, for float32 twice that.
     model, hardware, draft, bytes_per_parameter, t_reject
         Passed to :func:`parameter_bounds`.
@@ -240,7 +240,7 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
         Tokens per sequence in the verification forward: Algorithm 1's ``gamma`` or vLLM's ``gamma + 1``.
     bounds : (numpy.ndarray, numpy.ndarray), optional
         ``(lower, upper)`` in :data:`PARAMETERS` order, as :func:`parameter_bounds` returns them (for a
-        result file: :func:`moesd.measure.studies.appendix_c2_bounds`), instead of ``model``, ``hardware``,
+        result file: :func:`moesd.measure.analysis.appendix_c2_bounds`), instead of ``model``, ``hardware``,
         ``draft``, ``bytes_per_parameter`` and ``t_reject``.
     m : int, optional
         Fit only :func:`spread_sample` ``(frame, m, begin)``: ``m`` rows at a fractional stride (not

@@ -21,7 +21,7 @@ def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.D
     """Appendix C.3's robustness study of a device's sparsity study, with that device's ridge point.
 
     E comes from the target named in the sidecar (:func:`moesd.zoo.get_model`), the ridge point from
-    the sidecar's measured roofline, in tokens (:func:`moesd.measure.studies.ridge_tokens_for`). A point
+    the sidecar's measured roofline, in tokens (:func:`moesd.measure.analysis.ridge_tokens_for`). A point
     measured in several repeats is first averaged over them (:func:`moesd.model.measurements.mean_over_repeats`; the
     paper's points are means over runs too). Unless ``fit_options`` name the samples, a study of the
     paper's 228 points takes its strides (:data:`moesd.model.samples.PAPER_STRIDES`) and any other design a
@@ -36,7 +36,7 @@ def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.D
     """
     from moesd.model.diagnostics import robustness_study
     from moesd.model.measurements import from_sweep
-    from moesd.measure.studies import ridge_tokens_for
+    from moesd.measure.analysis import ridge_tokens_for
     from moesd.zoo import get_model
 
     target = sidecar.get("settings", {}).get("target")

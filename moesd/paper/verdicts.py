@@ -104,7 +104,7 @@ def forward_efficiency(forward: pd.DataFrame, gamma: int) -> pd.DataFrame:
     """Target efficiency ``T_T(B, 1) / T_T(B, gamma + 1)`` per run and batch size, from a forward study.
 
     The verification pass scores ``gamma + 1`` positions per sequence (as in
-    :func:`moesd.measure.studies.forward_target_efficiency`); the ratio is taken within each run, so
+    :func:`moesd.measure.analysis.forward_target_efficiency`); the ratio is taken within each run, so
     the runs are the repeats of the curve. Columns ``run``, ``batch_size``, ``efficiency``; empty
     when the study has no pass of 1 or of ``gamma + 1`` tokens per sequence.
     """

@@ -1,7 +1,7 @@
 """Figures of the chapter *Measuring SD* (``book/measuring_sd.ipynb``), and the tables behind them.
 
 The chapter shows the engine's round (:func:`round_loop_source`), checks the shipped e2e study against
-its own settings and Eq. 4 (:func:`protocol_checks`, :func:`moesd.measure.studies.eq4_terms`), asks whether the studies are
+its own settings and Eq. 4 (:func:`protocol_checks`, :func:`moesd.measure.analysis.eq4_terms`), asks whether the studies are
 in the paper's regime (:func:`plot_regime_gemm`, :func:`regime_steps`, :func:`streaming_shares`,
 :func:`expert_read_seconds`), reads the forward study's step against the activated experts
 (:func:`step_against_experts`, :func:`expert_cost_fit`) and says how long each study took
@@ -113,7 +113,7 @@ def protocol_checks(e2e: pd.DataFrame, sidecar: dict, small_batch: int = 4) -> p
 def plot_eq4_check(terms: pd.DataFrame, sigma_target: dict) -> plt.Figure:
     """Measured speedup against Eq. 4 of the same windows, measured sigma, and the draft term, against B.
 
-    ``terms`` is :func:`moesd.measure.studies.eq4_terms`'s table (index reset); ``sigma_target`` maps gamma (int or str) to the sigma the
+    ``terms`` is :func:`moesd.measure.analysis.eq4_terms`'s table (index reset); ``sigma_target`` maps gamma (int or str) to the sigma the
     synthetic acceptance aimed at.
     """
     figure, axes = plt.subplots(1, 3, figsize=(12.5, 3.8))
@@ -281,7 +281,7 @@ def expert_read_seconds(sidecar: dict, rate: float | None = None) -> float:
         Seconds (s).
     """
     from moesd.model.calibrate import measured_shapes
-    from moesd.measure.studies import measuring_hardware
+    from moesd.measure.analysis import measuring_hardware
 
     target, _ = measured_shapes(sidecar)
     if not target.expert_params:
@@ -353,7 +353,7 @@ def plot_step_against_experts(steps: pd.DataFrame, draft_terms: pd.DataFrame, fi
     steps : pandas.DataFrame
         :func:`step_against_experts`'s table.
     draft_terms : pandas.DataFrame
-        ``batch_size``, ``gamma``, ``draft_term`` (:func:`moesd.measure.studies.forward_speedup`).
+        ``batch_size``, ``gamma``, ``draft_term`` (:func:`moesd.measure.analysis.forward_speedup`).
     fit : dict, optional
         :func:`expert_cost_fit`'s result: its line at each batch size is drawn.
     experts : int, optional

@@ -122,7 +122,7 @@ def rise_split(terms: pd.DataFrame) -> pd.DataFrame:
     Parameters
     ----------
     terms : pandas.DataFrame
-        :func:`moesd.measure.studies.eq4_terms` indexed by ``batch_size`` alone or by a group and ``batch_size`` (last level).
+        :func:`moesd.measure.analysis.eq4_terms` indexed by ``batch_size`` alone or by a group and ``batch_size`` (last level).
 
     Returns
     -------
@@ -156,7 +156,7 @@ def denominator_terms(terms: pd.DataFrame, title: str = "") -> plt.Figure:
     Parameters
     ----------
     terms : pandas.DataFrame
-        :func:`moesd.measure.studies.eq4_terms` indexed by ``batch_size`` alone (e.g. pooled over workloads).
+        :func:`moesd.measure.analysis.eq4_terms` indexed by ``batch_size`` alone (e.g. pooled over workloads).
     title : str
         Axes title.
     """

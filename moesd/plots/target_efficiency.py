@@ -58,7 +58,7 @@ def _panels(tables: dict, column: str, ylabel: str, t_thres: float | None, share
 def plot_fig3(tables: dict, t_thres: float | None = None) -> plt.Figure:
     """Fig. 3: target efficiency ``T_T(B, 1) / T_T(B, gamma + 1)`` against B, one panel per model.
 
-    ``tables`` maps a panel title to :func:`moesd.measure.studies.forward_target_efficiency`'s table; a
+    ``tables`` maps a panel title to :func:`moesd.measure.analysis.forward_target_efficiency`'s table; a
     title containing "MoE" gets a dotted line at ``t_thres`` (Eq. 9).
     """
     return _panels(tables, "efficiency", r"target efficiency $T_T(B,1) / T_T(B,\gamma+1)$", t_thres, sharey=True)
@@ -67,7 +67,7 @@ def plot_fig3(tables: dict, t_thres: float | None = None) -> plt.Figure:
 def plot_forward_speedup(tables: dict, t_thres: float | None = None) -> plt.Figure:
     """Eq. 4 from a forward study's stage times against B, one panel per model.
 
-    ``tables`` maps a panel title to :func:`moesd.measure.studies.forward_speedup`'s table; a title
+    ``tables`` maps a panel title to :func:`moesd.measure.analysis.forward_speedup`'s table; a title
     containing "MoE" gets a dotted line at ``t_thres`` (Eq. 9).
     """
     return _panels(tables, "speedup", r"Eq. 4 speedup from forward times", t_thres, sharey=True)

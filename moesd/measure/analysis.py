@@ -1,0 +1,306 @@
+"""What measured studies say: target efficiency and Eq. 4's terms from forward and end-to-end studies,
+the frame Algorithm 1 is fitted to, the ridge point of the machine that measured them, and Appendix C.2's
+bounds for the models a sweep built.
+
+Everything here takes studies as :func:`moesd.measure.studies.load` returns them (pure pandas and
+numpy, no torch).
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pandas as pd
+
+from moesd.theory.roofline import Hardware
+
+SPEEDUP_TOLERANCE = 0.02
+"""Relative timing noise allowed above Eq. 4's ceiling ``sigma (gamma + 1)`` before a row is flagged."""
+
+TIME_COLUMNS = ("seconds", "t_ar", "t_sd", "t_target_1", "t_target_gamma", "t_draft", "t_reject")
+"""Columns in seconds, which must be > 0."""
+
+NULLABLE_COLUMNS = ("num_experts_per_tok", "sigma_target", "alpha", "activated_experts", "activated_experts_1",
+                    "activated_experts_gamma")
+"""Columns that may be empty (dense targets have no K and no experts, nor draft rows; real acceptance has no
+target sigma)."""
+
+ENGINE_UNMEASURED = {"vllm": ("t_target_1", "t_target_gamma", "t_draft", "t_reject", "speedup_eq4",
+                              "target_efficiency", "activated_experts_1", "activated_experts_gamma")}
+"""Columns an engine other than moesd's own cannot measure (its sidecar's ``engine``): left empty in its rows."""
+
+
+FITTING_COLUMNS = ("batch_size", "gamma", "num_experts_per_tok", "sigma", "speedup")
+"""Columns of an e2e-type result file that Algorithm 1 is fitted to."""
+
+
+def routed_experts(sidecar: dict) -> int:
+    """E, the routed experts per layer of the target a result file measured (its sidecar's target in
+    :mod:`moesd.zoo`).
+
+    Raises
+    ------
+    ValueError
+        If the sidecar names no target or a dense one.
+    KeyError
+        If :mod:`moesd.zoo` does not know the target.
+    """
+    from moesd.zoo import get_model
+
+    target = sidecar.get("settings", {}).get("target")
+    if target is None:
+        raise ValueError("the sidecar names no target (settings.target); is it a moesd.measure.bench sidecar?")
+    spec = get_model(target)
+    if not spec.is_moe:
+        raise ValueError(f"{target} is dense: Algorithm 1 needs routed experts")
+    return spec.num_experts
+
+
+def fitting_frame(rows: pd.DataFrame, sidecar: dict) -> pd.DataFrame:
+    """Algorithm 1's measurements (columns B, gamma, K, E, sigma, speedup) of an e2e-type result file.
+
+    ``E`` (routed experts per layer of the target) comes from the sidecar (:func:`routed_experts`);
+    ``K`` from each row.
+
+    Raises
+    ------
+    ValueError
+        If the target is dense, the rows lack a column, or the sidecar names no target.
+    """
+    experts = routed_experts(sidecar)
+    missing = [c for c in FITTING_COLUMNS if c not in rows]
+    if missing:
+        raise ValueError(f"the rows lack {', '.join(missing)}: fitting needs an e2e, sparsity or settings study")
+    return pd.DataFrame({"B": rows["batch_size"], "gamma": rows["gamma"], "K": rows["num_experts_per_tok"],
+                         "E": experts, "sigma": rows["sigma"], "speedup": rows["speedup"]})
+
+
+def forward_target_efficiency(forward: pd.DataFrame, gammas=(2, 3, 4), role: str = "target") -> pd.DataFrame:
+    """Target efficiency ``T_T(B, 1) / T_T(B, gamma)`` from a forward study, per batch size.
+
+    The verification pass scores ``gamma + 1`` positions per sequence (as vLLM and :mod:`moesd.measure.sd` do).
+    The ratio is taken within each repeat (``run``), whose passes are timed minutes apart at most, and
+    then summarised over repeats: a slow drift of the machine (seen on the shared CPU host as whole
+    repeats running 30 % slower) scales both passes of a repeat alike and cancels, where a ratio of
+    medians taken over repeats separately would not.
+
+    Parameters
+    ----------
+    forward : pandas.DataFrame
+        A forward study's rows (``run``, ``role``, ``batch_size``, ``tokens``, ``seconds``).
+    gammas : sequence of int
+        Draft lengths; the study must hold passes of ``gamma + 1`` tokens per sequence.
+    role : {"target", "draft"}
+        The model whose passes are compared.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``batch_size``, ``gamma``, ``efficiency`` (median over repeats of the per-repeat ratio),
+        ``low`` and ``high`` (its quartiles over repeats), ``runs``.
+    """
+    passes = forward[forward["role"] == role].pivot_table(index=["run", "batch_size"], columns="tokens",
+                                                           values="seconds")
+    parts = []
+    for gamma in gammas:
+        if gamma + 1 not in passes.columns or 1 not in passes.columns:
+            raise ValueError(f"the forward study has no {role} pass of 1 and {gamma + 1} tokens per sequence")
+        ratio = (passes[1] / passes[gamma + 1]).dropna().groupby(level="batch_size")
+        parts.append(pd.DataFrame({"gamma": gamma, "efficiency": ratio.median(), "low": ratio.quantile(0.25),
+                                   "high": ratio.quantile(0.75), "runs": ratio.size()}))
+    return pd.concat(parts).reset_index()
+
+
+EQ4_TERMS = ("tokens_per_round", "verify", "draft", "reject")
+"""Eq. 4's terms (:class:`moesd.theory.speedup.SpeedupTerms`), in the order of the tables."""
+
+
+def eq4_terms(study: pd.DataFrame, by=("gamma", "batch_size"), step: str = "t_ar") -> pd.DataFrame:
+    """Eq. 4's terms of every row of an e2e-type study, averaged over the rows of each group.
+
+    Each row's measured stage times go into :func:`moesd.theory.speedup.speedup_terms` with ``T_T(B, 1)``
+    taken from the column ``step``: ``"t_ar"``, the AR step (forward, token selection and bookkeeping:
+    Eq. 3's time per token, with which the terms recombine to the measured speedup, as the
+    ``speedup_eq4`` column), or ``"t_target_1"``, the forward alone (the paper's definition).
+
+    Parameters
+    ----------
+    study : pandas.DataFrame
+        Rows of an e2e-type study (``sigma``, ``gamma``, ``step``, ``t_target_gamma``, ``t_draft``,
+        ``t_reject``, ``speedup`` and the columns of ``by``).
+    by : sequence of str
+        Columns to group by.
+    step : {"t_ar", "t_target_1"}
+        The column that is ``T_T(B, 1)``, in seconds.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Indexed by ``by``: ``tokens_per_round`` (sigma (gamma + 1)), ``verify`` (``T_T(B, gamma) / T_T(B, 1)``),
+        ``draft`` (``gamma T_D(B, 1) / T_T(B, 1)``) and ``reject`` (``T_reject / T_T(B, 1)``), all
+        dimensionless; the means of ``speedup`` and of ``sigma``, ``speedup_eq4`` and ``target_efficiency``
+        where the study has them; ``denominator`` (the three terms' sum: a round's cost in decode steps),
+        ``recombined`` (Eq. 4 of the mean terms) and ``rows``.
+    """
+    from moesd.theory.speedup import speedup_terms
+
+    if step not in ("t_ar", "t_target_1"):
+        raise ValueError(f"step must be 't_ar' or 't_target_1', got {step!r}")
+    by = list(by)
+    terms = speedup_terms(study["sigma"], study["gamma"], study[step], study["t_target_gamma"], study["t_draft"],
+                          study["t_reject"])
+    kept = [column for column in ("sigma", "speedup", "speedup_eq4", "target_efficiency") if column in study]
+    rows = study[by + kept].assign(**{name: np.asarray(getattr(terms, name)) for name in EQ4_TERMS})
+    grouped = rows.groupby(by)
+    means = grouped.mean()
+    means["denominator"] = means["verify"] + means["draft"] + means["reject"]
+    means["recombined"] = means["tokens_per_round"] / means["denominator"]
+    means["rows"] = grouped.size()
+    return means
+
+
+def forward_speedup(forward: pd.DataFrame, sigma, gammas=(2, 3, 4), per_repeat: bool = False) -> pd.DataFrame:
+    """Eq. 4 evaluated from a forward study's stage times, per batch size and gamma.
+
+    Within each repeat (``run``): ``T_T(B, 1)`` and ``T_T(B, gamma + 1)`` of the target (the verification
+    scores ``gamma + 1`` positions per sequence, as in :func:`forward_target_efficiency`) and ``T_D(B, 1)``
+    of the draft go into :func:`moesd.theory.speedup.speedup_terms` with the given sigma and no rejection cost;
+    the result is summarised over repeats like :func:`forward_target_efficiency` (pairing a repeat's passes
+    cancels slow drifts of the machine). Every sequence is active in every round by construction, so
+    this is the speedup of the steady-state protocol without its selection and bookkeeping time.
+
+    Parameters
+    ----------
+    forward : pandas.DataFrame
+        A forward study's rows (``run``, ``role``, ``batch_size``, ``tokens``, ``seconds``), target and draft.
+    sigma : float or dict
+        Emitted fraction of the ``gamma + 1`` tokens per round: one value, or one per gamma
+        (``{gamma: sigma}``; keys may be strings, as in a sidecar's ``acceptance``).
+    gammas : sequence of int
+        Draft lengths; the study must hold target passes of 1 and ``gamma + 1`` tokens per sequence and
+        draft passes of 1.
+    per_repeat : bool
+        Return each repeat's values instead of their summary.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``batch_size``, ``gamma``, ``sigma``, ``speedup`` (median over repeats), ``low`` and
+        ``high`` (its quartiles), ``draft_term`` (median of ``gamma T_D(B, 1) / T_T(B, 1)``), ``runs``.
+        With ``per_repeat``: one row per repeat, batch size and gamma, columns ``run``, ``batch_size``,
+        ``gamma``, ``sigma``, ``speedup`` and Eq. 4's denominator terms ``verify``
+        (``T_T(B, gamma + 1) / T_T(B, 1)``) and ``draft`` (``gamma T_D(B, 1) / T_T(B, 1)``).
+    """
+    from moesd.theory.speedup import speedup_terms
+
+    passes = forward.pivot_table(index=["run", "batch_size"], columns=["role", "tokens"], values="seconds")
+    parts = []
+    for gamma in gammas:
+        needed = [("target", 1), ("target", gamma + 1), ("draft", 1)]
+        missing = [f"{role} pass of {tokens}" for role, tokens in needed if (role, tokens) not in passes.columns]
+        if missing:
+            raise ValueError(f"the forward study has no {' or '.join(missing)} tokens per sequence")
+        value = float(sigma[gamma] if gamma in sigma else sigma[str(gamma)]) if isinstance(sigma, dict) else float(sigma)
+        complete = passes[needed].dropna()
+        terms = speedup_terms(value, gamma, *(complete[column].to_numpy() for column in needed))
+        parts.append(pd.DataFrame({"gamma": gamma, "sigma": value, "speedup": terms.speedup, "verify": terms.verify,
+                                   "draft": terms.draft}, index=complete.index).reset_index())
+    repeats = pd.concat(parts, ignore_index=True)
+    if per_repeat:
+        return repeats
+    by = repeats.groupby(["gamma", "batch_size"])
+    ratio = by["speedup"]
+    return pd.DataFrame({"sigma": by["sigma"].first(), "speedup": ratio.median(), "low": ratio.quantile(0.25),
+                         "high": ratio.quantile(0.75), "draft_term": by["draft"].median(),
+                         "runs": ratio.size()}).reset_index()[
+        ["batch_size", "gamma", "sigma", "speedup", "low", "high", "draft_term", "runs"]]
+
+
+def measuring_hardware(sidecar: dict) -> Hardware:
+    """The measured roofline of the device that produced a result file (its sidecar's ``hardware``).
+
+    Raises
+    ------
+    ValueError
+        If the sidecar holds no measured roofline (a sweep from before moesd recorded one).
+    """
+    record = sidecar.get("hardware")
+    if not record:
+        raise ValueError(f"the sidecar of this result file ({sidecar.get('device', 'unknown device')}, "
+                         f"{sidecar.get('date', 'undated')}) holds no measured roofline; re-run the sweep "
+                         "with this version of moesd, or pass the ridge point yourself")
+    return Hardware.from_dict(record)
+
+
+def ridge_point_for(sidecar: dict) -> float:
+    """Ridge point (FLOP/byte) of the device that produced a result file, from its measured roofline."""
+    return measuring_hardware(sidecar).ridge_point
+
+
+def ridge_tokens_for(sidecar: dict) -> float:
+    """Ridge point in tokens of the device that produced a result file: where Algorithm 1's G turns linear.
+
+    A weight of ``b`` bytes does 2 FLOP per token it meets (a multiply and an add), so a GEMM over ``t``
+    tokens performs ``2 t / b`` FLOP per byte of weights read and reaches the ridge point ``RP``
+    (FLOP/byte, :func:`ridge_point_for`) at ``t = RP b / 2`` tokens. For bf16 weights (``b = 2``) that
+    is ``RP`` itself, as the paper uses it; for float32 it is ``2 RP``. ``b`` comes from the sweep's
+    dtype (``settings.dtype``, else the dtype its roofline was measured in).
+
+    Returns
+    -------
+    float
+        Tokens (per GEMM: tokens of a dense layer, tokens per expert of an expert's).
+
+    Raises
+    ------
+    ValueError
+        If the sidecar holds no measured roofline, names no dtype, a dtype moesd does not know, or
+        two different dtypes for the sweep and its roofline.
+    """
+    return ridge_point_for(sidecar) * _bytes_per_weight(sidecar, "the ridge point in tokens") / 2
+
+
+def _bytes_per_weight(sidecar: dict, purpose: str) -> int:
+    """Bytes per weight of a sweep's dtype (``settings.dtype``, else its roofline's), for ``purpose``."""
+    from moesd.model.layout import DTYPE_BYTES, check_dtype
+
+    dtypes = {check_dtype(dtype) for dtype in (sidecar.get("settings", {}).get("dtype"),
+                                                 sidecar.get("roofline_measurement", {}).get("settings", {})
+                                                 .get("dtype")) if dtype is not None}
+    if len(dtypes) != 1:
+        raise ValueError("the sidecar names " + (f"two dtypes ({', '.join(sorted(dtypes))}) for the sweep and its "
+                                                 "roofline" if dtypes else "no dtype (settings.dtype)")
+                         + f": {purpose} needs the bytes per weight")
+    return DTYPE_BYTES[dtypes.pop()]
+
+
+def appendix_c2_bounds(rows: pd.DataFrame, sidecar: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Appendix C.2's bounds of Algorithm 1 for the models and machine of a result file.
+
+    ``bias``, ``k2`` and ``draft_bias`` lie between the time to read the dense parameters, one
+    expert of every MoE layer and the whole draft at the machine's measured bandwidth
+    (:func:`measuring_hardware`) and 5 times that, counting the parameters of the models as the sweep
+    built them (its layers, width and vocabulary, ``settings``) at the bytes of its dtype; ``reject_bias`` and
+    ``reject_k`` lie below the largest measured rejection time (``rows["t_reject"]``, seconds). See
+    :func:`moesd.model.algorithm1.parameter_bounds`.
+
+    Returns
+    -------
+    (numpy.ndarray, numpy.ndarray)
+        ``(lower, upper)`` in :data:`moesd.model.algorithm1.PARAMETERS` order (seconds for the time-like ones).
+    """
+    from moesd.model.algorithm1 import parameter_bounds
+    from moesd.zoo import get_model
+
+    settings = sidecar.get("settings", {})
+    missing = [f"settings.{key}" for key in ("target", "draft") if not settings.get(key)]
+    missing += ["a t_reject column"] if "t_reject" not in rows.columns else []
+    if missing:
+        raise ValueError(f"the bounds need the models and the rejection times; the file has no {', '.join(missing)}")
+    if settings.get("target_path") or settings.get("draft_path"):
+        raise ValueError("the bounds count the parameters of moesd.zoo's models; this file measured models "
+                         "loaded from a path")
+    return parameter_bounds(get_model(settings["target"]), measuring_hardware(sidecar), get_model(settings["draft"]),
+                            _bytes_per_weight(sidecar, "the volume bounds"), float(rows["t_reject"].max()),
+                            layers=settings.get("layers"), draft_layers=settings.get("draft_layers"),
+                            width=settings.get("width") or 1.0, vocab_size=settings.get("vocab_size"))
