@@ -47,3 +47,13 @@ def test_the_host_cost_is_checked_both_ways():
             assert advice.host_decides
     assert with_host.advice[0].peak < without.advice[0].peak  # host cost only slows SD's extra forwards down
     assert without.vocabularies[0] == without.vocabularies[1] and not without.shares_target_shape
+
+
+def test_the_host_cost_decides_where_sd_turns_on_at_the_margin(qwen3):
+    """At alpha 0.6, a serving engine's host cost moves where SD is on (B = 9 drops out); where SD is on at
+    every batch size either way, it does not decide."""
+    decided = qwen3.advice[0]
+    assert decided.host_decides and set(decided.on_at_other_host) < set(decided.on)
+    settled = recommend("deepseek-v3", "deepseek-v3-mtp", "H200", np.arange(1, 257), np.arange(1, 6), "alpha",
+                        [0.8], tp=8, draft_tp=8, dtype="fp8").advice[0]
+    assert not settled.host_decides and len(settled.on) == len(settled.on_at_other_host) == 256

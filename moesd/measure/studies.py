@@ -37,25 +37,6 @@ ENGINE_UNMEASURED = {"vllm": ("t_target_1", "t_target_gamma", "t_draft", "t_reje
 """Columns an engine other than moesd's own cannot measure (its sidecar's ``engine``): left empty in its rows."""
 
 
-SPEEDUP_TOLERANCE = 0.02
-"""Relative timing noise allowed above Eq. 4's ceiling ``sigma (gamma + 1)`` before a row is flagged."""
-
-
-TIME_COLUMNS = ("seconds", "t_ar", "t_sd", "t_target_1", "t_target_gamma", "t_draft", "t_reject")
-"""Columns in seconds, which must be > 0."""
-
-
-NULLABLE_COLUMNS = ("num_experts_per_tok", "sigma_target", "alpha", "activated_experts", "activated_experts_1",
-                    "activated_experts_gamma")
-"""Columns that may be empty (dense targets have no K and no experts, nor draft rows; real acceptance has no
-target sigma)."""
-
-
-ENGINE_UNMEASURED = {"vllm": ("t_target_1", "t_target_gamma", "t_draft", "t_reject", "speedup_eq4",
-                              "target_efficiency", "activated_experts_1", "activated_experts_gamma")}
-"""Columns an engine other than moesd's own cannot measure (its sidecar's ``engine``): left empty in its rows."""
-
-
 class MeasurementWarning(UserWarning):
     """A loaded result file holds a row that breaks a physical bound or is incomplete."""
 

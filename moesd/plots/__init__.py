@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt
+from matplotlib.ticker import LogFormatter
 
 PALETTE = ["#1b6ca8", "#d1495b", "#edae49", "#00798c", "#66a182", "#8d5a97", "#30343f", "#e07a5f"]
 """Colour cycle, readable in print and for the common colour-vision deficiencies."""
@@ -54,6 +55,12 @@ def caption(name: str, text: str) -> str:
 
     glue(name, text, display=False)
     return text
+
+
+def plain_log_axis(ax) -> None:
+    """Label a logarithmic x axis with plain numbers (1, 10, 100; 20, 30, 40 within a decade), not powers."""
+    ax.xaxis.set_major_formatter(LogFormatter())
+    ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
 
 
 def speedup_heatmap(frame, title: str = "", ax=None, vmax: float | None = None) -> plt.Figure:

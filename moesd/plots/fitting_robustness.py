@@ -9,15 +9,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FormatStrFormatter, LogFormatter
+from matplotlib.ticker import FormatStrFormatter
 
-from moesd.plots import PALETTE
-
-
-def _plain_log_axis(ax) -> None:
-    """Label a logarithmic x axis with plain numbers (1, 10, 100; 20, 30, 40 within a decade), not powers."""
-    ax.xaxis.set_major_formatter(LogFormatter())
-    ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
+from moesd.plots import PALETTE, plain_log_axis
 
 
 def _k_legend(figure: plt.Figure, ks, measured: str = "measured", model: str = "fitted", **where) -> None:
@@ -51,7 +45,7 @@ def mse_against_m(ours, paper, label_ours: str = "this project", label_paper: st
         for row in table[marked].itertuples():
             ax.annotate(f"$m = {row.m}$", (row.m, row.mse), textcoords="offset points", xytext=(6, 2), fontsize=8)
         ax.set(xscale="log", xlabel="measurements fitted $m$", ylabel="MSE over every point", title=title)
-        _plain_log_axis(ax)
+        plain_log_axis(ax)
         ax.legend(loc="upper right")
     figure.tight_layout()
     return figure
@@ -76,7 +70,7 @@ def residuals_against_b(table) -> plt.Figure:
             ax.plot(fitted["B"], fitted["residual"], "o", color=colour, ms=5)
         ax.axhline(0, color="0.2", lw=0.8)
         ax.set(xlabel="batch size $B$", title=f"$\\gamma = {gamma:g}$", xscale="log")
-        _plain_log_axis(ax)
+        plain_log_axis(ax)
     axes[0][0].set_ylabel("predicted $-$ measured speedup")
     handles = [Line2D([], [], color=PALETTE[i % len(PALETTE)], lw=2, label=f"$K = {k:g}$") for i, k in enumerate(ks)]
     handles.append(Line2D([], [], color="0.3", ls="", marker="o", ms=5, label="fitted point"))
@@ -115,7 +109,7 @@ def stage_time_ratios(table, gamma: int) -> plt.Figure:
             ax.plot(part["B"], part[f"{stage}_measured"], "o", color=colour, ms=3)
             ax.plot(part["B"], part[f"{stage}_fitted"], "-", color=colour, lw=1.3)
         ax.set(xlabel="batch size $B$", title=names[stage], xscale="log")
-        _plain_log_axis(ax)
+        plain_log_axis(ax)
         if stage != "verify":  # draft and rejection span decades; verification lies within one
             measured = rows[f"{stage}_measured"]
             floor = measured[measured > 0].min() / 10
@@ -167,7 +161,7 @@ def fit_grid(frame, fits, fits_per_row: int = 1, panel: tuple = (2.6, 1.9)) -> p
                 ax.plot(curve["B"], curve["predicted"], "-", color=colour, lw=1.0)
             ax.set_title(f"{title}, $\\gamma = {gamma:g}$", fontsize=9)
             ax.set_xscale("log")
-            _plain_log_axis(ax)
+            plain_log_axis(ax)
             ax.tick_params(labelsize=8)
     for ax in axes[-1]:
         ax.set_xlabel("batch size $B$", fontsize=9)

@@ -15,15 +15,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import LogFormatter
 
-from moesd.plots import PALETTE
-
-
-def _plain_log_axis(ax) -> None:
-    """Label a logarithmic x axis with plain numbers (1, 10, 100; 20, 30, 40 within a decade), not powers."""
-    ax.xaxis.set_major_formatter(LogFormatter())
-    ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
+from moesd.plots import PALETTE, plain_log_axis
 
 
 def _run_above(batch_size, value, level) -> tuple[float, float]:
@@ -88,7 +81,7 @@ def sparsity_panels(frame: pd.DataFrame, predicted=None, title: str = "", repeat
             if predicted is not None:
                 ax.plot(part["B"], part["predicted"], "-", color="0.15", lw=1.1)
             ax.set_xscale("log")
-            _plain_log_axis(ax)
+            plain_log_axis(ax)
             ax.set_title(f"$K = {k}$, $\\gamma = {gamma}$", fontsize=9)
             if row == len(gammas) - 1:
                 ax.set_xlabel("batch size $B$")
