@@ -1110,8 +1110,22 @@ CLI_COMMANDS = [
 ]
 
 
+# The second round of bad input: one list per kind of case.
+OUTPUT_FILES = [
+]
+
+NUMBERS = [
+]
+
+RESULT_FILES = [
+]
+
+TRACE_FILES = [
+]
+
+
 CASES = (EXPERTS + SPEEDUP + ROOFLINE + PROMPTS + PAPER + CLI + TRACES + IMPORTERS + FIT + MEASUREMENTS + PREDICT
-         + BENCH + CLI_COMMANDS)
+         + BENCH + CLI_COMMANDS + OUTPUT_FILES + NUMBERS + RESULT_FILES + TRACE_FILES)
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.integration) if c.integration else c for c in CASES],
