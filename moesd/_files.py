@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader sees the old file or the new one, never a partial one."""
+"""Files read and written safely: :func:`atomic_write` (a reader sees the old file or the new one, never a
+partial one) and :func:`regular_file` (no read blocks on a FIFO or runs forever on a device)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,44 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+
+
+def _kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in words ("regular file", "FIFO", ...)."""
+    return ("regular file" if stat.S_ISREG(mode) else "folder" if stat.S_ISDIR(mode)
+            else "character device" if stat.S_ISCHR(mode) else "block device" if stat.S_ISBLK(mode)
+            else "FIFO" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode) else "special file")
+
+
+def regular_file(name: str, path) -> Path:
+    """Refuse to read ``path`` unless it is an existing regular file (symbolic links followed).
+
+    A FIFO would block the reader forever and a device such as ``/dev/zero`` never ends.
+
+    Parameters
+    ----------
+    name : str
+        The argument or option naming the file, for the message (e.g. ``"--trace"``).
+    path : str or os.PathLike
+        The file.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+
+    Raises
+    ------
+    ValueError
+        If ``path`` does not exist or is not a regular file; the message names ``name`` and the path.
+    """
+    file = Path(path)
+    if not file.exists():
+        raise ValueError(f"{name} {str(file)!r} does not exist")
+    kind = _kind(file.stat().st_mode)
+    if kind != "regular file":
+        raise ValueError(f"{name} {str(file)!r} is a {kind}, not a regular file: refusing to read it")
+    return file
 
 
 @contextlib.contextmanager
@@ -25,12 +64,9 @@ def atomic_write(path, mode: str = "wb"):
     """
     path = Path(os.path.realpath(path))
     if path.exists():
-        kind = path.stat().st_mode
-        if not stat.S_ISREG(kind):
-            name = ("folder" if stat.S_ISDIR(kind) else "character device" if stat.S_ISCHR(kind)
-                    else "block device" if stat.S_ISBLK(kind) else "FIFO" if stat.S_ISFIFO(kind)
-                    else "socket" if stat.S_ISSOCK(kind) else "special file")
-            raise ValueError(f"{path} is a {name}, not a regular file: refusing to replace it")
+        kind = _kind(path.stat().st_mode)
+        if kind != "regular file":
+            raise ValueError(f"{path} is a {kind}, not a regular file: refusing to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
