@@ -474,3 +474,120 @@ def test_cli_sweep(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(arguments)
     assert "finished" in capsys.readouterr().err
+
+
+def _stopped_at(calls_before_stop: int, monkeypatch):
+    """Make ``bench.time_speculative`` raise KeyboardInterrupt at its ``calls_before_stop + 1``-th call."""
+    real, calls = bench.time_speculative, []
+
+    def stopping(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > calls_before_stop:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "time_speculative", stopping)
+    return real
+
+
+def test_an_overwrite_stopped_part_way_keeps_the_finished_sweep(tmp_path, monkeypatch):
+    """--overwrite of a finished sweep writes a partial file and moves it onto the result file only when complete."""
+    config = SweepConfig("e2e", **E2E)
+    path = run_sweep(config, tmp_path, progress=False)
+    finished = {name: (tmp_path / name).read_bytes() for name in ("e2e.csv", "e2e.json")}
+    real = _stopped_at(2 + 2 * 2, monkeypatch)  # the warm-up's two SD runs, two points, then stop
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(config, tmp_path, overwrite=True, progress=False)
+    assert {name: (tmp_path / name).read_bytes() for name in finished} == finished  # every finished row kept
+    partial = result_file.partial_file(path)
+    assert len(pd.read_csv(partial)) == 4 and not json.loads(partial.with_suffix(".json").read_text())["complete"]
+    with pytest.raises(FileExistsError, match="other settings"):  # the partial file is not another sweep's to take
+        run_sweep(SweepConfig("e2e", **{**E2E, "context": 9}), tmp_path, progress=False)
+    monkeypatch.setattr(bench, "time_speculative", real)
+    frame = pd.read_csv(run_sweep(config, tmp_path, progress=False))  # resumes the partial file, then moves it
+    assert len(frame) == 8 and not frame.duplicated(["run", "batch_size", "gamma"]).any()
+    assert (tmp_path / "e2e.csv").read_bytes() != finished["e2e.csv"]
+    assert json.loads((tmp_path / "e2e.json").read_text())["complete"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e2e.csv", "e2e.json"]
+
+
+def test_a_stale_partial_file_is_dropped_by_the_next_overwrite(tmp_path, monkeypatch):
+    config = SweepConfig("e2e", **{**E2E, "repeats": 1})
+    run_sweep(config, tmp_path, progress=False)
+    real = _stopped_at(2 + 2, monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(config, tmp_path, overwrite=True, progress=False)
+    assert result_file.partial_file(tmp_path / "e2e.csv").exists()
+    monkeypatch.setattr(bench, "time_speculative", real)
+    other = SweepConfig("e2e", **{**E2E, "repeats": 1, "context": 9})
+    assert len(pd.read_csv(run_sweep(other, tmp_path, overwrite=True, progress=False))) == 4
+    assert json.loads((tmp_path / "e2e.json").read_text())["settings"]["context"] == 9
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e2e.csv", "e2e.json"]
+
+
+@pytest.mark.parametrize("moved", [False, True])
+def test_a_move_cut_between_csv_and_sidecar_is_finished(tmp_path, moved):
+    """A stop inside ResultFile.finish leaves a complete partial sidecar: the next sweep finishes the move first."""
+    path, partial = tmp_path / "e2e.csv", result_file.partial_file(tmp_path / "e2e.csv")
+    path.write_text("run\n0\n")
+    path.with_suffix(".json").write_text('{"complete": true, "settings": {}}')
+    (path if moved else partial).write_text("run\n1\n")
+    partial.with_suffix(".json").write_text('{"complete": true, "settings": {"new": 1}}')
+    with pytest.raises(FileExistsError, match="finished"):
+        result_file.check_sweep(SweepConfig("e2e", **E2E), tmp_path)
+    assert path.read_text() == "run\n1\n"
+    assert json.loads(path.with_suffix(".json").read_text())["settings"] == {"new": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e2e.csv", "e2e.json"]
+
+
+def test_a_stop_between_sidecar_and_csv_resumes(tmp_path, monkeypatch):
+    """Each point writes the sidecar, then the CSV: a stop between them leaves a sidecar a point ahead, never rows
+    without their sidecar, and the sweep resumes."""
+    config = SweepConfig("e2e", **{**E2E, "repeats": 1})
+    real_write, writes = result_file.atomic_write, []
+
+    def stopping_write(path, mode="wb"):
+        writes.append(path)
+        if len(writes) == 3:  # the first point's sidecar and CSV, then the second point's sidecar
+            raise KeyboardInterrupt
+        return real_write(path, mode)
+
+    monkeypatch.setattr(result_file, "atomic_write", stopping_write)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(config, tmp_path, progress=False)
+    assert [p.suffix for p in writes] == [".json", ".csv", ".json"]
+    assert len(pd.read_csv(tmp_path / "e2e.csv")) == 2 and json.loads((tmp_path / "e2e.json").read_text())["rows"] == 2
+    monkeypatch.setattr(result_file, "atomic_write", real_write)
+    assert len(pd.read_csv(run_sweep(config, tmp_path, progress=False))) == 4
+
+
+def test_cli_sweep_stopped_by_ctrl_c_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    """Ctrl-C: one line with the rows kept, their file and the command that resumes (without --overwrite);
+    exit status 130."""
+    from moesd.cli import main
+
+    arguments = ["sweep", "e2e", *CLI_TINY, "--sigma", "0.8", "--out-dir", str(tmp_path)]
+    batch = arguments.index("--batch-sizes") + 1
+    arguments[batch:batch + 1] = ["1", "2"]  # two points
+    assert main(arguments) == 0
+    finished = (tmp_path / "e2e.csv").read_bytes()
+
+    def stopped(argv, calls_before_stop) -> str:
+        capsys.readouterr()
+        monkeypatch.setattr("sys.argv", ["moesd", *argv])
+        _stopped_at(calls_before_stop, monkeypatch)
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        err = capsys.readouterr().err
+        assert stop.value.code == 130 and "Traceback" not in err and err.endswith("\n"), err
+        return err.replace("\r", "\n").splitlines()[-1]  # the line after the progress bar
+
+    line = stopped([*arguments, "--overwrite"], 1 + 1)  # the warm-up's SD run and the first point's, then stop
+    assert (tmp_path / "e2e.csv").read_bytes() == finished
+    assert line == (f"interrupted: 1 row(s) kept in {tmp_path / '.e2e.partial.csv'} ({tmp_path / 'e2e.csv'} keeps its "
+                    f"rows until the sweep completes); resume with: moesd {' '.join(arguments)}")
+    line = stopped(arguments, 0)  # the resume, stopped in its warm-up: the same command resumes
+    assert line.startswith("interrupted: 1 row(s)") and line.endswith(f"resume with: moesd {' '.join(arguments)}")
+    line = stopped([*arguments, "--overwrite"], 0)  # nothing measured: the command is the same, --overwrite kept
+    assert line.startswith("interrupted: 0 row(s)") and line.endswith(" --overwrite")
+    assert (tmp_path / "e2e.csv").read_bytes() == finished

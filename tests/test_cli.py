@@ -115,3 +115,21 @@ def test_fit_with_appendix_c2_bounds(tmp_path, capsys):
         main(["fit", str(synthetic), "--bounds", "appendix-c2"])
     assert exit_.value.code == 2
     assert "settings.draft, a t_reject column" in capsys.readouterr().err
+
+
+def test_predict_writes_csv_and_plot_once_and_replaces_them_with_overwrite(tmp_path, capsys):
+    """--csv and --plot refuse existing files (leaving them as they were) unless --overwrite, and are written
+    atomically: no temporary file is left beside them."""
+    csv, plot = tmp_path / "p.csv", tmp_path / "p.svg"
+    argv = ["predict", "--target", "qwen3-30b-a3b", "--draft", "qwen3-0.6b", "--hardware", "H100", "--batch", "8",
+            "--csv", str(csv), "--plot", str(plot)]
+    assert main(argv) == 0
+    assert csv.read_text().startswith("batch_size,") and plot.read_text().lstrip().startswith("<?xml")
+    written = {path: path.read_bytes() for path in (csv, plot)}
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--gamma", "2"])
+    assert exit_.value.code == 2 and "p.csv' exists; pass --overwrite" in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in (csv, plot)} == written
+    assert main([*argv, "--gamma", "2", "--overwrite"]) == 0
+    assert csv.read_bytes() != written[csv] and sorted(p.name for p in tmp_path.iterdir()) == ["p.csv", "p.svg"]
+

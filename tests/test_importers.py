@@ -241,7 +241,7 @@ def test_layer_csv_excerpt():
     ("0,1 2\n0,x 2\n", r"r\.csv:2: expert_ids must be whole numbers, got 'x 2'"),
     ("0,1 2\nq,1 2\n", r"r\.csv:2: layer_id must be a whole number"),
     ("0,1 2\n0\n", r"r\.csv:2: expected two fields"),
-    ("0,1 2\n1,\n", r"r\.csv:2: expert_ids is empty"),
+    ("0,1 2\n1,\n", r"r\.csv:2: expert_ids must be a non-empty list of expert ids, got \[\]"),
     ("0,1 2\n0,2 1 3\n", "different numbers of experts"),
     ("", "no routing lines"),
 ])
@@ -249,6 +249,13 @@ def test_layer_csv_errors(tmp_path, text, message):
     (tmp_path / "r.csv").write_text(text)
     with pytest.raises(ValueError, match=message):
         from_layer_csv(tmp_path / "r.csv", num_experts=8)
+
+
+@pytest.mark.parametrize("text", ["0,3 1\n0,2 1\n", "\ufeff0,3 1\n0,2 1\n", "layer_id,expert_ids\n0,3 1\n0,2 1\n"])
+def test_layer_csv_reads_the_first_line_of_a_headerless_file(tmp_path, text):
+    """A first line with a digit is a token (it was skipped as a header when it started with a byte-order mark)."""
+    (tmp_path / "r.csv").write_text(text, encoding="utf-8")
+    assert from_layer_csv(tmp_path / "r.csv", num_experts=4).experts[:, 0].tolist() == [[3, 1], [2, 1]]
 
 
 def test_layer_csv_ragged(tmp_path):
@@ -329,11 +336,16 @@ def test_importers_take_their_path_by_keyword_and_warn_at_the_callers_line(tmp_p
     """The file-naming wrapper keeps each importer's signature and reports warnings where it was called,
     also when the import then fails (the warning often explains the failure)."""
     path = tmp_path / "routes.csv"
-    path.write_text("layer_id,expert_ids\n0,1 2\n0,1 1\n1,1 2\n")  # layer 0 lists a second token, [1, 1]
+    path.write_text("layer_id,expert_ids\n0,1 2\n0,1 3\n1,1 2\n")  # layer 0 lists a second token
     with pytest.warns(UserWarning, match="different numbers of tokens") as record:
         trace = from_layer_csv(path=path, num_experts=4)
     assert trace.experts.shape == (1, 2, 2) and record[0].filename == __file__
-    with pytest.warns(UserWarning, match="different numbers of tokens") as record:
-        with pytest.raises(ValueError, match="routes.csv: token 1 lists an expert twice in layer 0"):
-            from_layer_csv(path, num_experts=4, ragged="keep")
+    meta = {"type": "meta", "model_id": "m", "layers_logged": [0, 1], "top_k": 2}
+    for layer, rows in ((0, [[0, 1], [0, 1]]), (1, [[0, 1, 2]])):  # layer 1 ends early, with K = 3
+        routes = [{"type": "route", "req_id": "a", "token_idx": i, "layer": layer, "topk_ids": ids}
+                  for i, ids in enumerate(rows)]
+        (tmp_path / f"layer{layer}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [meta, *routes]))
+    with pytest.warns(UserWarning, match="layer files end early") as record:
+        with pytest.raises(ValueError, match="layer1.jsonl:2: 3 experts per token where .*layer0.jsonl:2 has 2"):
+            from_vllm_moe_log([tmp_path / "layer0.jsonl", tmp_path / "layer1.jsonl"], num_experts=4, ragged="keep")
     assert record[0].filename == __file__

@@ -245,3 +245,27 @@ def test_fit_takes_bounds_or_a_model_not_both():
         fit_speedup_model(frame, ridge_tokens_for(sidecar), hardware="H100", bounds=(np.zeros(10), np.ones(10)))
     with pytest.raises(ValueError, match="lower <= upper"):
         fit_speedup_model(frame, ridge_tokens_for(sidecar), bounds=(np.ones(10), np.zeros(10)))
+
+
+def test_the_fit_reader_takes_what_it_is_allowed_to(tmp_path):
+    """An unfinished sweep with a speedup above Eq. 4's ceiling: refused by default, read when both are allowed."""
+    from moesd.model.measurements import read_result_file
+
+    rows = pd.DataFrame({"run": 0, "batch_size": [1, 2], "gamma": 2, "num_experts_per_tok": 2, "sigma": 0.9,
+                         "speedup": [1.5, 3.0]})
+    rows.to_csv(tmp_path / "e2e.csv", index=False)
+    (tmp_path / "e2e.json").write_text(json.dumps({"complete": False}))
+    with pytest.raises(ValueError, match="complete: false"):
+        read_result_file(tmp_path / "e2e.csv")
+    with pytest.raises(ValueError, match="line 3 .*exceeds Eq. 4's ceiling"):
+        read_result_file(tmp_path / "e2e.csv", allow_incomplete=True)
+    read, sidecar = read_result_file(tmp_path / "e2e.csv", allow_incomplete=True, allow_above_ceiling=True)
+    assert len(read) == 2 and sidecar == {"complete": False}
+
+
+def test_a_cut_last_line_is_dropped_by_every_reader(tmp_path):
+    from moesd.measure.studies import read_rows
+
+    (tmp_path / "e2e.csv").write_text("run,speedup\n0,1.5\n1,1.4")
+    with pytest.warns(MeasurementWarning, match="e2e.csv: dropped line 3, cut mid-line"):
+        assert read_rows(tmp_path / "e2e.csv")["run"].tolist() == [0]

@@ -145,3 +145,13 @@ def test_alpha_from_sigma_broadcasts_over_gamma():
 def test_bad_input_names_the_argument(call, name):
     with pytest.raises(ValueError, match=rf"^{name} "):
         call()
+
+
+def test_eq4_at_times_near_the_float_maximum_does_not_overflow():
+    """gamma T_D once overflowed to inf (a speedup of 0.0 with only a numpy warning); the ratios come first now."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert speedup(0.5, 4, 1e308, 1e308, 1e308, 1e308) == pytest.approx(2.5 / 6)
+        assert speedup_terms(0.5, 2, 1e-300, 1e300, 1.0).target_efficiency == 0.0

@@ -75,10 +75,20 @@ def test_windows_stop_at_position_gaps_and_unlogged_entries(t):
     assert len(got) < len(reference_windows(random_trace(5, tokens=200, E=90, K=3), t))
 
 
-def test_a_repeated_position_is_not_consecutive():
+def test_a_repeated_position_is_refused_unless_rejected():
+    """Two tokens at one (sequence, position) were accepted (and counted as no run); a rejected draft token
+    shares its position with the sequence's own token."""
     experts = np.array([[[0, 1]], [[2, 3]], [[4, 5]]])
-    trace = RoutingTrace(experts, 8, sequence=[0, 0, 0], position=[0, 1, 1])
-    assert window_union(trace, 2)["union"].tolist() == [4]  # tokens 0-1 only; 1 and 1 are not a run
+    with pytest.raises(ValueError, match=r"tokens 1 and 2 are both sequence 0 position 1"):
+        RoutingTrace(experts, 8, sequence=[0, 0, 0], position=[0, 1, 1])
+    trace = RoutingTrace(experts, 8, sequence=[0, 0, 0], position=[0, 1, 1], phase=["decode", "rejected", "decode"])
+    assert trace.num_tokens == 3
+
+
+def test_ids_above_int32_keep_their_value():
+    """E above 2**31 stored ids in int32, wrapping them negative."""
+    trace = RoutingTrace(np.array([[[2**31 + 3, 1]]]), 2**32)
+    assert trace.experts.dtype == np.int64 and trace.experts[0, 0, 0] == 2**31 + 3
 
 
 def test_window_longer_than_every_sequence_is_empty():

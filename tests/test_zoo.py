@@ -146,3 +146,15 @@ def test_models_are_found_by_name_or_hub_id_in_any_case():
     assert get_model("Qwen2-57B-A14B") is spec and get_model(spec.hub_id.upper()) is spec
     with pytest.raises(KeyError, match="unknown model 'qwen2-57b'"):
         get_model("qwen2-57b")
+
+
+def test_a_cut_that_keeps_only_dense_layers_is_refused():
+    """DeepSeek-V3's first 3 layers are dense: a routing trace keeps at least 4; Mixtral routes in every layer."""
+    deepseek = get_model("deepseek-v3")
+    deepseek.check_routed_layers(4)
+    deepseek.check_routed_layers(None)
+    get_model("mixtral-8x7b").check_routed_layers(1)
+    with pytest.raises(ValueError, match=r"num_layers 3 keeps only dense layers .* give num_layers >= 4"):
+        deepseek.check_routed_layers(3)
+    with pytest.raises(ValueError, match="opt-30b is dense"):
+        get_model("opt-30b").check_routed_layers(2)

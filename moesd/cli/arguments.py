@@ -1,33 +1,77 @@
 """Checks and conversions of command-line arguments that several sub-commands share."""
 
 import argparse
+import re
 from pathlib import Path
 
 import numpy as np
 
-from moesd._checks import UsageError, usage_errors
+from moesd._checks import LARGEST_WHOLE, UsageError, usage_errors
+
+
+MAX_VALUES = 10**5
+"""The most values one list option (``--batch 1-256``, ``--alpha 0.7,0.9``) may hold."""
+_WHOLE_OR_RANGE = re.compile(r"([+-]?[0-9]+)(?:-([+-]?[0-9]+))?")
+
+
+def _parts(text: str, name: str, example: str) -> list[str]:
+    """The comma-separated parts of ``text``, stripped; UsageError naming ``name`` for an empty one or too many."""
+    parts = [part.strip() for part in text.split(",")]
+    if "" in parts:
+        raise UsageError(f"{name} has an empty part in {text!r}: give {example}")
+    if len(parts) > MAX_VALUES:
+        raise UsageError(f"{name} has {len(parts)} parts; at most {MAX_VALUES} values are allowed")
+    return parts
 
 
 def integers(text: str, name: str) -> np.ndarray:
-    """``"1-5"``, ``"1,2,4"`` or ``"1-4,8,16"`` as sorted unique integers; ValueError naming ``name``."""
-    values = set()
-    try:
-        for part in text.split(","):
-            low, _, high = part.partition("-")
-            low, high = int(low), int(high or low)
-            if high < low:
-                raise ValueError
-            values.update(range(low, high + 1))
-    except ValueError:
-        raise UsageError(f"{name} must be integers such as 1-5, 1,2,4 or 1-4,8, got {text!r}") from None
-    return np.array(sorted(values))
+    """``"1-5"``, ``"1,2,4"`` or ``"1-4,8,16"`` as sorted unique int64 integers.
+
+    Raises
+    ------
+    UsageError
+        Naming ``name``, for an empty part, a part that is not a whole number or a range ``low-high`` with
+        ``low <= high``, a number of magnitude 2^53 or more (a float would round it), or more than
+        :data:`MAX_VALUES` values in all (counted before any is built). Negative numbers are parsed (``-3``,
+        ``-5--1``) for the caller's range check to name.
+    """
+    example = "whole numbers such as 1-5, 1,2,4 or 1-4,8"
+    ranges = []
+    for part in _parts(text, name, example):
+        match = _WHOLE_OR_RANGE.fullmatch(part)
+        if match is None:
+            raise UsageError(f"{name} must be {example}, got {text!r}")
+        low, high = int(match[1]), int(match[2] or match[1])
+        if high < low:
+            raise UsageError(f"{name}: the range {part!r} runs backwards; write it low-high")
+        if max(-low, high) >= LARGEST_WHOLE:
+            raise UsageError(f"{name} must be whole numbers below 2^53 = {LARGEST_WHOLE:.0f} in magnitude, "
+                             f"got {low if -low >= LARGEST_WHOLE else high}")
+        ranges.append((low, high))
+    count = sum(high - low + 1 for low, high in ranges)
+    if count > MAX_VALUES:
+        raise UsageError(f"{name} {text!r} holds {count} values; at most {MAX_VALUES} are allowed")
+    return np.unique(np.concatenate([np.arange(low, high + 1, dtype=np.int64) for low, high in ranges]))
 
 
 def numbers(text: str, name: str) -> np.ndarray:
+    """``"0.8"`` or ``"0.7,0.9"`` as sorted unique floats.
+
+    Raises
+    ------
+    UsageError
+        Naming ``name``, for an empty part, a part that is not a number, a non-finite one (``nan``, ``inf``,
+        ``1e999``), or more than :data:`MAX_VALUES` parts. The caller checks the range.
+    """
+    example = "numbers such as 0.8 or 0.7,0.9"
+    parts = _parts(text, name, example)
     try:
-        return np.array(sorted({float(part) for part in text.split(",")}))
+        values = np.array(sorted({float(part) for part in parts}))
     except ValueError:
-        raise UsageError(f"{name} must be numbers such as 0.8 or 0.7,0.9, got {text!r}") from None
+        raise UsageError(f"{name} must be {example}, got {text!r}") from None
+    if not np.isfinite(values).all():
+        raise UsageError(f"{name} must be finite {example}, got {text!r}")
+    return values
 
 
 def random_model_spec(args: argparse.Namespace) -> None:
@@ -45,6 +89,8 @@ def random_model_spec(args: argparse.Namespace) -> None:
                          f"{', '.join(SUPPORTED_MODEL_TYPES)}, not {spec.model_type!r}")
     if args.layers is not None and not 1 <= args.layers <= spec.num_layers:
         raise UsageError(f"--layers must be in [1, {spec.num_layers}] ({spec.name}), got {args.layers}")
+    with usage_errors():
+        spec.check_routed_layers(args.layers, "--layers")
     if not 0 < args.width <= 1:
         raise UsageError(f"--width must be in (0, 1], got {args.width}")
 
@@ -74,7 +120,7 @@ def sigma_per_gamma(words: list[str], gammas) -> dict | str:
 
 SWEEP_OPTIONS = {"target", "draft", "weights", "layers", "draft_layers", "width", "batch_sizes", "gammas", "top_ks",
                   "sigma", "context", "rounds", "warmup_rounds", "repeats", "dtype", "device",
-                  "cuda_graphs"}
+                  "cuda_graphs", "target_path", "draft_path"}
 
 
 def as_option(message: str) -> str:

@@ -8,13 +8,12 @@ import pandas as pd
 from moesd._checks import UsageError, usage_errors
 
 
-def _read_result_file(path) -> tuple[pd.DataFrame, dict | None]:
-    """The rows of an e2e or sparsity result file and its sidecar (None if absent), or a one-line UsageError."""
-    import json
+def _read_result_file(args: argparse.Namespace) -> tuple[pd.DataFrame, dict | None]:
+    """The rows of an e2e or sparsity result file and its sidecar (None if absent), or a one-line UsageError
+    (:func:`moesd.model.measurements.read_result_file`)."""
+    from moesd.model.measurements import read_result_file
 
-    from moesd.measure.analysis import FITTING_COLUMNS
-
-    path = Path(path)
+    path = Path(args.measurements)
     if path.is_dir():
         found = [str(path / f"{study}.csv") for study in ("sparsity", "e2e") if (path / f"{study}.csv").exists()]
         raise UsageError(f"{path} is a directory; give an e2e or sparsity result file"
@@ -25,27 +24,8 @@ def _read_result_file(path) -> tuple[pd.DataFrame, dict | None]:
         raise UsageError(f"{path} is a routing trace (.npz); moesd fit reads an e2e or sparsity result file (.csv)")
     if path.suffix == ".json":
         raise UsageError(f"{path} is a sidecar; give the result file beside it ({path.with_suffix('.csv')})")
-    try:
-        rows = pd.read_csv(path)
-    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
-        raise UsageError(f"{path} is not a readable CSV file ({str(error).splitlines()[0]})") from None
-    if {"role", "tokens", "seconds"} <= set(rows.columns):
-        siblings = [str(path.parent / f"{study}.csv") for study in ("sparsity", "e2e")
-                    if (path.parent / f"{study}.csv").exists()]
-        hint = f"fit {' or '.join(siblings)}" if siblings else "measure one with `moesd sweep sparsity`"
-        raise UsageError(f"{path} is a forward study (stage times per forward, no speedups); moesd fit needs an "
-                         f"e2e or sparsity result: {hint}")
-    missing = [column for column in FITTING_COLUMNS if column not in rows.columns]
-    if missing:
-        raise UsageError(f"{path} lacks the column(s) {', '.join(missing)}; moesd fit reads the e2e or sparsity "
-                         "result files of `moesd sweep`")
-    if rows["num_experts_per_tok"].isna().all():
-        raise UsageError(f"{path} has no experts per token (a dense target?); Algorithm 1 fits an MoE target")
-    sidecar = path.with_suffix(".json")
-    try:
-        return rows, json.loads(sidecar.read_text()) if sidecar.exists() else None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise UsageError(f"{sidecar} is not valid JSON ({error})") from None
+    with usage_errors():
+        return read_result_file(path, args.allow_incomplete, args.allow_above_ceiling)
 
 
 def _experts(args: argparse.Namespace, sidecar: dict | None) -> tuple[int, str]:
@@ -97,7 +77,7 @@ def run(args: argparse.Namespace) -> None:
 
     if args.stride is not None and args.stride < 1:
         raise UsageError(f"--stride must be >= 1, got {args.stride}")
-    rows, sidecar = _read_result_file(args.measurements)
+    rows, sidecar = _read_result_file(args)
     experts, experts_source = _experts(args, sidecar)
     rp, rp_source = _ridge_point(args, sidecar)
     repeats = int(rows["run"].nunique()) if "run" in rows else 1
@@ -157,6 +137,10 @@ def add_parser(commands) -> None:
     fit.add_argument("--variant", default="eq4", choices=["eq4", "printed"], help="Algorithm 1 denominator")
     fit.add_argument("--verify-tokens", default="gamma", choices=["gamma", "gamma+1"],
                      help="tokens per sequence verified: Algorithm 1's gamma or vLLM's gamma + 1")
+    fit.add_argument("--allow-incomplete", action="store_true",
+                     help="fit the rows of a sweep that stopped part-way (its sidecar says complete: false)")
+    fit.add_argument("--allow-above-ceiling", action="store_true",
+                     help="fit rows whose speedup exceeds Eq. 4's ceiling sigma (gamma + 1) (timing noise?)")
     fit.add_argument("--stride", type=int, help="fit df[::stride] of the rows sorted by K, gamma, B")
     fit.add_argument("--bounds", default="free", choices=["free", "appendix-c2"],
                      help="free: time-like parameters in [0, inf), reported relative to bias (default); appendix-c2: "

@@ -65,7 +65,9 @@ def _regime(args: argparse.Namespace) -> None:
         print(f"{row.model}: {row.dtype} streams {row.streaming_share:.2f} of its step"
               + ("" if row.in_regime else f", below {MIN_STREAMING_SHARE:g}: not the paper's regime"))
     if args.json is not None:
-        with open(args.json, "w") as file:
+        from moesd._files import atomic_write
+
+        with atomic_write(args.json, "w") as file:
             json.dump(check.as_dict(), file, indent=1)
         print(f"-> {args.json}")
 

@@ -2,6 +2,7 @@
 
 import argparse
 import sys
+from pathlib import Path
 
 
 from moesd._checks import UsageError, usage_errors
@@ -32,16 +33,20 @@ def run(args: argparse.Namespace) -> None:
         raise UsageError("--tp and --draft-tp apply only with --engine vllm")
 
     from moesd.measure.bench import run_sweep  # torch: after the settings are checked
-    from moesd.measure.result_file import check_sweep
+    from moesd.measure.result_file import check_sweep, writing_file
 
     with usage_errors():  # device, --out-dir and an existing result file, before any model is built
         path = check_sweep(config, args.out_dir, args.overwrite)
-    if args.engine == "vllm":
-        from moesd.measure.vllm_engine import run_sweep as run_vllm_sweep
+    writing = writing_file(path, config, args.overwrite)[0]
+    try:
+        if args.engine == "vllm":
+            from moesd.measure.vllm_engine import run_sweep as run_vllm_sweep
 
-        path = run_vllm_sweep(config, path.parent, overwrite=args.overwrite, tp=args.tp, draft_tp=args.draft_tp)
-    else:
-        run_sweep(config, path.parent, overwrite=args.overwrite)
+            path = run_vllm_sweep(config, path.parent, overwrite=args.overwrite, tp=args.tp, draft_tp=args.draft_tp)
+        else:
+            run_sweep(config, path.parent, overwrite=args.overwrite)
+    except KeyboardInterrupt:
+        _interrupted(writing, path)
     print(f"{config.study} study -> {path}")
     from moesd.measure.studies import check_file
 
@@ -52,6 +57,24 @@ def run(args: argparse.Namespace) -> None:
         print(f"warning: {len(problems)} problem(s) in {path.name} (a bound broken by timing noise in short windows: "
               "more --rounds or --repeats); moesd.measure.studies.load, which the chapters use, warns of them too",
               file=sys.stderr)
+
+
+def _interrupted(writing: Path, path: Path) -> None:
+    """Say, on one line, how many rows a sweep stopped by Ctrl-C keeps and the command that resumes it; exit 130.
+
+    The rows are those of ``writing`` (the result file ``path``, or its partial file while a sweep
+    replaces ``path``); the command is this one without ``--overwrite`` once it has a row to resume.
+    """
+    import shlex
+
+    from moesd.measure.result_file import read_complete_rows
+
+    rows = len(read_complete_rows(writing)) if writing.exists() else 0
+    argv = sys.argv[1:] if not rows else [argument for argument in sys.argv[1:] if argument != "--overwrite"]
+    where = f"{writing} ({path} keeps its rows until the sweep completes)" if writing != path else str(writing)
+    print(f"interrupted: {rows} row(s) kept in {where}; resume with: {shlex.join(['moesd', *argv])}",
+          file=sys.stderr)
+    raise SystemExit(130)
 
 
 def add_parser(commands) -> None:
@@ -89,7 +112,8 @@ def add_parser(commands) -> None:
     sweep.add_argument("--device", help="cpu, cuda or cuda:N")
     sweep.add_argument("--out-dir", help="folder of the result file (default: $MOESD_DATA/measurements/<device>, "
                                          "MOESD_DATA defaulting to the repository's data/)")
-    sweep.add_argument("--overwrite", action="store_true", help="replace a finished result file")
+    sweep.add_argument("--overwrite", action="store_true",
+                       help="replace a finished result file (kept until the new sweep completes)")
     sweep.add_argument("--cuda-graphs", action="store_true",
                        help="on CUDA: run each forward as a CUDA graph replay over a static cache (forward "
                             "studies time the replays; end-to-end studies decode with them)")

@@ -274,7 +274,8 @@ def run_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False, progre
 
     Everything :func:`check_sweep` checks is checked before any model is built. Every point is written
     (atomically, with the sidecar) as soon as it is measured; a sweep stopped part-way resumes from its
-    complete rows when run again with the same settings.
+    complete rows when run again with the same settings. ``overwrite`` replaces a finished result file
+    only once the new sweep is complete (:func:`moesd.measure.result_file.writing_file`).
     """
     result = ResultFile(check_sweep(config, out_dir, overwrite), config, overwrite)
     if config.study in FORWARD_STUDIES:

@@ -6,13 +6,13 @@ atomically after every point together with a JSON sidecar of the environment (:f
 device, software, commit, command, the measured roofline of :mod:`moesd.measure.hardware`). A sweep
 that stops part-way resumes where it stopped when run again with the same settings: a row cut
 mid-line or incomplete is dropped (:func:`read_complete_rows`) and its point measured again. A
-finished result file is never replaced without ``overwrite=True`` (:func:`check_sweep`).
+finished result file is never replaced without ``overwrite=True`` (:func:`check_sweep`), and even then
+only once the new sweep is complete: until then it goes to a partial file beside it (:func:`writing_file`).
 """
 
 from __future__ import annotations
 
 import datetime
-import io
 import json
 import math
 import os
@@ -29,9 +29,9 @@ import torch
 
 from moesd._checks import UsageError, torch_device, writable_folder
 from moesd._files import atomic_write
-from moesd.measure.hardware import cpu_name, measured_roofline
-from moesd.measure.studies import NULLABLE_COLUMNS, measurements_dir
-from moesd.measure.sweeps import FORWARD_STUDIES, SweepConfig, gpu_label
+from moesd.measure.hardware import cpu_name, device_memory_bytes, measured_roofline
+from moesd.measure.studies import NULLABLE_COLUMNS, measurements_dir, read_rows, read_sidecar, repeated_points
+from moesd.measure.sweeps import FORWARD_STUDIES, SweepConfig, check_memory, gpu_label
 from moesd.theory.speedup import alpha_from_sigma
 from moesd.zoo import default_experts_implementation, get_model
 
@@ -118,8 +118,10 @@ def device_label(device: str) -> str:
 def check_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False) -> Path:
     """The result file a sweep will write, after every check that needs no model.
 
-    The device must be here, the folder (default ``$MOESD_DATA/measurements/<device>``) writable, and
-    an existing result file resumable (see :class:`ResultFile`) unless ``overwrite``.
+    The device must be here and hold the models' weights and KV caches (:func:`~moesd.measure.sweeps.check_memory`),
+    the folder (default ``$MOESD_DATA/measurements/<device>``) writable, and
+    an existing result file (or the partial file of a sweep replacing it) resumable (see :func:`writing_file`)
+    unless ``overwrite``.
 
     Raises
     ------
@@ -130,10 +132,54 @@ def check_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False) -> P
         If the result file holds a finished sweep or one with other settings and ``overwrite`` is False.
     """
     check_device(config.device)
+    check_memory(config, device_memory_bytes(config.device), config.device)
     folder = out_dir if out_dir is not None else measurements_dir() / device_label(config.device)
     path = writable_folder("out_dir", folder) / f"{config.study}.csv"
-    _resumable(path, config, overwrite)
+    writing_file(path, config, overwrite)
     return path
+
+
+def partial_file(path) -> Path:
+    """Where a sweep replacing the result file ``path`` (``overwrite``) writes until it is complete:
+    ``.<study>.partial.csv`` beside it, with its sidecar ``.<study>.partial.json``."""
+    path = Path(path)
+    return path.with_name(f".{path.stem}.partial{path.suffix}")
+
+
+def writing_file(path, config: SweepConfig, overwrite: bool = False) -> tuple[Path, bool]:
+    """The file a sweep of the result file ``path`` writes its rows to, and whether it resumes rows from it.
+
+    A sweep writes ``path`` itself, except when ``overwrite`` replaces an existing one: then it writes
+    :func:`partial_file` and moves it onto ``path`` only when complete (:meth:`ResultFile.finish`), so
+    that until then ``path`` keeps every row it had. Without ``overwrite``, a partial file of the same
+    settings (the sweep that would replace ``path`` was stopped) is resumed.
+
+    Raises
+    ------
+    UsageError, FileExistsError
+        As :func:`check_sweep` does, for ``path`` or for a partial file of other settings.
+    """
+    path = Path(path)
+    partial = partial_file(path)
+    _finish_swap(path)
+    if not overwrite and partial.exists() and _resumable(partial, config, False):
+        return partial, True
+    resume = _resumable(path, config, overwrite)
+    return (partial if path.exists() and not resume else path), resume
+
+
+def _finish_swap(path: Path) -> None:
+    """Move a complete partial file and its sidecar onto ``path`` where a stop cut :meth:`ResultFile.finish`
+    between the two (only a complete sweep's partial sidecar says ``"complete": true``)."""
+    partial = partial_file(path)
+    try:
+        complete = json.loads(partial.with_suffix(".json").read_text()).get("complete")
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return
+    if complete is True:
+        if partial.exists():
+            os.replace(partial, path)
+        os.replace(partial.with_suffix(".json"), path.with_suffix(".json"))
 
 
 def _key(row: dict, columns) -> tuple:
@@ -153,24 +199,22 @@ def _key(row: dict, columns) -> tuple:
 def read_complete_rows(path, nullable=NULLABLE_COLUMNS) -> list[dict]:
     """The complete rows of a result CSV; a line cut mid-way or a row with empty cells is dropped.
 
-    A row is complete when its line ends with a newline, it has the header's number of fields, and
-    no cell outside ``nullable`` (default :data:`NULLABLE_COLUMNS`) is empty. Each dropped row is
-    named in a warning.
+    A row is complete when its line ends with a newline (:func:`moesd.measure.studies.read_rows`), it
+    has the header's number of fields, and no cell outside ``nullable`` (default
+    :data:`NULLABLE_COLUMNS`) is empty. A point found in several rows (a row copied by hand) keeps none
+    of them. Each dropped row is named in a warning; its point is measured again.
     """
-    text = Path(path).read_text()
-    lines = text.splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        warnings.warn(f"{path}: dropped line {len(lines)}, cut mid-line; its point will be measured again",
-                      stacklevel=2)
-        lines = lines[:-1]
-    if len(lines) < 2:
-        return []
-    frame = pd.read_csv(io.StringIO("".join(lines)), on_bad_lines="warn")
+    frame = read_rows(path)
     required = [column for column in frame.columns if column not in nullable]
-    incomplete = frame[required].isna().any(axis=1)
+    incomplete = frame[required].isna().any(axis=1).to_numpy().copy()
     for index in np.flatnonzero(incomplete):
         warnings.warn(f"{path}: dropped data row {index + 1}, which has empty cells; its point will be "
                       "measured again", stacklevel=2)
+    repeats = repeated_points(frame)
+    for index, first in repeats.items():
+        warnings.warn(f"{path}: dropped data rows {first + 1} and {index + 1}, which hold the same point; it will "
+                      "be measured again", stacklevel=2)
+    incomplete[[*repeats, *repeats.values()]] = True
     return frame[~incomplete].to_dict("records")
 
 
@@ -182,11 +226,11 @@ def _resumable(path: Path, config: SweepConfig, overwrite: bool) -> bool:
             raise UsageError(f"{file} is not a regular file; choose another out_dir")
     if overwrite or not path.exists():
         return False
-    try:
-        previous = json.loads(sidecar.read_text()) if sidecar.exists() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        previous = {}
     elsewhere = "pass overwrite (--overwrite) to replace it, or write elsewhere (out_dir, --out-dir or MOESD_DATA)"
+    try:
+        previous = read_sidecar(sidecar)
+    except ValueError as error:  # missing, cut or malformed: judge the rows by the settings they record
+        return _resumable_without_sidecar(path, config, str(error), elsewhere)
     if previous.get("complete"):
         raise FileExistsError(f"{path} holds a finished sweep; {elsewhere}")
     if previous.get("settings") != config.settings():
@@ -194,16 +238,60 @@ def _resumable(path: Path, config: SweepConfig, overwrite: bool) -> bool:
     return True
 
 
+def _resumable_without_sidecar(path: Path, config: SweepConfig, problem: str, elsewhere: str) -> bool:
+    """Resume ``path`` whose sidecar is ``problem`` (missing, cut, malformed) when its rows are this sweep's.
+
+    Each row records its point and its ``context`` (and ``rounds``, ``warmup_rounds`` in e2e-type
+    studies): when all lie in ``config``'s grid, the rows are kept with a warning (the sidecar is
+    written anew at the next point); the models and dtype, which only the sidecar records, cannot be checked.
+
+    Raises
+    ------
+    FileExistsError
+        Naming the sidecar's problem and a row setting that differs from ``config``'s.
+    """
+    rows = pd.DataFrame(read_complete_rows(path))
+    grid = {"context": (config.context,), "batch_size": config.batch_sizes, "run": range(config.repeats),
+            "num_experts_per_tok": config.top_k_values}
+    if config.study in FORWARD_STUDIES:
+        grid["tokens"] = {1, *config.gammas, *(g + 1 for g in config.gammas)}
+    else:
+        grid.update(gamma=config.gammas, rounds=(config.rounds,), warmup_rounds=(config.warmup_rounds,))
+    for column, allowed in grid.items() if not rows.empty else ():
+        allowed = {_key({column: value}, [column]) for value in allowed}
+        other = ([] if column not in rows else
+                 [value for value in rows[column].unique() if _key({column: value}, [column]) not in allowed])
+        if column not in rows or other:
+            what = f"no {column} column" if column not in rows else f"{column} {other[0]}, not this sweep's"
+            raise FileExistsError(f"{problem}; the rows of {path} were measured with other settings ({what}), so "
+                                  f"they cannot be resumed: {elsewhere}")
+    warnings.warn(f"{problem}: resuming from the {len(rows)} row(s) of {path.name}, whose points, context and "
+                  "rounds are this sweep's; the sidecar is written anew at the next point. The models and dtype "
+                  "of those rows cannot be checked without it: if they are not this command's, stop and pass "
+                  "overwrite (--overwrite)", stacklevel=3)
+    return True
+
+
 class ResultFile:
-    """``<study>.csv`` plus its ``.json`` sidecar: resumable, written atomically, never silently replaced."""
+    """``<study>.csv`` plus its ``.json`` sidecar: resumable, written atomically, never silently replaced.
+
+    Rows go to :attr:`writing` (see :func:`writing_file`): ``path``, or its partial file while a sweep
+    replaces ``path``. Each point rewrites the sidecar first and then the CSV, each atomically, so a stop
+    between the two leaves a sidecar of the same settings one point ahead (the point is measured again),
+    never rows without their sidecar; ``"complete": true`` is written only after the last row.
+    """
 
     nullable = NULLABLE_COLUMNS
     """Columns a complete row may leave empty (an engine that cannot measure a column adds it)."""
 
     def __init__(self, path, config: SweepConfig, overwrite: bool = False):
-        self.path, self.sidecar = Path(path), Path(path).with_suffix(".json")
-        self.config, self.columns = config, config.key_columns()
-        rows = read_complete_rows(self.path, self.nullable) if _resumable(self.path, config, overwrite) else []
+        self.path, self.config, self.columns = Path(path), config, config.key_columns()
+        self.writing, resume = writing_file(self.path, config, overwrite)
+        self.sidecar = self.writing.with_suffix(".json")
+        if overwrite:  # what an earlier overwrite left before it completed
+            for file in (partial_file(self.path), partial_file(self.path).with_suffix(".json")):
+                file.unlink(missing_ok=True)
+        rows = read_complete_rows(self.writing, self.nullable) if resume else []
         self.rows = {_key(row, self.columns): row for row in rows}
         self.environment = environment(config)
         self.earlier_runs = _earlier_runs(self.sidecar) if rows else []
@@ -213,19 +301,21 @@ class ResultFile:
         return all(_key(key, self.columns) in self.rows for key in keys)
 
     def add(self, rows: list[dict]) -> None:
-        """Add (or replace) one point's rows and rewrite both files atomically."""
+        """Add (or replace) one point's rows and rewrite both files atomically, the sidecar first."""
         for row in rows:
             self.rows[_key(row, self.columns)] = row
-        with atomic_write(self.path, "w") as file:
-            pd.DataFrame(list(self.rows.values())).to_csv(file, index=False)
         self._write_sidecar(False)
+        with atomic_write(self.writing, "w") as file:
+            pd.DataFrame(list(self.rows.values())).to_csv(file, index=False)
 
     def finish(self, expected_keys) -> None:
-        """Mark the sweep complete once every expected key has a complete row."""
+        """Mark the sweep complete once every expected key has a complete row; move a partial file onto
+        :attr:`path` (the CSV, then its sidecar: :func:`writing_file` finishes a move a stop cut)."""
         missing = [key for key in expected_keys if _key(key, self.columns) not in self.rows]
         if missing:
-            raise RuntimeError(f"{self.path}: {len(missing)} point(s) not measured, e.g. {missing[0]}")
+            raise RuntimeError(f"{self.writing}: {len(missing)} point(s) not measured, e.g. {missing[0]}")
         self._write_sidecar(True)
+        _finish_swap(self.path)
 
     def _write_sidecar(self, complete: bool) -> None:
         from moesd.measure.regime import measured_streaming_share
@@ -245,7 +335,7 @@ EARLIER_RUN_FIELDS = ("date", "commit", "command", "device", "driver", "cuda", "
 def _earlier_runs(sidecar: Path) -> list[dict]:
     """The runs a resumed result file's rows came from: the earlier sidecar's history and its own run."""
     try:
-        previous = json.loads(sidecar.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        previous = read_sidecar(sidecar)
+    except ValueError:
         return []
     return previous.get("earlier_runs", []) + [{name: previous.get(name) for name in EARLIER_RUN_FIELDS}]

@@ -4,14 +4,18 @@ Pure pandas and JSON (no torch), so chapters can read shipped data on any machin
 ``$MOESD_DATA/measurements`` (``MOESD_DATA`` defaults to the repository's ``data/``); every column of
 every study, with its unit, is described in ``data/measurements/README.md``.
 
-:func:`load` checks what it reads: complete rows, times > 0, sigma within [1/(gamma+1), 1] and the
+:func:`load` checks what it reads: complete rows, times > 0, sigma within [1/(gamma+1), 1], the
 speedup within Eq. 4's ceiling ``sigma (gamma + 1)`` (no round can emit more than ``gamma + 1``
-tokens for the price of less than one decode step) up to :data:`SPEEDUP_TOLERANCE` of timing noise.
-A violation is a :class:`MeasurementWarning` naming the file, the line and the field.
+tokens for the price of less than one decode step) up to :data:`SPEEDUP_TOLERANCE` of timing noise,
+no point measured twice, and a sidecar that says the sweep finished. A violation is a
+:class:`MeasurementWarning` naming the file, the line and the field. Every reader of result files
+takes its rows from :func:`read_rows` (which drops a last line cut mid-way, as a write stopped part-way
+leaves it) and its sidecar from :func:`read_sidecar` (which refuses a malformed one, naming the key).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import warnings
@@ -19,6 +23,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from moesd._checks import as_array
+from moesd._files import regular_file
 
 
 SPEEDUP_TOLERANCE = 0.02
@@ -35,6 +42,12 @@ target sigma)."""
 ENGINE_UNMEASURED = {"vllm": ("t_target_1", "t_target_gamma", "t_draft", "t_reject", "speedup_eq4",
                               "target_efficiency", "activated_experts_1", "activated_experts_gamma")}
 """Columns an engine other than moesd's own cannot measure (its sidecar's ``engine``): left empty in its rows."""
+
+POINT_COLUMNS = ("num_experts_per_tok", "dataset", "temperature", "run", "role", "batch_size", "tokens", "gamma")
+"""Columns that identify a measured point (those a result file has): one row per point."""
+
+ROOFLINE_NUMBERS = ("peak_flops", "memory_bandwidth", "memory_bytes")
+"""Numbers (> 0) a sidecar's measured roofline (``hardware``) must hold: FLOP/s, bytes/s and bytes."""
 
 
 class MeasurementWarning(UserWarning):
@@ -56,8 +69,8 @@ def available(study: str | None = None, directory=None) -> list[tuple[str, str]]
     pairs = []
     for sidecar in sorted(Path(directory or measurements_dir()).glob("*/*.json")):
         try:
-            complete = json.loads(sidecar.read_text()).get("complete")
-        except (OSError, json.JSONDecodeError):
+            complete = read_sidecar(sidecar).get("complete")
+        except (OSError, ValueError):
             continue
         if complete and sidecar.with_suffix(".csv").exists() and study in (None, sidecar.stem):
             pairs.append((sidecar.parent.name, sidecar.stem))
@@ -96,27 +109,117 @@ def load(study: str, device: str = "cpu", directory=None) -> tuple[pd.DataFrame,
 
 
 def check_file(path) -> tuple[pd.DataFrame, dict, list[str]]:
-    """A result file's rows, its sidecar and the problems :func:`check_rows` finds in the rows.
+    """A result file's rows (:func:`read_rows`), its sidecar (:func:`read_sidecar`) and their problems.
 
-    The columns that the sidecar's engine leaves unmeasured may be empty. ValueError if the file or
-    its ``.json`` sidecar cannot be read.
+    The problems are those :func:`check_rows` finds in the rows (the columns that the sidecar's engine
+    leaves unmeasured may be empty) and a sidecar saying ``complete: false``.
+
+    Raises
+    ------
+    ValueError
+        If the file or its ``.json`` sidecar is missing, not a regular file, or cannot be read; the
+        message names the file (and the key of a malformed sidecar).
     """
     path = Path(path)
-    try:
-        frame = pd.read_csv(path)
-        sidecar = json.loads(path.with_suffix(".json").read_text())
-    except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError) as error:
-        raise ValueError(f"{path} (or its .json sidecar) cannot be read as a result file: {error}") from None
+    frame, sidecar = read_rows(path), read_sidecar(path.with_suffix(".json"))
     nullable = (*NULLABLE_COLUMNS, *ENGINE_UNMEASURED.get(sidecar.get("engine"), ()))
-    return frame, sidecar, check_rows(frame, nullable)
+    unfinished = [] if sidecar.get("complete", True) else [
+        f"its sidecar says complete: false: the sweep stopped before its last point ({len(frame)} rows); run "
+        "the same `moesd sweep` again to finish it"]
+    return frame, sidecar, unfinished + check_rows(frame, nullable)
+
+
+def read_rows(path) -> pd.DataFrame:
+    """The rows of a result file, without a last line cut mid-way.
+
+    A sweep rewrites its file whole after every point, so a last line without its newline is what a
+    write stopped part-way (a kill, a full disk) leaves: it is dropped with a :class:`MeasurementWarning`
+    naming the file and the line.
+
+    Raises
+    ------
+    ValueError
+        If ``path`` is missing, not a regular file (a FIFO would block), or not a readable CSV file.
+    """
+    path = regular_file("result file", path)
+    try:
+        lines = path.read_text().splitlines(keepends=True)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not a readable CSV file ({error})") from None
+    if len(lines) > 1 and not lines[-1].endswith("\n"):
+        warnings.warn(f"{path}: dropped line {len(lines)}, cut mid-line (no newline at its end, as a write stopped "
+                      "part-way leaves it)", MeasurementWarning, stacklevel=2)
+        lines = lines[:-1]
+    try:
+        return pd.read_csv(io.StringIO("".join(lines)))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+        raise ValueError(f"{path} is not a readable CSV file ({str(error).splitlines()[0]})") from None
+
+
+def read_sidecar(path) -> dict:
+    """A result file's JSON sidecar, with the parts readers rely on checked.
+
+    It must be a JSON object; ``settings``, ``acceptance`` and ``hardware`` objects where present,
+    ``complete`` true or false, and a measured roofline (``hardware``) must hold the numbers of
+    :data:`ROOFLINE_NUMBERS`, each > 0.
+
+    Raises
+    ------
+    ValueError
+        If ``path`` is missing, not a regular file, not JSON, or malformed; the message names the file
+        and the key.
+    """
+    path = regular_file("sidecar", path)
+    try:
+        sidecar = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON, so it cannot be read as a result file's sidecar ({error})") from None
+    if not isinstance(sidecar, dict):
+        raise ValueError(f"{path} must hold a JSON object (a sidecar of moesd sweep), got a "
+                         f"{type(sidecar).__name__}")
+    for key in ("settings", "acceptance", "hardware"):
+        if key in sidecar and not isinstance(sidecar[key], dict) and not (key == "hardware" and sidecar[key] is None):
+            raise ValueError(f"{path}: {key} must be a JSON object, got {json.dumps(sidecar[key])[:60]}")
+    if not isinstance(sidecar.get("complete", False), bool):
+        raise ValueError(f"{path}: complete must be true or false, got {json.dumps(sidecar['complete'])[:60]}")
+    if sidecar.get("hardware"):
+        missing = [key for key in ROOFLINE_NUMBERS if key not in sidecar["hardware"]]
+        if missing:
+            raise ValueError(f"{path}: hardware (the measured roofline) lacks {', '.join(missing)}")
+        for key in ROOFLINE_NUMBERS:
+            as_array(f"{path}: hardware.{key}", sidecar["hardware"][key], low=0, low_open=True)
+    return sidecar
+
+
+def repeated_points(frame: pd.DataFrame) -> dict[int, int]:
+    """Rows that repeat an earlier row's point (:data:`POINT_COLUMNS`): ``{index: index of the first}``."""
+    keys = [column for column in POINT_COLUMNS if column in frame]
+    if not keys or frame.empty:
+        return {}
+    first = pd.Series(np.arange(len(frame))).groupby([frame[c].to_numpy() for c in keys], dropna=False).transform("min")
+    return {int(i): int(first.iloc[i]) for i in np.flatnonzero(first.to_numpy() != np.arange(len(frame)))}
+
+
+def above_ceiling(frame: pd.DataFrame) -> np.ndarray:
+    """Rows whose speedup exceeds Eq. 4's ceiling ``sigma (gamma + 1)`` by more than :data:`SPEEDUP_TOLERANCE`.
+
+    Only rows with numbers in the three columns and sigma within [1/(gamma+1), 1] are judged (a sigma
+    outside is a problem of its own).
+    """
+    if not {"sigma", "gamma", "speedup"} <= set(frame.columns):
+        return np.zeros(len(frame), bool)
+    sigma, gamma, speedup = (pd.to_numeric(frame[c], errors="coerce") for c in ("sigma", "gamma", "speedup"))
+    judged = (sigma >= 1 / (gamma + 1) - 1e-9) & (sigma <= 1 + 1e-9)
+    return np.asarray(judged & (speedup > sigma * (gamma + 1) * (1 + SPEEDUP_TOLERANCE)))
 
 
 def check_rows(frame: pd.DataFrame, nullable=NULLABLE_COLUMNS) -> list[str]:
     """Physical and completeness problems of result rows, one message per row and field.
 
     Checks: no empty cell outside ``nullable`` (default :data:`NULLABLE_COLUMNS`); times (:data:`TIME_COLUMNS`) > 0;
-    ``sigma`` in [1/(gamma+1), 1]; ``speedup <= sigma (gamma + 1) (1 + SPEEDUP_TOLERANCE)``.
-    Lines are those of the CSV file (the header is line 1).
+    ``sigma`` in [1/(gamma+1), 1]; ``speedup <= sigma (gamma + 1) (1 + SPEEDUP_TOLERANCE)``
+    (:func:`above_ceiling`); no point twice (:func:`repeated_points`). Lines are those of the CSV file
+    (the header is line 1).
     """
     problems = []
 
@@ -137,16 +240,17 @@ def check_rows(frame: pd.DataFrame, nullable=NULLABLE_COLUMNS) -> list[str]:
         low = 1 / (frame["gamma"] + 1)
         report((frame["sigma"] < low - 1e-9) | (frame["sigma"] > 1 + 1e-9),
                lambda row: f"sigma = {row['sigma']:.4g} lies outside [1/(gamma+1), 1]")
-    if {"sigma", "gamma", "speedup"} <= set(frame.columns):
-        ceiling = frame["sigma"] * (frame["gamma"] + 1)
-        def above_ceiling(row):
-            efficiency = row.get("target_efficiency", np.nan)
-            measured = "" if pd.isna(efficiency) else f"; this row's target efficiency is {efficiency:.3g}"
-            return (f"speedup = {row['speedup']:.4g} exceeds sigma (gamma + 1) = "
-                    f"{row['sigma'] * (row['gamma'] + 1):.4g} by more than {SPEEDUP_TOLERANCE:.0%}, which Eq. 4 "
-                    f"allows only if verifying gamma + 1 tokens took less time than a one-token step{measured}")
+    def too_fast(row):
+        efficiency = row.get("target_efficiency", np.nan)
+        measured = "" if pd.isna(efficiency) else f"; this row's target efficiency is {efficiency:.3g}"
+        return (f"speedup = {row['speedup']:.4g} exceeds sigma (gamma + 1) = "
+                f"{row['sigma'] * (row['gamma'] + 1):.4g} by more than {SPEEDUP_TOLERANCE:.0%}, which Eq. 4 "
+                f"allows only if verifying gamma + 1 tokens took less time than a one-token step{measured}")
 
-        report(frame["speedup"] > ceiling * (1 + SPEEDUP_TOLERANCE), above_ceiling)
+    report(above_ceiling(frame), too_fast)
+    repeats = repeated_points(frame)
+    report(np.isin(np.arange(len(frame)), list(repeats)),
+           lambda row: f"repeats the point of line {repeats[frame.index.get_loc(row.name)] + 2} (a row copied twice?)")
     return problems
 
 

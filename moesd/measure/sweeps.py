@@ -43,7 +43,9 @@ PAPER_SIGMA = {2: 0.95, 3: 0.93, 4: 0.90}
 
 STUDIES = ("forward", "e2e", "sparsity", "dense", "dense_forward", "settings")
 FORWARD_STUDIES = ("forward", "dense_forward")
-DTYPES = ("float32", "float64", "bfloat16", "float16")
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+"""Bytes per weight and per cached value of each dtype a sweep runs in."""
+DTYPES = tuple(DTYPE_BYTES)
 ROUTINGS = ("uniform", "model", "trace")
 """How a sweep's MoE target routes: ``uniform`` (each token's K experts drawn uniformly, Eq. 8),
 ``model`` (its own router) or ``trace`` (a routing trace replayed); :mod:`moesd.measure.router_control`
@@ -208,6 +210,10 @@ class SweepConfig:
             if self.cuda_graphs and self.warmup_rounds < 1:
                 raise UsageError("cuda_graphs captures its graphs in the warm-up round: set warmup_rounds >= 1")
             self._check_acceptance()
+        limit = get_model(self.target).config_dict().get("max_position_embeddings")
+        if limit is not None and positions(self) > limit:
+            raise UsageError(f"context, rounds and gammas make a sequence reach {positions(self)} positions, more "
+                             f"than the {limit} of {self.target}; lower context or rounds")
 
     def _check_shape(self, target, draft) -> None:
         if self.weights == "pretrained":
@@ -218,6 +224,14 @@ class SweepConfig:
             if shaped:
                 raise UsageError(f"{', '.join(f'{k}={v}' for k, v in shaped.items())}: shape settings apply to "
                                  "random weights only; pretrained weights keep their checkpoint's shape")
+            from pathlib import Path
+
+            for name in ("target_path", "draft_path"):
+                folder = getattr(self, name)
+                if folder is not None and not (Path(folder) / "config.json").is_file():
+                    found = "is not a model folder (no config.json in it)" if Path(folder).is_dir() else "does not exist"
+                    raise UsageError(f"{name} {str(folder)!r} {found}; give the local folder of a pretrained "
+                                     "checkpoint, or leave it out to load the model from the hub")
             return
         if self.target_path or self.draft_path:
             raise UsageError("target_path and draft_path apply to pretrained weights only")
@@ -427,6 +441,56 @@ def estimate_seconds(config: SweepConfig, forward: pd.DataFrame, build_seconds: 
             fill += runs * len(config.gammas) * prefill("draft", batch, top_k)
     build = build_seconds * len(config.top_k_values)
     return {"timed": timed, "warmup": warm, "prefill": fill, "build": build, "total": timed + warm + fill + build}
+
+
+def positions(config: SweepConfig) -> int:
+    """The most token positions one sequence reaches: its prompt and every token a study adds to it."""
+    if config.study in FORWARD_STUDIES:
+        return config.context + max(config.gammas) + 1
+    return config.context + (config.warmup_rounds + config.rounds + 1) * (max(config.gammas) + 1)
+
+
+def memory_needed(config: SweepConfig) -> dict:
+    """The least memory a sweep's two models take at once: their weights and KV caches, in bytes.
+
+    The weights are those of the shapes the sweep builds (its layers, width and vocabulary; the
+    checkpoint's shape with pretrained weights), counted analytically; the caches hold
+    :func:`cached_tokens` positions. Activations, logits and the allocator's slack come on top.
+
+    Returns
+    -------
+    dict
+        ``weights``, ``kv_cache`` and ``total`` bytes.
+    """
+    from moesd.architecture import Architecture
+
+    def shape(name, layers, top_k, vocab):
+        spec = get_model(name)
+        values = spec.config_dict(layers, top_k, config.width)
+        return Architecture.from_config(spec.name, spec.model_type, {**values, **({"vocab_size": vocab} if vocab else {})})
+
+    target = shape(config.target, config.layers, None, config.vocab_size)
+    draft = shape(config.draft, config.draft_layers, None, target.vocab_size)
+    weights = sum(model.weight_counts()["total"] for model in (target, draft)) * DTYPE_BYTES[config.dtype]
+    cache = (sum(model.kv_values_per_token * model.num_layers for model in (target, draft)) * cached_tokens(config)
+             * DTYPE_BYTES[config.dtype])
+    return {"weights": weights, "kv_cache": cache, "total": weights + cache}
+
+
+def check_memory(config: SweepConfig, memory_bytes: float, device: str) -> None:
+    """Refuse a sweep whose weights and KV caches alone (:func:`memory_needed`) exceed ``memory_bytes``.
+
+    Raises
+    ------
+    UsageError
+        Naming the estimate, the memory of ``device`` and the settings that set the cache.
+    """
+    need = memory_needed(config)
+    if need["total"] > memory_bytes:
+        raise UsageError(f"the sweep needs at least {need['total'] / 1e9:.3g} GB ({need['weights'] / 1e9:.3g} GB of "
+                         f"weights, {need['kv_cache'] / 1e9:.3g} GB of KV cache for {cached_tokens(config)} cached "
+                         f"tokens), more than the {memory_bytes / 1e9:.3g} GB of {device}; lower batch sizes, "
+                         "context or rounds, or keep fewer layers")
 
 
 def cached_tokens(config: SweepConfig) -> int:

@@ -1,8 +1,9 @@
 """Measured speedups as Algorithm 1's fit takes them: the fitting frame, its checks and its inputs.
 
 A fitting frame has one row per measured point and the columns :data:`COLUMNS` (batch size, draft
-length, experts per token and per layer, sigma, speedup). :func:`from_sweep` builds one from an e2e or
-sparsity result file of :mod:`moesd.measure.bench`, :func:`mean_over_repeats` turns a file measured in
+length, experts per token and per layer, sigma, speedup). :func:`read_result_file` reads the rows of an
+e2e or sparsity result file of :mod:`moesd.measure.bench` and refuses rows a fit must not take silently,
+:func:`from_sweep` builds the frame from them, :func:`mean_over_repeats` turns a file measured in
 several repeats into one point per batch size, gamma and K (as the paper averages its runs), and
 :func:`sigma_adjusted_speedup` rescales speedups to one acceptance (Sec. 4.2). :func:`check_measurements`
 and :func:`measurement_array` validate a frame; :func:`speedup_inputs` turns its rows into the
@@ -11,19 +12,86 @@ parameter-free :class:`moesd.model.algorithm1.SpeedupInputs` that the fit and it
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
 from moesd._checks import as_array
 from moesd.model.algorithm1 import SpeedupInputs
 
-__all__ = ["COLUMNS", "from_sweep", "mean_over_repeats", "sigma_adjusted_speedup", "check_measurements",
+__all__ = ["COLUMNS", "read_result_file", "from_sweep", "mean_over_repeats", "sigma_adjusted_speedup", "check_measurements",
            "measurement_array", "speedup_inputs"]
 
 
 COLUMNS = ("B", "gamma", "K", "E", "sigma", "speedup")
 """Columns of a fitting frame: batch size, draft length, experts per token, experts per layer,
 sigma (Eq. 5) and measured speedup."""
+
+
+def read_result_file(path, allow_incomplete: bool = False,
+                     allow_above_ceiling: bool = False) -> tuple[pd.DataFrame, dict | None]:
+    """The rows of an e2e or sparsity result file that Algorithm 1 may be fitted to, and its sidecar.
+
+    Rows come from :func:`moesd.measure.studies.read_rows` (a last line cut mid-way is dropped with a
+    warning), the sidecar (None when there is none) from :func:`moesd.measure.studies.read_sidecar`.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The result file (``<study>.csv``; its sidecar is the ``.json`` beside it).
+    allow_incomplete : bool
+        Take the rows of a sweep whose sidecar says ``complete: false`` (it stopped part-way).
+    allow_above_ceiling : bool
+        Take rows whose speedup exceeds Eq. 4's ceiling ``sigma (gamma + 1)`` by more than
+        :data:`moesd.measure.studies.SPEEDUP_TOLERANCE` (:func:`moesd.measure.studies.above_ceiling`).
+
+    Raises
+    ------
+    ValueError
+        Naming the file (and the line and column, or the sidecar's key) for a file that is not a regular
+        file or not readable, a malformed sidecar, a forward or dense study, a missing column, an empty
+        or non-finite cell of :data:`moesd.measure.analysis.FITTING_COLUMNS`, a point in two rows, and,
+        unless allowed, an unfinished sweep or a speedup above Eq. 4's ceiling.
+    """
+    from moesd.measure.analysis import FITTING_COLUMNS
+    from moesd.measure.studies import above_ceiling, read_rows, read_sidecar, repeated_points
+
+    rows = read_rows(path)
+    sidecar_path = Path(path).with_suffix(".json")
+    sidecar = read_sidecar(sidecar_path) if sidecar_path.exists() else None
+    if {"role", "tokens", "seconds"} <= set(rows.columns):
+        raise ValueError(f"{path} is a forward study (stage times per forward, no speedups); Algorithm 1 is fitted "
+                         "to an e2e or sparsity result file (e2e.csv or sparsity.csv beside it, or measure one with "
+                         "`moesd sweep sparsity`)")
+    missing = [column for column in FITTING_COLUMNS if column not in rows.columns]
+    if missing:
+        raise ValueError(f"{path} lacks the column(s) {', '.join(missing)}; Algorithm 1 is fitted to the e2e or "
+                         "sparsity result files of `moesd sweep`")
+    if rows["num_experts_per_tok"].isna().all():
+        raise ValueError(f"{path} has no experts per token (a dense target?); Algorithm 1 fits an MoE target")
+    for column in FITTING_COLUMNS:
+        values = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float)
+        bad = np.flatnonzero(~np.isfinite(values) & rows[column].map(lambda v: isinstance(v, (int, float))))
+        if bad.size:
+            raise ValueError(f"{path}: line {bad[0] + 2}, column {column} is {rows[column].iloc[bad[0]]} (empty or "
+                             "not finite); Algorithm 1 needs a number in every row")
+    if sidecar is not None and sidecar.get("complete") is False and not allow_incomplete:
+        raise ValueError(f"{sidecar_path} says complete: false: the sweep stopped before its last point; finish it "
+                         "by running the same `moesd sweep` again, or pass allow_incomplete=True "
+                         "(--allow-incomplete) to fit the rows it has")
+    repeats = repeated_points(rows)
+    if repeats:
+        index, first = next(iter(repeats.items()))
+        raise ValueError(f"{path}: line {index + 2} repeats the point of line {first + 2} (a row copied twice?); "
+                         "remove one of them")
+    high = np.flatnonzero(above_ceiling(rows))
+    if high.size and not allow_above_ceiling:
+        row = rows.iloc[high[0]]
+        raise ValueError(f"{path}: line {high[0] + 2} (and {high.size - 1} more): speedup = {row['speedup']:.4g} "
+                         f"exceeds Eq. 4's ceiling sigma (gamma + 1) = {row['sigma'] * (row['gamma'] + 1):.4g}; "
+                         "pass allow_above_ceiling=True (--allow-above-ceiling) to fit such rows anyway")
+    return rows, sidecar
 
 
 def from_sweep(rows: pd.DataFrame, num_experts: int) -> pd.DataFrame:
@@ -110,8 +178,9 @@ def measurement_array(frame: pd.DataFrame) -> np.ndarray:
     Raises
     ------
     ValueError
-        When a column is missing, holds text or NaN, or a value is out of range (B, gamma >= 1,
-        1 <= K <= E, sigma in [1/(gamma+1), 1] of Eq. 5, speedup > 0).
+        When a column is missing, holds text, NaN or an infinity, or a value is out of range (B, gamma >= 1,
+        1 <= K <= E, sigma in [1/(gamma+1), 1] of Eq. 5, speedup > 0); the message names the column and
+        the row (the frame's index label) of the first bad cell.
     """
     if not isinstance(frame, pd.DataFrame):
         raise ValueError(f"measurements must be a pandas DataFrame, got {type(frame).__name__}")
@@ -129,18 +198,26 @@ def measurement_array(frame: pd.DataFrame) -> np.ndarray:
                                  "not a number")
         values = values.apply(pd.to_numeric)
     array = values.to_numpy(dtype=float)
-    if np.isnan(array).any():
-        bad = [column for column, nan in zip(COLUMNS, np.isnan(array).any(axis=0)) if nan]
-        raise ValueError(f"measurements have NaN in {', '.join(bad)}")
+
+    def where(bad: np.ndarray, column: str) -> str:  # the first offending cell, by column and row label
+        row = np.flatnonzero(bad)[0]
+        return f"column {column} holds {array[row, COLUMNS.index(column)]:g} (row {frame.index[row]})"
+
+    if not np.isfinite(array).all():
+        bad = [column for column, wrong in zip(COLUMNS, ~np.isfinite(array).all(axis=0)) if wrong]
+        kind = "NaN" if np.isnan(array).any() else "infinite values"
+        raise ValueError(f"measurements have {kind} in {', '.join(bad)}: "
+                         f"{where(~np.isfinite(array[:, COLUMNS.index(bad[0])]), bad[0])}")
     B, gamma, K, E, sigma, speedup = array.T
-    if (B < 1).any() or (gamma < 1).any():
-        raise ValueError("B and gamma must be >= 1")
-    if ((K < 1) | (K > E)).any():
-        raise ValueError("K must be in [1, E]")
-    if ((sigma < 1 / (gamma + 1) - 1e-9) | (sigma > 1)).any():
-        raise ValueError("sigma must be in [1/(gamma+1), 1] (Eq. 5)")
-    if (speedup <= 0).any():
-        raise ValueError("speedup must be > 0")
+    for column, values in (("B", B), ("gamma", gamma)):
+        if (values < 1).any():
+            raise ValueError(f"B and gamma must be >= 1: {where(values < 1, column)}")
+    for column, bad in (("K", (K < 1) | (K > E)), ("sigma", (sigma < 1 / (gamma + 1) - 1e-9) | (sigma > 1)),
+                        ("speedup", speedup <= 0)):
+        if bad.any():
+            rule = {"K": "K must be in [1, E]", "sigma": "sigma must be in [1/(gamma+1), 1] (Eq. 5)",
+                    "speedup": "speedup must be > 0"}[column]
+            raise ValueError(f"{rule}: {where(bad, column)}")
     return array
 
 

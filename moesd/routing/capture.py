@@ -230,6 +230,7 @@ def trace_random_model(name: str, prompts, batch_size: int, max_new_tokens: int,
     from moesd.zoo import get_model
 
     spec = get_model(name)
+    spec.check_routed_layers(num_layers)
     model = spec.random_model(num_layers=num_layers, width=width, seed=seed)
     moe_layers(model)
     texts = list(prompts["prompt"])

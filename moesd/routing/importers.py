@@ -20,7 +20,6 @@ them, with defaults that cover the common spellings. Errors name the file, the l
 
 from __future__ import annotations
 
-import numbers
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,8 +27,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moesd.routing.log_reading import (check_ragged, expert_ids, field_names, get_field, infer_num_experts,
-                                       names_its_files, read_jsonl, router_weights, whole_number)
+from moesd._checks import as_array
+from moesd.routing.log_reading import (check_ragged, expert_ids, field_names, get_field, given_num_experts,
+                                       infer_num_experts, names_its_files, read_jsonl, request_key, router_weights,
+                                       whole_number)
 from moesd.routing.traces import MISSING, PHASES, RoutingTrace
 
 TOKEN_FIELDS = {
@@ -57,18 +58,6 @@ def _describe(tokens: pd.DataFrame, limit: int = 4) -> str:
     return "; ".join(parts[:limit]) + more
 
 
-def _sequence_key(value, where: str, first_of_kind: dict) -> object:
-    """A request id as given, refusing a file that mixes numbers and strings (1 and "1" would merge)."""
-    if isinstance(value, bool) or not isinstance(value, (str, numbers.Integral)):
-        raise ValueError(f"{where}: a sequence id must be a string or a whole number, got {value!r}")
-    kind, other = ("string", "number") if isinstance(value, str) else ("number", "string")
-    first_of_kind.setdefault(kind, where)
-    if other in first_of_kind:
-        raise ValueError(f"{where}: sequence id {value!r} is a {kind} but {first_of_kind[other]} has a {other}; "
-                         "ids of mixed types are ambiguous (1 and \"1\"): write them all one way")
-    return value
-
-
 @names_its_files
 def from_token_jsonl(path, num_experts=None, fields: Mapping | None = None, ragged: str = "drop",
                      phase: str = "decode") -> RoutingTrace:
@@ -78,8 +67,12 @@ def from_token_jsonl(path, num_experts=None, fields: Mapping | None = None, ragg
     "gating_probs": [0.6, 0.4]}``; other spellings are found through ``fields`` (defaults
     :data:`TOKEN_FIELDS`: ``token_idx`` or ``token_pos``, ``experts`` or ``topk_ids``...). A
     sequence's tokens are ordered by position; positions must be whole numbers. Sequence ids may be
-    strings or whole numbers, not both in one file. The format has no forward-pass information, so
-    every token is its own call and all tokens get ``phase``.
+    strings or whole numbers, not both in one file (1 and "1" are refused, not merged). Expert ids are
+    checked on their line: whole numbers (``[true, false]`` is refused), distinct, in ``[0, num_experts)``.
+    A second record of one (sequence, position, layer) is refused naming both lines: a file of two runs
+    appended must be split into one file per run (each read on its own, joined with
+    :func:`moesd.routing.traces.concatenate` after giving them distinct sequence ids). The format has no
+    forward-pass information, so every token is its own call and all tokens get ``phase``.
 
     Parameters
     ----------
@@ -103,6 +96,7 @@ def from_token_jsonl(path, num_experts=None, fields: Mapping | None = None, ragg
         Weights are kept when any record has them, NaN where one has not (with a warning).
     """
     path = Path(path)
+    num_experts = given_num_experts(num_experts)
     check_ragged(ragged)
     if phase not in PHASES or phase == "rejected":
         raise ValueError(f"phase must be one of {tuple(p for p in PHASES if p != 'rejected')}, got {phase!r}")
@@ -110,10 +104,10 @@ def from_token_jsonl(path, num_experts=None, fields: Mapping | None = None, ragg
     records, kinds = [], {}
     for number, record in read_jsonl(path):
         where = f"{path}:{number}"
-        sequence = _sequence_key(get_field(record, names["sequence"], "sequence", where), where, kinds)
+        sequence = request_key(get_field(record, names["sequence"], "sequence", where), where, kinds)
         position = whole_number(get_field(record, names["position"], "position", where), where, "position")
         layer = whole_number(get_field(record, names["layer"], "layer", where), where, "layer")
-        ids = expert_ids(get_field(record, names["experts"], "experts", where), where, "experts")
+        ids = expert_ids(get_field(record, names["experts"], "experts", where), where, "experts", num_experts)
         weights = router_weights(get_field(record, names["weights"], "weights", where, required=False),
                                len(ids), where, "weights")
         records.append((sequence, position, layer, ids, weights, number))
@@ -122,8 +116,11 @@ def from_token_jsonl(path, num_experts=None, fields: Mapping | None = None, ragg
     frame = pd.DataFrame(records, columns=["sequence", "position", "layer", "ids", "weights", "line"])
     duplicated = frame.duplicated(["sequence", "position", "layer"])
     if duplicated.any():
-        line = frame.loc[duplicated.idxmax(), "line"]
-        raise ValueError(f"{path}:{line}: a second record for the same sequence, position and layer")
+        sequence, position, layer, *_, line = records[duplicated.idxmax()]
+        first = next(r[-1] for r in records if r[:3] == (sequence, position, layer))
+        raise ValueError(f"{path}:{line}: a second record for the same sequence, position and layer "
+                         f"(sequence {sequence!r} position {position} layer {layer}, first on line {first}); "
+                         "a log of two runs appended? split it into one file per run")
     widths = frame["ids"].map(len)
     if widths.nunique() != 1:
         line = frame.loc[widths != widths.iloc[0], "line"].iloc[0]
@@ -187,20 +184,24 @@ def _weights(frame: pd.DataFrame, shape, layer_index: np.ndarray, path: Path) ->
 def from_layer_csv(path, num_experts=None, ragged: str = "drop") -> RoutingTrace:
     """Read lines ``layer_id,expert_ids`` (ids space-separated), one token of one layer per line.
 
-    The n-th line of a layer is the n-th token. A first line that is not numeric is taken as a
-    header. Token order is all that is known, so the trace is one sequence with one call per token
-    and phase ``unknown``. Layers that list fewer tokens than the others are ragged at the end:
-    the extra tokens are dropped, kept (marked missing where absent) or refused, per ``ragged``.
+    The n-th line of a layer is the n-th token. The first line is a header when it holds no digit
+    (``layer_id,expert_ids``); otherwise it is the first token of a header-less file, checked as any other
+    line (``0,1 2.5`` is refused, not skipped as a header). A byte-order mark is skipped. Expert ids are
+    checked on their line: distinct, in ``[0, num_experts)``. Token order is all that is known, so the
+    trace is one sequence with one call per token and phase ``unknown``. Layers that list fewer tokens
+    than the others are ragged at the end: the extra tokens are dropped, kept (marked missing where
+    absent) or refused, per ``ragged``.
     """
     path = Path(path)
+    num_experts = given_num_experts(num_experts)
     check_ragged(ragged)
     by_layer: dict[int, list[list[int]]] = {}
-    with open(path, encoding="utf-8") as file:
+    with open(path, encoding="utf-8-sig") as file:
         for number, line in enumerate(file, start=1):
             if not line.strip():
                 continue
             parts = line.strip().split(",")
-            if number == 1 and not parts[0].strip().lstrip("-").isdigit():
+            if number == 1 and not any(c.isdigit() for c in line):
                 continue
             where = f"{path}:{number}"
             if len(parts) != 2:
@@ -213,9 +214,7 @@ def from_layer_csv(path, num_experts=None, ragged: str = "drop") -> RoutingTrace
                 ids = [int(v) for v in parts[1].split()]
             except ValueError:
                 raise ValueError(f"{where}: expert_ids must be whole numbers, got {parts[1]!r}") from None
-            if not ids:
-                raise ValueError(f"{where}: expert_ids is empty")
-            by_layer.setdefault(layer, []).append(ids)
+            by_layer.setdefault(layer, []).append(expert_ids(ids, where, "expert_ids", num_experts))
     if not by_layer:
         raise ValueError(f"{path}: no routing lines")
     layers = sorted(by_layer)
@@ -259,10 +258,10 @@ def from_arrays(arrays: Sequence, num_experts=None, layers=None, prompt_tokens=N
     layers : array_like of int, optional
         The model's layer index of each layer of the arrays (default ``0..layers-1``).
     prompt_tokens : sequence of int, optional
-        Prompt tokens of each request: its first ``prompt_tokens[r]`` rows are ``prefill``, the rest
-        ``decode``. Without it every token is ``unknown``.
+        Prompt tokens of each request, whole numbers >= 0 (NaN and booleans are refused): its first
+        ``prompt_tokens[r]`` rows are ``prefill``, the rest ``decode``. Without it every token is ``unknown``.
     sequence_ids : sequence of int, optional
-        The ``sequence`` of each request (default ``0..requests-1``).
+        The ``sequence`` of each request, distinct whole numbers (default ``0..requests-1``).
     weights : sequence of array_like of float, optional
         Router weights, one array of the shape of each ``arrays[r]``.
     meta : dict, optional
@@ -283,15 +282,17 @@ def from_arrays(arrays: Sequence, num_experts=None, layers=None, prompt_tokens=N
     if sequence_ids is None:
         sequence_ids = np.arange(len(checked))
     sequence_ids = np.asarray(sequence_ids)
-    if sequence_ids.shape != (len(checked),) or np.unique(sequence_ids).size != len(checked):
-        raise ValueError(f"sequence_ids must give {len(checked)} distinct ids, got {sequence_ids.tolist()}")
+    if sequence_ids.shape != (len(checked),) or np.unique(sequence_ids).size != len(checked) or \
+            not (np.issubdtype(sequence_ids.dtype, np.integer) or sequence_ids.size == 0):
+        raise ValueError(f"sequence_ids must give {len(checked)} distinct whole numbers, "
+                         f"got {sequence_ids.tolist()}")
     position = np.concatenate([np.arange(n) for n in lengths])
     if prompt_tokens is None:
         phase = np.full(position.size, "unknown")
     else:
-        prompt = np.asarray(prompt_tokens)
-        if prompt.shape != (len(checked),) or (prompt < 0).any():
-            raise ValueError(f"prompt_tokens must give one count >= 0 per request, got {prompt.tolist()}")
+        prompt = as_array("prompt_tokens", prompt_tokens, low=0, whole=True)
+        if prompt.shape != (len(checked),):
+            raise ValueError(f"prompt_tokens must give one count per request ({len(checked)}), got {prompt.tolist()}")
         phase = np.where(position < np.repeat(prompt, lengths), "prefill", "decode")
     experts = np.concatenate(checked)
     stacked = None if weights is None else np.concatenate([np.asarray(w, dtype=np.float32) for w in weights])

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesd._checks import as_array
+from moesd._checks import as_array, within_memory
 from moesd.theory.experts import expected_active_experts, expected_active_experts_from_popularity
 from moesd.theory.roofline import Hardware
 from moesd.routing.traces import RoutingTrace
@@ -80,20 +80,22 @@ def activated_experts(source, batch_size, tokens_per_sequence=1, model: str = "p
     batch, width = np.broadcast_arrays(batch, width)
     if model in ("windows", "measured") and not isinstance(source, RoutingTrace):
         raise ValueError(f"model={model!r} needs a RoutingTrace: a popularity has no token order")
-    p = _popularity(source)
-    if model == "uniform":
-        num_experts, top_k = p.shape[-1], int(round(float(np.nansum(p[0]))))
-        if isinstance(source, RoutingTrace):
-            num_experts, top_k = source.num_experts, source.top_k
-        value = expected_active_experts(batch * width, num_experts, top_k)
+    if model == "uniform" and isinstance(source, RoutingTrace):  # Eq. 8 needs E and K, no array of E
+        value = expected_active_experts(batch * width, source.num_experts, source.top_k)
+        return np.repeat(np.asarray(value)[..., None], len(source.layers), axis=-1)
+    if model in ("uniform", "popularity"):
+        p = _popularity(source)
+        if model == "popularity":
+            return expected_active_experts_from_popularity((batch * width)[..., None], p)
+        value = expected_active_experts(batch * width, p.shape[-1], int(round(float(np.nansum(p[0])))))
         return np.repeat(np.asarray(value)[..., None], p.shape[0], axis=-1)
-    if model == "popularity":
-        return expected_active_experts_from_popularity((batch * width)[..., None], p)
-    result = np.empty(batch.shape + (p.shape[0],))
+    result = np.empty(batch.shape + (len(source.layers),))
     if model == "windows":
         for w in np.unique(width):
             chosen = width == w
             q = window_activation_probability(source, int(w))
+            within_memory(f"model='windows' over {q.shape[0]} layers x E = {q.shape[1]} experts x "
+                          f"{int(chosen.sum())} batch sizes", 2 * int(chosen.sum()) * q.size)
             result[chosen] = (1.0 - (1.0 - q) ** batch[chosen][:, None, None]).sum(axis=-1)
         return result
     for index in np.ndindex(batch.shape):

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moesd._files import atomic_write
+from moesd._files import atomic_write, regular_file
 
 PHASES = ("prefill", "decode", "unknown", "rejected")
 """Allowed ``phase`` values; ``"unknown"`` marks tokens whose forward pass the source did not name, and
@@ -39,6 +39,22 @@ MISSING = -1
 """Expert id that marks a (token, layer) the source did not log (all ``K`` ids of the row)."""
 
 _CACHED_FROM = {"experts", "num_experts", "sequence", "position", "call", "layers"}
+
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _refuse_repeated_tokens(sequence: np.ndarray, position: np.ndarray, phase: np.ndarray) -> None:
+    """Refuse two tokens of one (sequence, position) outside phase ``"rejected"`` (a draft token that was
+    rejected shares its position with the token the sequence holds there)."""
+    tokens = pd.DataFrame({"sequence": sequence, "position": position})[phase != "rejected"]
+    repeated = tokens.duplicated()
+    if repeated.any():
+        second = tokens.index[repeated][0]
+        first = tokens.index[(tokens == tokens.loc[second]).all(axis=1)][0]
+        raise ValueError(f"tokens {first} and {second} are both sequence {sequence[first]} position "
+                         f"{position[first]}: a (sequence, position) holds one token (outside phase 'rejected'); "
+                         "give joined parts distinct sequence ids")
 
 
 def _whole_number(name: str, value) -> int:
@@ -80,7 +96,8 @@ class RoutingTrace:
     Raises
     ------
     ValueError
-        If shapes disagree, an id is outside ``[0, E)``, a token lists an expert twice, or a
+        If shapes disagree, an id is outside ``[0, E)``, a token lists an expert twice, two tokens
+        outside phase ``"rejected"`` share a (sequence, position), ``E`` exceeds 2**63 - 1, or a
         number that must be whole is not.
     """
 
@@ -109,6 +126,8 @@ class RoutingTrace:
         num_experts = _whole_number("num_experts", self.num_experts)
         if num_experts < 1:
             raise ValueError(f"num_experts must be >= 1, got {num_experts}")
+        if num_experts > _INT64_MAX:
+            raise ValueError(f"num_experts must be <= 2**63 - 1 (ids are stored as int64), got {num_experts}")
         if top_k > num_experts:
             raise ValueError(f"K = {top_k} experts per token exceeds num_experts = {num_experts}")
         missing = experts == MISSING
@@ -127,7 +146,8 @@ class RoutingTrace:
             raise ValueError(f"token {token} lists an expert twice in layer {layer}: "
                              f"{experts[token, layer].tolist()}")
         self.num_experts = num_experts
-        self.experts = read_only(experts.astype(np.int16 if num_experts <= 32767 else np.int32))
+        self.experts = read_only(experts.astype(next(t for t in (np.int16, np.int32, np.int64)
+                                                      if num_experts <= np.iinfo(t).max)))
         defaults = {"sequence": np.zeros(tokens, np.int64), "position": np.arange(tokens),
                     "call": np.arange(tokens)}
         for name, default in defaults.items():
@@ -140,6 +160,7 @@ class RoutingTrace:
         if phase.shape != (tokens,) or not np.isin(phase, PHASES).all():
             raise ValueError(f"phase must hold one of {PHASES} for each of the {tokens} tokens")
         self.phase = read_only(phase.astype("<U8"))
+        _refuse_repeated_tokens(self.sequence, self.position, self.phase)
         if self.weights is not None:
             weights = np.asarray(self.weights, dtype=np.float32)
             if weights.shape != experts.shape:
@@ -222,9 +243,10 @@ class RoutingTrace:
         Raises
         ------
         ValueError
-            Naming the file, if it is not a trace (a text log, a corrupt archive) or fails validation.
+            Naming the file, if it does not exist, is not a regular file (a FIFO would block forever),
+            is not a trace (a text log, a corrupt archive) or fails validation.
         """
-        path = Path(path)
+        path = regular_file("path", path)
         with open(path, "rb") as file:
             if file.read(4) != b"PK\x03\x04":
                 raise ValueError(f"{path}: not a RoutingTrace .npz archive (it does not start like a zip file); "
@@ -259,7 +281,8 @@ def read_only(array: np.ndarray) -> np.ndarray:
 def concatenate(traces: list[RoutingTrace]) -> RoutingTrace:
     """Join traces of the same model, renumbering calls so they stay distinct.
 
-    Sequence ids are kept as they are: give each part distinct ones. ``meta`` comes from the first.
+    Sequence ids are kept as they are: give each part distinct ones (parts that share a (sequence, position)
+    are refused). ``meta`` comes from the first.
     """
     if not traces:
         raise ValueError("traces must hold at least one trace")

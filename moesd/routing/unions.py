@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from moesd._checks import within_memory
 from moesd.routing.traces import RoutingTrace, cached, missing_entries, read_only
 from moesd.theory.experts import expected_active_experts, expected_active_experts_from_popularity
 
@@ -41,6 +42,8 @@ def expert_masks(trace: RoutingTrace, chunk: int = 16384) -> np.ndarray:
     def build():
         words = -(-trace.num_experts // 64)
         layers, top_k = trace.experts.shape[1:]
+        within_memory(f"the expert bitmasks of {trace.num_tokens} tokens x {layers} layers x E = "
+                      f"{trace.num_experts} experts", trace.num_tokens * layers * words)
         has_missing = missing_entries(trace) is not None
         masks = np.zeros((trace.num_tokens, layers, words), dtype="<u8")
         for start in range(0, trace.num_tokens, chunk):
@@ -292,6 +295,8 @@ def _expert_counts(trace: RoutingTrace) -> np.ndarray:
     """Times each expert was chosen, shape (layers, E)."""
     def build():
         num_layers = len(trace.layers)
+        within_memory(f"expert counts of {num_layers} layers x E = {trace.num_experts} experts",
+                      3 * num_layers * trace.num_experts)  # the counts, then probabilities and a mask of them
         ids = trace.experts.astype(np.int64)
         index = (np.arange(num_layers) * trace.num_experts)[None, :, None] + ids
         return np.bincount(index[ids >= 0], minlength=num_layers * trace.num_experts).reshape(
@@ -331,6 +336,8 @@ def popularity(trace: RoutingTrace) -> pd.DataFrame:
         :func:`moesd.theory.experts.expected_active_experts_from_popularity`; NaN for a layer without
         tokens).
     """
+    within_memory(f"the popularity of {len(trace.layers)} layers x E = {trace.num_experts} experts",
+                  7 * len(trace.layers) * trace.num_experts)  # four columns, the counts and probabilities behind
     return pd.DataFrame({
         "layer": np.repeat(trace.layers, trace.num_experts),
         "expert": np.tile(np.arange(trace.num_experts), len(trace.layers)),
@@ -369,6 +376,8 @@ def window_activation_probability(trace: RoutingTrace, window: int) -> np.ndarra
         Probabilities in [0, 1]; NaN for a layer without windows.
     """
     def build():
+        within_memory(f"window activation of {len(trace.layers)} layers x E = {trace.num_experts} experts",
+                      3 * len(trace.layers) * trace.num_experts)  # hits, then probabilities and a mask of them
         windows = np.zeros(len(trace.layers), np.int64)
         hits = np.zeros((len(trace.layers), -(-trace.num_experts // 64) * 64), dtype=np.int64)
         for starts, unions in _window_blocks(trace, window):

@@ -29,8 +29,9 @@ import pandas as pd
 
 from moesd._files import atomic_write
 from moesd.routing.importers import from_arrays
-from moesd.routing.log_reading import (check_ragged, expert_ids, field_names, get_field, infer_num_experts,
-                                       names_its_files, read_jsonl, router_weights, whole_number)
+from moesd.routing.log_reading import (check_ragged, expert_ids, field_names, get_field, given_num_experts,
+                                       infer_num_experts, names_its_files, read_jsonl, request_key, router_weights,
+                                       whole_number)
 from moesd.routing.traces import MISSING, RoutingTrace
 
 VLLM_LOG_FIELDS = {
@@ -61,7 +62,9 @@ def from_vllm_moe_log(paths, num_experts=None, skip_calls: int = 0, fields: Mapp
     line is ``{"type": "route", "req_id", "token_idx", "layer", "topk_ids", "topk_weights"}``, where
     ``token_idx`` is the row inside one forward call and restarts at 0 at each call (the format of
     a FusedMoE logger hooked after ``select_experts``). Field names can be changed with ``fields``
-    (defaults :data:`VLLM_LOG_FIELDS`).
+    (defaults :data:`VLLM_LOG_FIELDS`). Request ids are strings or whole numbers, not both in one file
+    (1 and "1" are refused, not merged); expert ids are checked on their line (whole numbers, distinct,
+    in ``[0, num_experts)``).
 
     Phases are never guessed to be ``prefill`` where the log cannot say:
 
@@ -96,6 +99,7 @@ def from_vllm_moe_log(paths, num_experts=None, skip_calls: int = 0, fields: Mapp
     paths = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
     if not paths:
         raise ValueError("paths must name at least one log file")
+    num_experts = given_num_experts(num_experts)
     if request_ids not in ("auto", "use", "ignore"):
         raise ValueError(f"request_ids must be 'auto', 'use' or 'ignore', got {request_ids!r}")
     for name, value, low in (("max_decode_rows", max_decode_rows, 1), ("skip_calls", skip_calls, 0)):
@@ -105,7 +109,7 @@ def from_vllm_moe_log(paths, num_experts=None, skip_calls: int = 0, fields: Mapp
     names = field_names(VLLM_LOG_FIELDS, fields)
     per_layer, meta = {}, {}
     for path in paths:
-        layer, rows, file_meta = _read_vllm_layer(path, names)
+        layer, rows, file_meta = _read_vllm_layer(path, names, num_experts)
         if layer in per_layer:
             raise ValueError(f"{path}: layer {layer} is logged twice (also in {per_layer[layer][0]})")
         per_layer[layer] = (path, [r for r in rows if r[0] >= skip_calls])
@@ -114,10 +118,13 @@ def from_vllm_moe_log(paths, num_experts=None, skip_calls: int = 0, fields: Mapp
     reference = _aligned_rows(per_layer, layers, ragged)
     if not reference:
         raise ValueError(f"skip_calls = {skip_calls} drops every call")
-    top_k = {len(r[4]) for layer in layers for r in per_layer[layer][1]}
-    if len(top_k) != 1:
-        raise ValueError(f"rows disagree on the number of experts per token: {sorted(top_k)}")
-    top_k = top_k.pop()
+    first_path, first_rows = per_layer[layers[0]]
+    top_k = len(first_rows[0][4])
+    for path, rows in per_layer.values():
+        other = next((r for r in rows if len(r[4]) != top_k), None)
+        if other is not None:
+            raise ValueError(f"{path}:{other[6]}: {len(other[4])} experts per token where "
+                             f"{first_path}:{first_rows[0][6]} has {top_k}")
     experts = np.full((len(reference), len(layers), top_k), MISSING, dtype=np.int64)
     weights = np.full(experts.shape, np.nan, dtype=np.float32)
     for j, layer in enumerate(layers):
@@ -144,9 +151,9 @@ def from_vllm_moe_log(paths, num_experts=None, skip_calls: int = 0, fields: Mapp
               **{k: v for k, v in meta.items() if k != "type"}})
 
 
-def _read_vllm_layer(path: Path, names: dict):
+def _read_vllm_layer(path: Path, names: dict, num_experts: int | None):
     """(layer, rows, meta) of one file; a row is (call, row, layer, request, ids, weights, line)."""
-    rows, call, previous, file_meta = [], -1, None, None
+    rows, call, previous, file_meta, kinds = [], -1, None, None, {}
     for number, record in read_jsonl(path):
         where = f"{path}:{number}"
         kind = record.get("type", "route")
@@ -157,8 +164,8 @@ def _read_vllm_layer(path: Path, names: dict):
             raise ValueError(f"{where}: expected type 'meta' or 'route', got {kind!r}")
         row = whole_number(get_field(record, names["row"], "row", where), where, "row")
         layer = whole_number(get_field(record, names["layer"], "layer", where), where, "layer")
-        request = get_field(record, names["request"], "request", where)
-        ids = expert_ids(get_field(record, names["experts"], "experts", where), where, "experts")
+        request = request_key(get_field(record, names["request"], "request", where), where, kinds)
+        ids = expert_ids(get_field(record, names["experts"], "experts", where), where, "experts", num_experts)
         weights = router_weights(get_field(record, names["weights"], "weights", where, required=False),
                                len(ids), where, "weights")
         if previous is None or row <= previous:
@@ -317,7 +324,13 @@ def save_vllm_routed_experts(request_outputs, path, model_id: str = "", num_expe
 
 
 def _read_vllm_routed(path: Path):
-    """(meta, [(request_id, prompt_tokens, output_tokens, array)]) from a saved file."""
+    """(meta, [(request_id, prompt_tokens, output_tokens, array)]) from a saved file.
+
+    Counts must be whole numbers >= 0 and expert ids whole numbers (``true``/``false`` are refused); in an
+    ``.npz``, ``rows``, ``prompt_tokens``, ``output_tokens`` and ``request_id`` give one entry per request
+    and ``rows`` adds up to the rows of ``routed_experts``. Errors name the file and the request (a
+    ``.json``) or the array (an ``.npz``).
+    """
     if not path.is_file():
         raise (IsADirectoryError if path.is_dir() else FileNotFoundError)(2, "not a file", str(path))
     if path.suffix == ".json":
@@ -333,6 +346,9 @@ def _read_vllm_routed(path: Path):
             where = f"{path}: requests[{index}]"
             try:
                 routed = np.array(request["routed_experts"])
+                if routed.size and routed.dtype.kind not in "iu":
+                    raise ValueError(f"{where}: routed_experts must hold whole-number expert ids, got "
+                                     f"{routed.dtype} values")
                 requests.append((str(request["request_id"]), whole_number(request["prompt_tokens"], where, "prompt_tokens"),
                                  whole_number(request["output_tokens"], where, "output_tokens"), routed))
             except KeyError as error:
@@ -344,6 +360,7 @@ def _read_vllm_routed(path: Path):
             if missing:
                 raise ValueError(f"missing arrays {sorted(missing)}")
             rows, routed = data["rows"], data["routed_experts"]
+            _check_routed_arrays(data)
             bounds = np.r_[0, np.cumsum(rows)]
             requests = [(str(name), int(prompt), int(output), routed[a:b]) for name, prompt, output, a, b in
                         zip(data["request_id"], data["prompt_tokens"], data["output_tokens"], bounds[:-1], bounds[1:])]
@@ -351,6 +368,23 @@ def _read_vllm_routed(path: Path):
     except Exception as error:
         raise ValueError(f"{path}: not a file written by save_vllm_routed_experts: {error}") from error
     return meta, requests
+
+
+def _check_routed_arrays(data) -> None:
+    """Refuse the arrays of a saved ``.npz`` that do not describe one set of requests (:func:`_read_vllm_routed`)."""
+    counts = {name: data[name] for name in ("rows", "prompt_tokens", "output_tokens")}
+    requests = len(data["request_id"])
+    if data["routed_experts"].dtype.kind not in "iu":
+        raise ValueError(f"routed_experts must hold whole-number expert ids, got {data['routed_experts'].dtype}")
+    for name, values in counts.items():
+        if values.dtype.kind not in "iu" or (values < 0).any():
+            raise ValueError(f"{name} must hold whole numbers >= 0, got {values.dtype} values "
+                             f"{values.ravel()[:4].tolist()}")
+        if values.shape != (requests,):
+            raise ValueError(f"{name} has shape {values.shape}: one entry per request ({requests} request_id)")
+    if int(counts["rows"].sum()) != len(data["routed_experts"]):
+        raise ValueError(f"rows add up to {int(counts['rows'].sum())}, but routed_experts holds "
+                         f"{len(data['routed_experts'])} rows")
 
 
 @names_its_files
@@ -373,9 +407,12 @@ def from_vllm_routed_experts(path, num_experts: int | None = None, layers=None) 
         default ``0..layers-1``.
     """
     path = Path(path)
+    num_experts = given_num_experts(num_experts)
     meta, requests = _read_vllm_routed(path)
     if not requests:
         raise ValueError(f"{path}: no requests")
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: meta must be a JSON object, got {meta!r}")
     for name, prompt, output, routed in requests:
         if routed.ndim != 3 or len(routed) > prompt + output:
             raise ValueError(f"{path}: request {name!r}: routed_experts of shape {routed.shape} for {prompt} "
@@ -395,7 +432,10 @@ def from_vllm_routed_experts(path, num_experts: int | None = None, layers=None) 
                       "distinct expert ids: dense layers?); dropped", stacklevel=2)
         arrays, names = [a[:, ~empty] for a in arrays], names[~empty]
     if num_experts is None:
-        num_experts = meta.get("num_experts")
+        try:
+            num_experts = given_num_experts(meta.get("num_experts"))
+        except ValueError as error:
+            raise ValueError(f"{path}: meta's {error}") from None
     if num_experts is None:
         num_experts = infer_num_experts(None, int(max(a.max(initial=0) for a in arrays)), path)
     return from_arrays(arrays, num_experts, layers=names, prompt_tokens=[r[1] for r in requests],

@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from moesd._checks import UsageError, as_array, broadcast
+from moesd._checks import UsageError, as_array, broadcast, within_memory
 
 
 def _log_miss(t: np.ndarray, rho: np.ndarray) -> np.ndarray:
@@ -250,6 +250,12 @@ def expected_active_experts_from_popularity(t, p):
     -------
     numpy.ndarray or float
         Expected activated experts, shape ``broadcast(t, p[..., 0])``.
+
+    Raises
+    ------
+    UsageError
+        Also where the work would need more than :data:`moesd._checks.MEMORY_LIMIT` bytes (three float arrays
+        of ``t.size x E`` values): Eq. 8 (:func:`expected_active_experts`) needs no array of ``E``.
     """
     t = as_array("t", t, low=0)
     p = as_array("p", p, low=0, high=1)
@@ -260,7 +266,9 @@ def expected_active_experts_from_popularity(t, p):
     if wrong.any():
         raise UsageError(f"p must sum to a whole number K >= 1 over its last axis, "
                          f"got a sum of {total[wrong].flat[0] if total.ndim else total.item():.6g}")
-    broadcast(t=t, **{"p[..., 0]": p[..., 0]})
+    shape = broadcast(t=t, **{"p[..., 0]": p[..., 0]})
+    within_memory(f"expected_active_experts_from_popularity over E = {p.shape[-1]} experts x {math.prod(shape)} "
+                  f"token counts", 3 * math.prod(shape) * p.shape[-1])  # three temporaries of that size
     return np.sum(_activation_probability(np.expand_dims(t, -1), p), axis=-1)
 
 

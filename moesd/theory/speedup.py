@@ -205,7 +205,8 @@ def target_efficiency(t_target_1, t_target_gamma):
     t_target_1 = as_array("t_target_1", t_target_1, low=0, low_open=True)
     t_target_gamma = as_array("t_target_gamma", t_target_gamma, low=0, low_open=True)
     broadcast(t_target_1=t_target_1, t_target_gamma=t_target_gamma)
-    return t_target_1 / t_target_gamma
+    with np.errstate(over="ignore"):  # a ratio beyond the largest float: inf
+        return t_target_1 / t_target_gamma
 
 
 def sd_time(rounds, gamma, t_draft, t_target_gamma, t_reject):
@@ -262,12 +263,15 @@ class SpeedupTerms:
     @property
     def target_efficiency(self) -> np.ndarray:
         """``T_T(B, 1) / T_T(B, gamma)``."""
-        return 1.0 / self.verify
+        with np.errstate(over="ignore", divide="ignore"):  # verify below the smallest float: inf
+            return 1.0 / self.verify
 
     @property
     def speedup(self) -> np.ndarray:
-        """Eq. 4: ``tokens_per_round / (verify + draft + reject)``."""
-        return self.tokens_per_round / (self.verify + self.draft + self.reject)
+        """Eq. 4: ``tokens_per_round / (verify + draft + reject)``; 0 where the sum passes the largest float
+        (about 1.8e308 target decode steps, where the speedup is below the smallest normal float)."""
+        with np.errstate(over="ignore"):
+            return self.tokens_per_round / (self.verify + self.draft + self.reject)
 
 
 def speedup_terms(sigma, gamma, t_target_1, t_target_gamma, t_draft, t_reject=0.0) -> SpeedupTerms:
@@ -296,17 +300,18 @@ def speedup_terms(sigma, gamma, t_target_1, t_target_gamma, t_draft, t_reject=0.
     gamma = _draft_length(gamma)
     sigma_ = _emitted_fraction(sigma, gamma)
     t_target_1 = as_array("t_target_1", t_target_1, low=0, low_open=True)
-    efficiency = target_efficiency(t_target_1, t_target_gamma)
+    t_target_gamma = as_array("t_target_gamma", t_target_gamma, low=0, low_open=True)
     t_draft = as_array("t_draft", t_draft, low=0)
     t_reject = as_array("t_reject", t_reject, low=0)
-    broadcast(sigma=sigma_, gamma=gamma, t_target_1=t_target_1, t_target_gamma=efficiency, t_draft=t_draft,
+    broadcast(sigma=sigma_, gamma=gamma, t_target_1=t_target_1, t_target_gamma=t_target_gamma, t_draft=t_draft,
               t_reject=t_reject)
-    return SpeedupTerms(
-        tokens_per_round=sigma_ * (gamma + 1.0),
-        verify=1.0 / efficiency,
-        draft=gamma * t_draft / t_target_1,
-        reject=t_reject / t_target_1,
-    )
+    with np.errstate(over="ignore"):  # only a ratio beyond float range overflows: inf, and the speedup 0
+        return SpeedupTerms(
+            tokens_per_round=sigma_ * (gamma + 1.0),
+            verify=t_target_gamma / t_target_1,
+            draft=gamma * (t_draft / t_target_1),  # times near the float maximum: divide first
+            reject=t_reject / t_target_1,
+        )
 
 
 def speedup(sigma, gamma, t_target_1, t_target_gamma, t_draft, t_reject=0.0):
@@ -345,7 +350,8 @@ def leviathan_speedup(alpha, gamma, cost_ratio):
     """
     cost_ratio = as_array("cost_ratio", cost_ratio, low=0)
     broadcast(alpha=alpha, gamma=gamma, cost_ratio=cost_ratio)
-    return expected_tokens_per_round(alpha, gamma) / (_draft_length(gamma) * cost_ratio + 1.0)
+    with np.errstate(over="ignore"):  # gamma c beyond the largest float: a speedup of 0
+        return expected_tokens_per_round(alpha, gamma) / (_draft_length(gamma) * cost_ratio + 1.0)
 
 
 def min_target_efficiency(observed_speedup, sigma, gamma):
