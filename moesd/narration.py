@@ -324,18 +324,38 @@ def advice_report(advice, margin: float) -> str:
 
 
 def predict_setup(target: str, draft: str, recommendation, tp: int, ep: int, draft_tp: int, dtype: str, context: int,
-                  host_ms: float, other_host_ms: float) -> str:
+                  host_ms: float, other_host_ms: float, engine: str | None = None,
+                  step_ms: float | None = None) -> str:
     """The first line of ``moesd predict``: the setup and what the model prices."""
-    return (f"{target} on {tp} x {recommendation.hardware.name} (ep {ep}), draft {draft} on {draft_tp} "
-            f"GPU(s), {dtype}, context {context} tokens; speedup of Eq. 4 predicted by moesd.model.predict "
-            f"(roofline at achieved fractions of data-sheet peaks, host cost {host_ms:g} ms per forward pass"
+    setup = (f"{target} on {tp} x {recommendation.hardware.name} (ep {ep}), draft {draft} on {draft_tp} "
+             f"GPU(s), {dtype}, context {context} tokens; speedup of Eq. 4 predicted by moesd.model.predict ")
+    if engine is not None or step_ms is not None:
+        return setup + ("(roofline at achieved fractions of data-sheet peaks"
+                        + (f", {engine}'s profile" if engine else "")
+                        + (f", a fixed cost per forward pass that makes the plain step at B = 1 your measured "
+                           f"{step_ms:g} ms" if step_ms is not None else "") + ")")
+    return (setup + f"(roofline at achieved fractions of data-sheet peaks, host cost {host_ms:g} ms per forward pass"
             + (f": where SD pays, an upper bound; --host-ms adds a serving engine's, e.g. {other_host_ms:.2g} ms from "
                "vLLM v0's own profile, moesd.paper.predictor_check" if host_ms == 0 else "") + ")")
+
+
+def engine_range(engine: str, recommendation) -> str:
+    """Where SD is on at both ends of an engine profile's published cost ranges."""
+    sizes = recommendation.judged
+    lines = [f"\nacross {engine}'s published cost ranges (moesd.model.engine.ENGINES):"]
+    for advice, low, high in zip(recommendation.advice, *(recommendation.engine_ends[e] for e in ("low", "high"))):
+        runs = [batch_runs(on, sizes) if len(on) else "no batch size" for on in (low, high)]
+        lines.append(f"  {advice.column} = {advice.value:g}: SD is on at {runs[0]} with the costs that favour it, "
+                     f"at {runs[1]} with those that disfavour it")
+    return "\n".join(lines)
 
 
 def predict_notes(recommendation, tp: int, draft_tp: int) -> list:
     """Notes on the pair: vocabularies that differ, or a draft of the target's shape on GPUs of its own."""
     target_vocab, draft_vocab = recommendation.vocabularies
+    if recommendation.frame.attrs.get("draft_head"):
+        return [f"note: the draft is an EAGLE-3 head; its {draft_vocab}-token vocabulary maps onto the target's "
+                f"{target_vocab} tokens, and engines run it on the target's GPUs (--draft-tp {tp})"]
     if target_vocab != draft_vocab:
         return [f"note: the vocabularies differ ({target_vocab} against {draft_vocab} tokens); SD needs a "
                 "draft that shares the target's tokenizer"]

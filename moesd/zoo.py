@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from moesd._checks import as_array
 from moesd.architecture import EXPERT_COUNT_KEY, Architecture
 
 HF = "https://huggingface.co/{}/blob/main/config.json"
@@ -49,6 +50,13 @@ class ModelSpec:
         What the paper (or this project) uses it for.
     source : str
         Where the numbers come from.
+
+    Raises
+    ------
+    UsageError
+        A ``ValueError`` naming the model and the key, if ``num_hidden_layers`` is not a whole number >= 1,
+        the expert count E (when there is one) not a whole number >= 1, or ``num_experts_per_tok`` K not a
+        whole number in [1, E].
     """
 
     name: str
@@ -57,6 +65,13 @@ class ModelSpec:
     config: dict = field(repr=False)
     role: str = ""
     source: str = ""
+
+    def __post_init__(self) -> None:
+        as_array(f"{self.name}: num_hidden_layers", self.config.get("num_hidden_layers"), low=1, whole=True)
+        if self.is_moe:
+            as_array(f"{self.name}: {EXPERT_COUNT_KEY.get(self.model_type, 'num_experts')}", self.num_experts,
+                     low=1, whole=True)
+            as_array(f"{self.name}: num_experts_per_tok", self.top_k, low=1, high=self.num_experts, whole=True)
 
     @property
     def num_layers(self) -> int:
@@ -103,15 +118,13 @@ class ModelSpec:
         """
         config = dict(self.config)
         layers = self.num_layers if num_layers is None else num_layers
-        if not 1 <= layers <= self.num_layers:
-            raise ValueError(f"num_layers must be in [1, {self.num_layers}] for {self.name}, got {layers}")
-        config["num_hidden_layers"] = layers
+        as_array(f"num_layers ({self.name})", layers, low=1, high=self.num_layers, whole=True)
+        config["num_hidden_layers"] = int(layers)
         if top_k is not None:
             if not self.is_moe:
                 raise ValueError(f"top_k applies to MoE models; {self.name} is dense")
-            if not 1 <= top_k <= self.num_experts:
-                raise ValueError(f"top_k must be in [1, {self.num_experts}] for {self.name}, got {top_k}")
-            config["num_experts_per_tok"] = top_k
+            as_array(f"top_k ({self.name})", top_k, low=1, high=self.num_experts, whole=True)
+            config["num_experts_per_tok"] = int(top_k)
         if not 0 < width <= 1:
             raise ValueError(f"width must be in (0, 1], got {width}")
         if width < 1:
@@ -127,6 +140,24 @@ class ModelSpec:
             config["vocab_size"] = max(min_vocab, 64 * math.ceil(vocab / 64))
             config.update(pad_token_id=0, bos_token_id=None, eos_token_id=None)  # ids in the new vocab
         return config
+
+    def check_routed_layers(self, num_layers: int | None, name: str = "num_layers") -> None:
+        """Refuse a ``num_layers`` that keeps only dense layers: a model cut to them routes nothing.
+
+        DeepSeek-V3's first 3 layers are dense, so a routing trace of it needs at least 4. Cheap (no torch):
+        counted with :meth:`architecture`.
+
+        Raises
+        ------
+        ValueError
+            Naming ``name`` and how many layers are needed.
+        """
+        if not self.is_moe:
+            raise ValueError(f"{self.name} is dense: there is no expert routing")
+        if num_layers is not None and not self.architecture(num_layers).moe_layers:
+            needed = next(n for n in range(1, self.num_layers + 1) if self.architecture(n).moe_layers)
+            raise ValueError(f"{name} {num_layers} keeps only dense layers of {self.name} (its first {needed - 1} "
+                             f"are dense, without expert routing): give {name} >= {needed}")
 
     def hf_config(self, num_layers: int | None = None, top_k: int | None = None, width: float = 1.0,
                   **overrides):
@@ -343,6 +374,42 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
           num_hidden_layers=56, num_attention_heads=48, num_key_value_heads=8, vocab_size=32000,
           rope_theta=1e6, rms_norm_eps=1e-5, tie_word_embeddings=False),
 ]}
+
+
+@dataclass(frozen=True)
+class DraftHead:
+    """A published EAGLE-3 draft head: the target it drafts for and the dimensions it adds.
+
+    Its shape is :func:`moesd.model.layout.eagle3_head` of the target's; these records only name it (the
+    head's checkpoint is not a Hugging Face model class, so it is priced, not built).
+
+    Attributes
+    ----------
+    name, hub_id, target : str
+        Its short name, its hub id, and the :data:`MODELS` name of its target.
+    draft_vocab_size : int
+        Tokens its LM head scores.
+    intermediate_size : int
+        Its MLP's width.
+    source : str
+        Where the numbers come from.
+    """
+
+    name: str
+    hub_id: str
+    target: str
+    draft_vocab_size: int
+    intermediate_size: int
+    source: str
+
+
+DRAFT_HEADS: dict[str, DraftHead] = {head.name: head for head in [
+    DraftHead("qwen3-30b-a3b-eagle3", "AngelSlim/Qwen3-a3B_eagle3", "qwen3-30b-a3b", 32000, 6144,
+              "SpecForge's EAGLE-3 configs (LlamaForCausalLMEagle3: one layer of the target's width and heads, "
+              "draft_vocab_size 32000); the MLP width 6144 is the target config's intermediate_size, which gives "
+              "145 M weights, 0.29 GB in bf16, the checkpoint's published size"),
+]}
+"""EAGLE-3 heads by name (``moesd predict --draft`` takes these names)."""
 
 
 def get_model(name: str) -> ModelSpec:

@@ -27,7 +27,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moesd import cli as moesd_cli
@@ -171,7 +171,7 @@ EXPERTS = [
          lambda: experts.expected_active_experts([1, 2, 3], 64, [1, 2]), ValueError,
          "t and E and K must broadcast together, got shapes t (3,), E (), K (2,)"),
     Case("experts", "E beyond float range", lambda: experts.expected_active_experts(4, 10**400, 8), ValueError,
-         "E must be a whole number >= 1 within float range"),
+         "E must be a whole number >= 1 below 2^53"),
     Case("experts", "sparsity with K above E", lambda: experts.sparsity(4, 8), ValueError, "K must be <= E"),
     Case("experts", "sparsity with negative K", lambda: experts.sparsity(64, -1), ValueError,
          "K must be a whole number >= 1, got -1"),
@@ -413,7 +413,7 @@ CLI = [
     cli("theory with K above E", ["theory", "--E", "4", "--K", "8"], "K must be <= E"),
     cli("theory with K 0", ["theory", "--E", "64", "--K", "0"], "K must be a whole number >= 1, got 0"),
     cli("theory with E 10**20 (printed -9223372036854775808)",
-        ["theory", "--E", "100000000000000000000", "--K", "8"], "rho must be >= 3.33e-16"),
+        ["theory", "--E", "100000000000000000000", "--K", "8"], "E must be a whole number >= 1 below 2^53"),
     cli("theory at 0 tokens", ["theory", "--E", "64", "--K", "8", "--tokens", "0"],
         "--tokens must be a whole number >= 1, got 0"),
     cli("theory with tau 1.5", ["theory", "--E", "64", "--K", "8", "--tau", "1.5"],
@@ -577,7 +577,7 @@ IMPORTERS = [
          "routes.csv: not UTF-8 text (a binary file?)"),
     Case("importers", "an expert listed twice in a layer CSV (named the file)",
          lambda tmp: importers.from_layer_csv(_write(tmp, "twice.csv", b"layer_id,expert_ids\n0,1 1\n"), 4), ValueError,
-         "twice.csv: token 0 lists an expert twice in layer 0"),
+         "twice.csv:2: expert_ids [1, 1] lists an expert twice"),
     Case("importers", "an unknown ragged rule", lambda tmp: importers.from_token_jsonl(tmp / "t.jsonl", ragged="pad"),
          ValueError, "ragged must be one of ('drop', 'keep', 'error'), got 'pad'"),
     Case("importers", "an unknown field key",
@@ -1076,16 +1076,16 @@ CLI_COMMANDS = [
     Case("cli", "a ValueError inside moesd fit stays a traceback (was a usage error)", _fit_failing_inside, ValueError,
          "deep inside scipy"),
     cli("predict at batch 0", _predict_argv("--batch", "0-4"), "--batch must be >= 1, got 0"),
-    cli("predict of a descending range", _predict_argv("--gamma", "5-1"), "--gamma must be integers such as 1-5"),
+    cli("predict of a descending range", _predict_argv("--gamma", "5-1"), "--gamma: the range '5-1' runs backwards"),
     cli("predict at sigma 1.5", _predict_argv("--sigma", "1.5"), "--sigma must be in (0, 1], got 1.5"),
     cli("predict at a sigma no round can give", _predict_argv("--sigma", "0.1"),
         "--sigma must be >= 1 / (gamma + 1) for every --gamma"),
     cli("predict with sigma and alpha", _predict_argv("--sigma", "0.8", "--alpha", "0.8"),
-        "--sigma and --alpha exclude each other"),
+        "--alpha and --sigma exclude each other"),
     cli("predict on 0 GPUs", _predict_argv("--tp", "0"), "--tp must be >= 1, got 0"),
     cli("predict with ep not dividing tp", _predict_argv("--tp", "4", "--ep", "3"), "--ep: ep must divide tp"),
     cli("predict on an unknown GPU", _predict_argv()[:-1] + ["TPU"],
-        "--hardware: hardware must be one of A800, A100, H800, H20, H100, H200, L40, B200, MI300X, CPU, got 'TPU'"),
+        "--hardware: hardware must be one of A800, A100, H800, H20, H20-141GB, H100, H200, L40, B200, MI300X, CPU, got 'TPU'"),
     cli("predict of an unknown model", ["predict", "--target", "gpt-5", "--draft", "qwen3-0.6b", "--hardware", "H100"],
         "--target/--draft: model must be a moesd.zoo name (qwen2-57b-a14b, "),
     cli("predict in an unknown dtype", _predict_argv("--dtype", "int3"), "--dtype: dtype must be one of"),
@@ -1111,16 +1111,703 @@ CLI_COMMANDS = [
 
 
 # The second round of bad input: one list per kind of case.
+_EARLIER = b"an earlier result\n"
+
+
+def _kept(case: Case, *names: str) -> Case:
+    """``case`` run over files ``names`` already in its folder: after the refusal each must be as it was, byte for
+    byte."""
+    def call(tmp):
+        files = [_write(tmp, name, _EARLIER) for name in names]
+        try:
+            case.call(tmp)
+        finally:
+            for file in files:
+                assert file.read_bytes() == _EARLIER, f"the refused call changed {file.name}"
+
+    return case._replace(call=call)
+
+
+def _outputs(overwrite=False, **paths):
+    """``moesd._checks.new_files`` of options ``--csv``, ``--plot``... given as ``csv=``, ``plot=``..."""
+    from moesd._checks import new_files
+
+    return new_files({f"--{name}": path for name, path in paths.items()}, overwrite)
+
+
+def _link(tmp: Path, name: str, target: str) -> Path:
+    (tmp / name).symlink_to(tmp / target)
+    return tmp / name
+
+
+def _partial_sweep(tmp: Path) -> Path:
+    """A folder holding the partial file of a sweep with other settings that was replacing its e2e.csv."""
+    _write(tmp, ".e2e.partial.csv", b"run\n0\n")
+    _write(tmp, ".e2e.partial.json", json.dumps({"complete": False, "settings": {"context": 9}}).encode())
+    return tmp
+
+
+_PREDICTING = (("moesd.model.predict", "predict_sd"),)
+_FINISHED = json.dumps({"complete": True}).encode()
+
 OUTPUT_FILES = [
+    _kept(Case("checks", "an output file that exists", lambda tmp: _outputs(csv=tmp / "p.csv"), UsageError,
+               "p.csv' exists; pass --overwrite to replace it"), "p.csv"),
+    _kept(Case("checks", "an output file that exists beside one not asked for",
+               lambda tmp: _outputs(csv=None, plot=tmp / "p.png"), UsageError, "p.png' exists; pass --overwrite"),
+          "p.png"),
+    Case("checks", "two outputs at one path", lambda tmp: _outputs(csv=tmp / "x.png", plot=tmp / "x.png"), UsageError,
+         "--csv and --plot name one file"),
+    Case("checks", "two outputs at one path through a symbolic link",
+         lambda tmp: _outputs(csv=_link(tmp, "l.png", "x.png"), plot=tmp / "x.png"), UsageError,
+         "--csv and --plot name one file"),
+    Case("checks", "two outputs at one path spelled apart",
+         lambda tmp: _outputs(csv=tmp / "x.png", plot=tmp / "sub" / ".." / "x.png"), UsageError,
+         "--csv and --plot name one file"),
+    _kept(Case("checks", "two outputs at one existing path with overwrite",
+               lambda tmp: _outputs(True, csv=tmp / "x.png", plot=tmp / "x.png"), UsageError,
+               "--csv and --plot name one file"), "x.png"),
+    _kept(cli("predict over an existing CSV (replaced it)", lambda tmp: _predict_argv("--csv", str(tmp / "p.csv")),
+              "p.csv' exists; pass --overwrite to replace it", stops=_PREDICTING), "p.csv"),
+    _kept(cli("predict over an existing plot (replaced it)", lambda tmp: _predict_argv("--plot", str(tmp / "p.png")),
+              "p.png' exists; pass --overwrite to replace it", stops=_PREDICTING), "p.png"),
+    _kept(cli("predict over the existing plot its name without suffix means",
+              lambda tmp: _predict_argv("--plot", str(tmp / "heat")), "heat.png' exists; pass --overwrite",
+              stops=_PREDICTING), "heat.png"),
+    cli("predict with one path for CSV and plot (one replaced the other)",
+        lambda tmp: _predict_argv("--csv", str(tmp / "x.png"), "--plot", str(tmp / "x.png")),
+        "--csv and --plot name one file", stops=_PREDICTING),
+    cli("predict with a CSV at the plot's path once .png is added",
+        lambda tmp: _predict_argv("--csv", str(tmp / "x.png"), "--plot", str(tmp / "x")),
+        "--csv and --plot name one file", stops=_PREDICTING),
+    cli("predict with a CSV linked to the plot",
+        lambda tmp: _predict_argv("--csv", str(_link(tmp, "l.csv", "x.png")), "--plot", str(tmp / "x.png")),
+        "--csv and --plot name one file", stops=_PREDICTING),
+    _kept(cli("predict with --overwrite and one existing path for CSV and plot",
+              lambda tmp: _predict_argv("--overwrite", "--csv", str(tmp / "x.png"), "--plot", str(tmp / "x.png")),
+              "--csv and --plot name one file", stops=_PREDICTING), "x.png"),
+    _kept(cli("measured hardware over an existing JSON (replaced it)",
+              lambda tmp: ["hardware", "--measure", "--json", str(tmp / "hw.json")],
+              "hw.json' exists; pass --overwrite to replace it",
+              stops=(("moesd.measure.hardware", "measure_roofline"),)), "hw.json"),
+    _kept(cli("the regime check over an existing JSON",
+              lambda tmp: ["hardware", "--regime", "--json", str(tmp / "r.json")],
+              "r.json' exists; pass --overwrite to replace it",
+              stops=(("moesd.measure.regime", "regime_check"),)), "r.json"),
+    _kept(cli("trace over an existing file leaves it as it was",
+              _trace_argv(model=GSM8K_FOLDER, out=lambda tmp: tmp / "x.npz"), "x.npz' exists; pass --overwrite",
+              before=NO_MODELS), "x.npz"),
+    _kept(Case("bench", "a finished result file is left as it was",
+               lambda tmp: _write(tmp, "e2e.json", _FINISHED) and _checked_sweep(tmp), FileExistsError,
+               "e2e.csv holds a finished sweep", True), "e2e.csv"),
+    _kept(cli("sweep over a finished result file leaves it as it was",
+              lambda tmp: _write(tmp, "e2e.json", _FINISHED) and _sweep_argv("e2e")(tmp), "holds a finished sweep",
+              integration=True, stops=SWEEPING), "e2e.csv"),
+    Case("bench", "the partial file of a sweep with other settings",
+         lambda tmp: _checked_sweep(_partial_sweep(tmp)), FileExistsError,
+         ".e2e.partial.csv holds a sweep with other settings", True),
+    cli("sweep over the partial file of a sweep with other settings",
+        lambda tmp: _sweep_argv("e2e")(_partial_sweep(tmp)),
+        ".e2e.partial.csv holds a sweep with other settings", integration=True, stops=SWEEPING),
 ]
+
+def _parse(kind: str, text: str, name: str = "--batch"):
+    """``moesd.cli.arguments.integers`` or ``numbers`` of ``text`` for the option ``name``."""
+    from moesd.cli import arguments
+
+    return getattr(arguments, kind)(text, name)
+
+
+def _activated(trace, *args, **options):
+    from moesd.routing.loads import activated_experts
+
+    return activated_experts(trace, *args, **options)
+
+
+def _check_dtype(dtype: str):
+    from moesd.model.layout import check_dtype
+
+    return check_dtype(dtype)
+
+
+def _with_hardware(**fields):
+    return dataclasses.replace(roofline.HARDWARE["H100"], **fields)
+
+
+def _sidecar_hardware(**fields) -> dict:
+    """A result file's sidecar whose measured roofline has ``fields`` changed."""
+    return {"settings": {"target": "mixtral-8x7b", "dtype": "bfloat16"}, "complete": True,
+            "hardware": dict(name="host", peak_flops=1e12, memory_bandwidth=2.7e10, memory_bytes=1e9,
+                             source="made up") | fields}
+
+
+def _trace_of_e(num_experts: int) -> traces.RoutingTrace:
+    """Fifty tokens of three layers, each picking experts 0 and 1 of ``num_experts``."""
+    return traces.RoutingTrace(np.tile(np.array([0, 1]), (50, 3, 1)), num_experts)
+
+
+BEYOND_INT64, BEYOND_FLOAT_WHOLE = str(10**20), str(2**53 + 1)
+INT64_RANGE, EXACT_WHOLE = "within int64's range [-2^63, 2^63 - 1], got", "below 2^53 = 9007199254740992"
+NO_PREDICTION = (("moesd.model.predict", "predict_sd"),)
 
 NUMBERS = [
+    # integers beyond int64 (wrapped to INT64_MIN) and whole numbers beyond 2^53 (rounded)
+    Case("numbers", "a count of 10**20 tokens", lambda: experts.expected_active_experts(10**20, 64, 8), UsageError,
+         f"t must be a number >= 0 {INT64_RANGE} 100000000000000000000"),
+    Case("numbers", "a list holding 2**63 (numpy made it a float)",
+         lambda: experts.expected_active_experts([2**63, 1], 64, 8), UsageError, f"t must be a number >= 0 {INT64_RANGE}"),
+    Case("numbers", "2**63 rounds as a uint64 array", lambda: speedup.sd_time(np.array([2**63], np.uint64), 1, 1, 1, 0),
+         UsageError, f"rounds must be a number >= 0 {INT64_RANGE} 9223372036854775808"),
+    Case("numbers", "E of 2**53 + 1 (rounded to 2**53)", lambda: experts.sparsity(2**53 + 1, 8), UsageError,
+         f"E must be a whole number >= 1 {EXACT_WHOLE}"),
+    Case("numbers", "gamma of 1e17 as a float", lambda: speedup.sigma(0.5, 1e17), UsageError,
+         f"gamma must be a whole number >= 1 {EXACT_WHOLE} (beyond, a float does not hold every whole number), got 1e+17"),
+    Case("numbers", "batch sizes beyond 2**53 in an int64 array",
+         lambda: predict.predict_sd("mixtral-8x7b", "qwen3-0.6b", "H100", np.array([1, 2**53 + 1]), 2, alpha=0.8),
+         UsageError, f"batch_size must be a whole number >= 1 {EXACT_WHOLE} (beyond, a float does not hold every whole "
+         f"number), got {BEYOND_FLOAT_WHOLE}"),
+    cli("predict with gamma 10**20 (printed -9223372036854775808)", _predict_argv("--gamma", BEYOND_INT64),
+        f"--gamma must be whole numbers {EXACT_WHOLE} in magnitude, got {BEYOND_INT64}", stops=NO_PREDICTION),
+    cli("predict with a batch size of 2**53 + 1 (rounded)", _predict_argv("--batch", BEYOND_FLOAT_WHOLE),
+        f"--batch must be whole numbers {EXACT_WHOLE} in magnitude, got {BEYOND_FLOAT_WHOLE}", stops=NO_PREDICTION),
+    cli("predict with a context of 10**20 tokens", _predict_argv("--context", BEYOND_INT64),
+        f"--context: context must be a whole number >= 0 {EXACT_WHOLE}", stops=NO_PREDICTION),
+    cli("predict on 10**20 GPUs", _predict_argv("--tp", BEYOND_INT64), f"--tp: tp must be a whole number >= 1 {EXACT_WHOLE}",
+        stops=NO_PREDICTION),
+    cli("theory of 2**53 + 1 tokens", ["theory", "--E", "64", "--K", "8", "--tokens", BEYOND_FLOAT_WHOLE],
+        f"--tokens must be a whole number >= 1 {EXACT_WHOLE}"),
+    # booleans inside a list of numbers (numpy turned [True, 2] into [1, 2])
+    Case("numbers", "True among token counts", lambda: experts.expected_active_experts([True, 2], 64, 8), UsageError,
+         "t must be a number >= 0, got True (a bool)"),
+    Case("numbers", "numpy's True among draft lengths", lambda: speedup.sigma(0.5, [np.True_, 2.0]), UsageError,
+         "gamma must be a whole number >= 1, got np.True_ (a bool)"),
+    # ranges and lists of the command line: counted before they are built, parts checked, the flag named
+    Case("numbers", "a range of 10**12 batch sizes", lambda: _parse("integers", "1-1000000000000"), UsageError,
+         "--batch '1-1000000000000' holds 1000000000000 values; at most 100000 are allowed"),
+    Case("numbers", "an empty list of integers", lambda: _parse("integers", ""), UsageError,
+         "--batch has an empty part in ''"),
+    Case("numbers", "a range that runs backwards", lambda: _parse("integers", "5-3"), UsageError,
+         "--batch: the range '5-3' runs backwards"),
+    Case("numbers", "a NaN acceptance", lambda: _parse("numbers", "0.5,nan", "--alpha"), UsageError,
+         "--alpha must be finite numbers such as 0.8 or 0.7,0.9, got '0.5,nan'"),
+    Case("numbers", "an empty part among numbers", lambda: _parse("numbers", "0.5,,0.7", "--alpha"), UsageError,
+         "--alpha has an empty part in '0.5,,0.7'"),
+    Case("numbers", "a number too large for a float", lambda: _parse("numbers", "1e999", "--sigma"), UsageError,
+         "--sigma must be finite numbers"),
+    cli("predict over 10**12 batch sizes (built them all)", _predict_argv("--batch", "1-1000000000000"),
+        "--batch '1-1000000000000' holds 1000000000000 values; at most 100000 are allowed", stops=NO_PREDICTION),
+    cli("predict over ranges that add up past the bound", _predict_argv("--gamma", "1-60000,70000-130000"),
+        "--gamma '1-60000,70000-130000' holds 120001 values", stops=NO_PREDICTION),
+    cli("predict with an empty batch part", _predict_argv("--batch", "1,,2"), "--batch has an empty part in '1,,2'",
+        stops=NO_PREDICTION),
+    cli("predict with no batch size", _predict_argv("--batch", ""), "--batch has an empty part in ''", stops=NO_PREDICTION),
+    cli("predict with a backwards gamma range", _predict_argv("--gamma", "5-3"), "--gamma: the range '5-3' runs backwards",
+        stops=NO_PREDICTION),
+    cli("predict with a negative gamma (said 'integers such as')", _predict_argv("--gamma=-3"), "--gamma must be >= 1, got -3",
+        stops=NO_PREDICTION),
+    cli("predict with a negative batch range", _predict_argv("--batch=-5--3"), "--batch must be >= 1, got -5",
+        stops=NO_PREDICTION),
+    cli("predict at a NaN acceptance (named alpha, not --alpha)", _predict_argv("--alpha", "nan"),
+        "--alpha must be finite numbers", stops=NO_PREDICTION),
+    cli("predict at an infinite sigma", _predict_argv("--sigma", "0.5,inf"), "--sigma must be finite numbers",
+        stops=NO_PREDICTION),
+    cli("predict with an empty alpha part", _predict_argv("--alpha", ",0.5"), "--alpha has an empty part in ',0.5'",
+        stops=NO_PREDICTION),
+    # statistics over E experts: Eq. 8 needs no array of E; the others are bounded, with the estimate
+    Case("numbers", "popularity of E = 10**6 experts for 1000 token counts",
+         lambda: experts.expected_active_experts_from_popularity(np.arange(1000), np.full(10**6, 8e-6)), UsageError,
+         "over E = 1000000 experts x 1000 token counts would need about 22.4 GiB of memory, more than the 4 GiB"),
+    Case("numbers", "popularity table of a trace of E = 10**9 (grew to 22 GB)", lambda: unions.popularity(_trace_of_e(10**9)),
+         UsageError, "the popularity of 3 layers x E = 1000000000 experts would need about 156 GiB of memory"),
+    Case("numbers", "popularity loads of a trace of E = 10**9",
+         lambda: _activated(_trace_of_e(10**9), 4, model="popularity"), UsageError,
+         "expert counts of 3 layers x E = 1000000000 experts would need about 67.1 GiB"),
+    Case("numbers", "window loads of a trace of E = 10**9",
+         lambda: _activated(_trace_of_e(10**9), 4, 2, model="windows"), UsageError,
+         "window activation of 3 layers x E = 1000000000 experts would need about 67.1 GiB"),
+    Case("numbers", "window unions of a trace of E = 10**9", lambda: unions.window_union(_trace_of_e(10**9), 2),
+         UsageError, "the expert bitmasks of 50 tokens x 3 layers x E = 1000000000 experts would need about 17.5 GiB"),
+    # dtypes: torch's names are aliases; anything else lists both
+    Case("numbers", "an unknown weight dtype", lambda: _check_dtype("int8"), ValueError,
+         "(or torch's names float32, bfloat16, float8_e4m3fn), got 'int8'"),
+    cli("predict in int8 (lists the dtypes and torch's names)", _predict_argv("--dtype", "int8"),
+        "(or torch's names float32, bfloat16, float8_e4m3fn), got 'int8'",
+        stops=NO_PREDICTION),
+    # hardware records: refused when made, naming the field, not later as an internal time
+    Case("numbers", "a record with zero bandwidth", lambda: _with_hardware(memory_bandwidth=0.0), UsageError,
+         "hardware.memory_bandwidth must be a number > 0, got 0 (Hardware record 'H100')"),
+    Case("numbers", "a record with infinite peak FLOP/s", lambda: _with_hardware(peak_flops=float("inf")), UsageError,
+         "hardware.peak_flops must be a number > 0, got inf"),
+    Case("numbers", "a record with NaN fp8 FLOP/s", lambda: _with_hardware(fp8_flops=float("nan")), UsageError,
+         "hardware.fp8_flops must be a number > 0, got NaN"),
+    Case("numbers", "a record of 0 GPUs per node", lambda: _with_hardware(gpus_per_node=0), UsageError,
+         "hardware.gpus_per_node must be a whole number >= 1, got 0"),
+    Case("numbers", "a stored record with a string bandwidth",
+         lambda: roofline.Hardware.from_dict(_sidecar_hardware(memory_bandwidth="2.7e10")["hardware"]),
+         UsageError, "hardware.memory_bandwidth must be a number > 0, got '2.7e10'"),
+    cli("fit of a sweep measured at zero GEMM rate (said t_target_1 must be > 0)",
+        lambda tmp: ["fit", str(_result_file(tmp, sidecar=_sidecar_hardware(peak_flops=0)))],
+        "hardware.peak_flops must be a number > 0, got 0"),
+    cli("fit of a sweep measured at infinite peak FLOP/s",
+        lambda tmp: ["fit", str(_result_file(tmp, sidecar=_sidecar_hardware(peak_flops=float("inf"))))],
+        "hardware.peak_flops must be a number > 0, got inf"),
 ]
+
+def _sidecar(complete=True, **hardware) -> dict:
+    """The sidecar :func:`_result_file` writes, with ``complete`` and roofline fields changed."""
+    return {"settings": {"target": "mixtral-8x7b", "dtype": "bfloat16"}, "complete": complete,
+            "hardware": {**dict(name="host", peak_flops=1e12, memory_bandwidth=2.7e10, memory_bytes=1e9,
+                                source="made up"), **hardware}}
+
+
+def _edited(path: Path, edit) -> Path:
+    """``path`` with its text replaced by ``edit(text)``."""
+    path.write_text(edit(path.read_text()))
+    return path
+
+
+def _cut(text: str) -> str:
+    return text[:-4]  # the last line cut mid-number, as a killed write leaves it
+
+
+def _doubled(text: str) -> str:
+    return text + text.splitlines(keepends=True)[-1]  # the last row copied by hand
+
+
+def _studies_file(tmp: Path, edit=None, sidecar=None, **changes) -> Path:
+    """A sparsity result file in ``tmp/cpu`` (where ``load`` finds it), its text changed by ``edit``."""
+    (tmp / "cpu").mkdir(exist_ok=True)
+    path = _result_file(tmp / "cpu", sidecar=sidecar, **changes)
+    return _edited(path, edit) if edit else path
+
+
+def _load_file(tmp: Path, **options):
+    """``studies.load`` of :func:`_studies_file` with a MeasurementWarning raised as an error."""
+    _studies_file(tmp, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", measurements.MeasurementWarning)
+        return measurements.load("sparsity", "cpu", directory=tmp)
+
+
+def _read_file(tmp: Path, allow=(), path=None, **options):
+    """``read_result_file`` of ``path`` (default a new :func:`_studies_file`), warnings raised as errors."""
+    from moesd.model.measurements import read_result_file
+
+    path = path or _studies_file(tmp, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", measurements.MeasurementWarning)
+        return read_result_file(path, **{f"allow_{name}": True for name in allow})
+
+
+def _fit_file(edit=None, sidecar=None, **changes):
+    return lambda tmp: ["fit", str(_studies_file(tmp, edit, sidecar, **changes))]
+
+
+def _fit_warned(tmp: Path, edit):
+    """``moesd fit`` of a file edited by ``edit``, its MeasurementWarning raised as an error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", measurements.MeasurementWarning)
+        _run_command(_fit_file(edit)(tmp))
+
+
+def _as_fifo(path: Path) -> Path:
+    """``path`` replaced by a FIFO."""
+    import os
+
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    return path
+
+
+def _resume_rows(tmp: Path, context=8, warn=False):
+    """``check_sweep`` of an e2e file of two rows (recorded ``context``) whose sidecar is missing."""
+    rows = _e2e_rows().assign(context=context, rounds=2, warmup_rounds=1, batch_size=1, gamma=2)
+    rows.to_csv(tmp / "e2e.csv", index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error" if warn else "ignore")
+        return _checked_sweep(tmp, top_ks=(8,))
+
+
+def _complete_rows(tmp: Path, edit):
+    """``read_complete_rows`` (a resume's reader) of a result file edited by ``edit``, warnings as errors."""
+    from moesd.measure.result_file import read_complete_rows
+
+    path = _edited(_result_file(tmp), edit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return read_complete_rows(path)
+
+
+_PRETRAINED = {**_SWEEP, "weights": "pretrained", "layers": None, "draft_layers": None, "width": 1.0}
 
 RESULT_FILES = [
+    # a sweep that stopped part-way (complete: false)
+    Case("measurements", "load of an unfinished sweep", lambda tmp: _load_file(tmp, sidecar=_sidecar(False)),
+         measurements.MeasurementWarning, "sparsity.csv: its sidecar says complete: false"),
+    Case("fit", "fit API of an unfinished sweep", lambda tmp: _read_file(tmp, sidecar=_sidecar(False)), ValueError,
+         "sparsity.json says complete: false: the sweep stopped before its last point"),
+    cli("fit of an unfinished sweep (fitted silently)", _fit_file(sidecar=_sidecar(False)),
+        "pass allow_incomplete=True (--allow-incomplete) to fit the rows it has"),
+    # rows above Eq. 4's ceiling sigma (gamma + 1)
+    Case("fit", "fit API of a speedup above sigma (gamma + 1)", lambda tmp: _read_file(tmp, speedup=3.0), ValueError,
+         "sparsity.csv: line 5 (and 0 more): speedup = 3 exceeds Eq. 4's ceiling sigma (gamma + 1) = 2.7"),
+    Case("fit", "fit API of a speedup above the ceiling, allowed but unfinished",
+         lambda tmp: _read_file(tmp, allow=("above_ceiling",), speedup=3.0, sidecar=_sidecar(False)), ValueError,
+         "says complete: false"),
+    cli("fit of a speedup above sigma (gamma + 1) (fitted silently)", _fit_file(speedup=3.0),
+        "pass allow_above_ceiling=True (--allow-above-ceiling)"),
+    # a last line cut mid-number
+    Case("measurements", "load of a last line cut mid-number", lambda tmp: _load_file(tmp, edit=_cut),
+         measurements.MeasurementWarning, "sparsity.csv: dropped line 49, cut mid-line"),
+    Case("fit", "fit API of a last line cut mid-number", lambda tmp: _read_file(tmp, edit=_cut),
+         measurements.MeasurementWarning, "sparsity.csv: dropped line 49, cut mid-line"),
+    Case("cli", "fit of a last line cut mid-number (fitted silently)", lambda tmp: _fit_warned(tmp, _cut),
+         measurements.MeasurementWarning, "sparsity.csv: dropped line 49, cut mid-line"),
+    Case("bench", "resume of a last line cut mid-number", lambda tmp: _complete_rows(tmp, _cut),
+         measurements.MeasurementWarning, "sparsity.csv: dropped line 49, cut mid-line", True),
+    # a point in two rows
+    Case("measurements", "load of a row copied twice", lambda tmp: _load_file(tmp, edit=_doubled),
+         measurements.MeasurementWarning, "line 50 (run=0, batch_size=100, gamma=4, num_experts_per_tok=2): "
+         "repeats the point of line 49"),
+    Case("fit", "fit API of a row copied twice", lambda tmp: _read_file(tmp, edit=_doubled), ValueError,
+         "sparsity.csv: line 50 repeats the point of line 49 (a row copied twice?)"),
+    cli("fit of a row copied twice (fitted twice)", _fit_file(_doubled), "line 50 repeats the point of line 49"),
+    Case("bench", "resume of a row copied twice (kept)", lambda tmp: _complete_rows(tmp, _doubled), UserWarning,
+         "dropped data rows 48 and 49, which hold the same point", True),
+    # malformed sidecars
+    Case("measurements", "a sidecar holding a list", lambda tmp: _load_file(tmp, sidecar=[_sidecar()]), ValueError,
+         "sparsity.json must hold a JSON object (a sidecar of moesd sweep), got a list"),
+    Case("measurements", "a sidecar of bandwidth 0", lambda tmp: _load_file(tmp, sidecar=_sidecar(memory_bandwidth=0)),
+         ValueError, "sparsity.json: hardware.memory_bandwidth must be a number > 0, got 0"),
+    Case("measurements", "a sidecar of bandwidth as text",
+         lambda tmp: _load_file(tmp, sidecar=_sidecar(memory_bandwidth="fast")), ValueError,
+         "sparsity.json: hardware.memory_bandwidth must be a number > 0, got 'fast'"),
+    Case("fit", "fit API of a sidecar whose settings are a list",
+         lambda tmp: _read_file(tmp, sidecar={**_sidecar(), "settings": ["mixtral-8x7b"]}), ValueError,
+         "sparsity.json: settings must be a JSON object, got [\"mixtral-8x7b\"]"),
+    Case("fit", "fit API of a roofline without peak_flops",
+         lambda tmp: _read_file(tmp, sidecar={**_sidecar(), "hardware": {"memory_bandwidth": 1e9}}), ValueError,
+         "sparsity.json: hardware (the measured roofline) lacks peak_flops, memory_bytes"),
+    Case("fit", "fit API of complete as text", lambda tmp: _read_file(tmp, sidecar={**_sidecar(), "complete": "yes"}),
+         ValueError, "sparsity.json: complete must be true or false, got \"yes\""),
+    cli("fit of a sidecar holding a list (a traceback)", _fit_file(sidecar=[_sidecar()]),
+        "must hold a JSON object (a sidecar of moesd sweep), got a list"),
+    cli("fit of a sidecar of bandwidth 0 (a traceback)", _fit_file(sidecar=_sidecar(memory_bandwidth=0)),
+        "hardware.memory_bandwidth must be a number > 0, got 0"),
+    cli("fit of a sidecar of bandwidth as text (a traceback)", _fit_file(sidecar=_sidecar(memory_bandwidth="fast")),
+        "hardware.memory_bandwidth must be a number > 0, got 'fast'"),
+    cli("fit of a sidecar whose settings are a list (a traceback)",
+        _fit_file(sidecar={**_sidecar(), "settings": [1]}), "settings must be a JSON object, got [1]"),
+    cli("fit of a roofline lacking keys", _fit_file(sidecar={**_sidecar(), "hardware": {"name": "x"}}),
+        "hardware (the measured roofline) lacks peak_flops, memory_bandwidth, memory_bytes"),
+    # non-finite rows into the fit
+    Case("fit", "an infinite speedup (scipy's message)", lambda: fit.fit_speedup_model(_frame(speedup=np.inf), 40.0),
+         ValueError, "measurements have infinite values in speedup: column speedup holds inf (row 3)"),
+    Case("fit", "a batch size of 0 names its row", lambda: check_measurements(_frame(B=0)), ValueError,
+         "B and gamma must be >= 1: column B holds 0 (row 3)"),
+    Case("fit", "fit API of an infinite speedup", lambda tmp: _read_file(tmp, speedup=np.inf), ValueError,
+         "sparsity.csv: line 5, column speedup is inf (empty or not finite)"),
+    Case("fit", "fit API of an empty sigma", lambda tmp: _read_file(tmp, sigma=np.nan), ValueError,
+         "sparsity.csv: line 5, column sigma is nan (empty or not finite)"),
+    cli("fit of an infinite speedup (scipy's message)", _fit_file(speedup=np.inf),
+        "sparsity.csv: line 5, column speedup is inf"),
+    cli("fit of an empty gamma", _fit_file(gamma=np.nan), "sparsity.csv: line 5, column gamma is nan"),
+    # a resume whose sidecar is missing or cut
+    Case("bench", "resume without a sidecar, rows of other settings ('other settings; pass --overwrite')",
+         lambda tmp: _resume_rows(tmp, context=9), FileExistsError,
+         "e2e.json' does not exist; the rows of", True),
+    Case("bench", "resume without a sidecar names the setting that differs", lambda tmp: _resume_rows(tmp, context=9),
+         FileExistsError, "were measured with other settings (context 9, not this sweep's)", True),
+    Case("bench", "resume without a sidecar, rows of this sweep (kept, with a warning)",
+         lambda tmp: _resume_rows(tmp, warn=True), UserWarning, "resuming from the 2 row(s) of e2e.csv", True),
+    Case("bench", "resume with a cut sidecar, rows of this sweep (kept, with a warning)",
+         lambda tmp: _write(tmp, "e2e.json", b'{"settings": {') and _resume_rows(tmp, warn=True), UserWarning,
+         "e2e.json is not valid JSON", True),
+    cli("sweep resuming rows of other settings without their sidecar",
+        lambda tmp: (_e2e_rows().assign(context=99, rounds=2, warmup_rounds=1).to_csv(tmp / "e2e.csv", index=False)
+                     or ["sweep", "e2e", "--out-dir", str(tmp)]),
+        "e2e.json' does not exist; the rows of", integration=True, stops=SWEEPING),
+    # sweeps too large for memory or for the model's positions, checked before the models are built
+    Case("bench", "a KV cache larger than memory",
+         lambda: sweeps.check_memory(_sweep(batch_sizes=(100_000,), context=100_000), 64e9, "cpu"), ValueError,
+         "the sweep needs at least"),
+    Case("bench", "a KV cache larger than memory names the estimate",
+         lambda: sweeps.check_memory(_sweep(batch_sizes=(100_000,), context=100_000), 64e9, "cpu"), ValueError,
+         "of KV cache for 10001600000 cached tokens), more than the 64 GB of cpu"),
+    Case("bench", "positions beyond the model's",
+         lambda: _sweep(target="opt-30b", draft="opt-350m", top_ks=None, context=3000), ValueError,
+         "context, rounds and gammas make a sequence reach 3016 positions, more than the 2048 of opt-30b"),
+    cli("sweep of a KV cache larger than memory (checked after the models were built)",
+        _sweep_argv("e2e", "--batch-sizes", "1000000", "--context", "1000000"), "the sweep needs at least",
+        integration=True, stops=SWEEPING),
+    cli("sweep of positions beyond the model's", _sweep_argv("dense", "--context", "5000"),
+        "more than the 2048 of opt-30b", before=NO_MODELS),
+    cli("sweep of rounds beyond the model's positions", _sweep_argv("dense", "--rounds", "1000"),
+        "positions, more than the 2048 of opt-30b", before=NO_MODELS),
+    # a pretrained folder that does not exist (a hub error after seconds of work)
+    Case("bench", "a pretrained target folder that does not exist",
+         lambda tmp: sweeps.SweepConfig(**{**_PRETRAINED, "target_path": str(tmp / "nope")}), ValueError,
+         "nope' does not exist; give the local folder of a pretrained checkpoint"),
+    Case("bench", "a pretrained draft folder without config.json",
+         lambda tmp: sweeps.SweepConfig(**{**_PRETRAINED, "draft_path": str(tmp)}), ValueError,
+         "is not a model folder (no config.json in it)"),
+    cli("sweep of a pretrained folder that does not exist (a hub error)",
+        lambda tmp: ["sweep", "e2e", "--weights", "pretrained", "--target-path", str(tmp / "nope"), "--out-dir",
+                     str(tmp)], "--target-path '", before=NO_MODELS),
+    # FIFOs block a reader forever
+    Case("measurements", "load of a FIFO",
+         lambda tmp: _as_fifo(_studies_file(tmp)) and measurements.load("sparsity", "cpu", directory=tmp), ValueError,
+         "sparsity.csv' is a FIFO, not a regular file: refusing to read it"),
+    Case("fit", "fit API of a FIFO sidecar",
+         lambda tmp: _read_file(tmp, path=_as_fifo(_studies_file(tmp).with_suffix(".json")).with_suffix(".csv")),
+         ValueError, "sidecar '"),
+    cli("fit of a FIFO (blocked forever)", lambda tmp: ["fit", str(_as_fifo(_studies_file(tmp)))],
+        "is a FIFO, not a regular file: refusing to read it"),
+    cli("fit of a result file whose sidecar is a FIFO (blocked forever)",
+        lambda tmp: ["fit", str(_as_fifo(_studies_file(tmp).with_suffix(".json")).with_suffix(".csv"))],
+        "sparsity.json' is a FIFO, not a regular file"),
 ]
 
+def _bare_trace(tmp: Path, **arrays) -> Path:
+    """A ``.npz`` that ``RoutingTrace.load`` reads, written without RoutingTrace's checks (two tokens, E = 64)."""
+    np.savez(tmp / "bare.npz", **{"experts": np.array([[[0, 1]], [[1, 2]]]), "num_experts": np.int64(64), **arrays})
+    return tmp / "bare.npz"
+
+
+def _replay_argv(**arrays):
+    """``moesd sweep sparsity`` replaying a bare trace of ``arrays`` (checked before any model is built)."""
+    return lambda tmp: ["sweep", "sparsity", "--routing", "trace", "--routing-trace", str(_bare_trace(tmp, **arrays)),
+                        "--out-dir", str(tmp / "out")]
+
+
+def _routed_npz(tmp: Path, **changes) -> Path:
+    """A saved ``.npz`` of vLLM's returned routed experts, two requests of 2 and 1 rows, with ``changes``."""
+    arrays = dict(routed_experts=np.array([[[0, 1]]] * 3, np.int32), rows=np.array([2, 1]),
+                  prompt_tokens=np.array([1, 1]), output_tokens=np.array([1, 1]), request_id=np.array(["a", "b"]))
+    np.savez(tmp / "routed.npz", **{**arrays, **changes})
+    return tmp / "routed.npz"
+
+
+def _routed_json(tmp: Path, meta=None, **request) -> Path:
+    """A saved ``.json`` of vLLM's returned routed experts, one request with ``request``'s fields changed."""
+    document = {"format": vllm_logs.VLLM_ROUTED_FORMAT, "meta": meta or {}, "requests": [
+        {"request_id": "a", "prompt_tokens": 1, "output_tokens": 1, "routed_experts": [[[0, 1]]], **request}]}
+    (tmp / "routed.json").write_text(json.dumps(document))
+    return tmp / "routed.json"
+
+
+def _vllm_routes(tmp: Path, *routes, num_experts=4):
+    """Read one layer file of route lines ``routes`` (dicts of the fields that differ from a plain route)."""
+    meta = {"type": "meta", "model_id": "m", "layers_logged": [0], "top_k": 2}
+    lines = [{"type": "route", "req_id": "a", "token_idx": i, "layer": 0, "topk_ids": [0, 1], **r}
+             for i, r in enumerate(routes)]
+    return vllm_logs.from_vllm_moe_log(_lines(tmp, "layer0.jsonl", meta, *lines), num_experts)
+
+
+def _spec(**config):
+    """A ModelSpec of a small qwen2_moe with ``config`` changed."""
+    from moesd.zoo import ModelSpec
+
+    return ModelSpec("tiny", "x/tiny", "qwen2_moe", {"num_hidden_layers": 4, "num_experts": 8,
+                                                      "num_experts_per_tok": 2, **config})
+
+
+def _zoo(name: str):
+    from moesd.zoo import get_model
+
+    return get_model(name)
+
+
+def _random_trace_of(name: str, num_layers: int):
+    """``capture.trace_random_model`` whose model must not be built (refused before)."""
+    import pandas as pd
+
+    from moesd.routing import capture
+
+    with mock.patch("moesd.zoo.ModelSpec.random_model", side_effect=AssertionError("the model was built")):
+        capture.trace_random_model(name, pd.DataFrame({"id": [0], "prompt": ["x"]}), 1, 1, num_layers=num_layers)
+
+
 TRACE_FILES = [
+    # expert ids against E, in a dtype that fits
+    Case("traces", "E beyond int64 (ids above 2^31 wrapped in int32)", lambda: _trace(num_experts=2**63), ValueError,
+         "num_experts must be <= 2**63 - 1 (ids are stored as int64), got 9223372036854775808"),
+    Case("traces", "a saved trace of E beyond int64",
+         lambda tmp: traces.RoutingTrace.load(_bare_trace(tmp, num_experts=np.uint64(2**63))), ValueError,
+         "bare.npz: not a valid routing trace: num_experts must be <= 2**63 - 1"),
+    Case("importers", "JSONL expert id 2^40 with E = 4 (named no line)",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token(experts=(0, 2**40))), 4), ValueError,
+         "t.jsonl:1: experts [0, 1099511627776]: expert id 1099511627776 is not in [0, 4) (num_experts = 4)"),
+    Case("importers", "JSONL negative expert id",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token(), _token(0, 1, experts=(-1, 1))), 4),
+         ValueError, "t.jsonl:2: experts [-1, 1]: expert id -1 is not in [0, 4)"),
+    Case("importers", "layer CSV expert id beyond E (named no line)",
+         lambda tmp: importers.from_layer_csv(_write(tmp, "r.csv", b"0,1 2\n0,1 9\n"), 4), ValueError,
+         "r.csv:2: expert_ids [1, 9]: expert id 9 is not in [0, 4)"),
+    Case("importers", "vLLM log expert id beyond E (named no line)", lambda tmp: _vllm_routes(tmp, {}, num_experts=1),
+         ValueError, "layer0.jsonl:2: experts [0, 1]: expert id 1 is not in [0, 1) (num_experts = 1)"),
+    Case("importers", "E given as text to an importer (TypeError mid-file)",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token()), "4"), ValueError,
+         "num_experts must be a whole number >= 1, got '4'"),
+    Case("importers", "fractional E to the vLLM routed reader",
+         lambda tmp: vllm_logs.from_vllm_routed_experts(_routed_json(tmp), 4.5), ValueError,
+         "num_experts must be a whole number >= 1, got 4.5"),
+    Case("importers", "vLLM routed file whose meta gives E as text",
+         lambda tmp: vllm_logs.from_vllm_routed_experts(_routed_json(tmp, meta={"num_experts": "64"})), ValueError,
+         "routed.json: meta's num_experts must be a whole number >= 1, got '64'"),
+    cli("sweep replaying a trace of E beyond int64", _replay_argv(num_experts=np.uint64(2**63)),
+        "num_experts must be <= 2**63 - 1", before=NO_MODELS),
+    cli("sweep replaying a trace with an id beyond E", _replay_argv(num_experts=np.int64(2)),
+        "expert ids must lie in [0, 2)", before=NO_MODELS),
+    # duplicate (sequence, position, layer)
+    Case("traces", "two tokens at one (sequence, position) (were counted as a broken run)",
+         lambda: _trace(sequence=np.array([0, 0]), position=np.array([0, 0])), ValueError,
+         "tokens 0 and 1 are both sequence 0 position 0"),
+    Case("traces", "joining two traces of the same sequence ids",
+         lambda: traces.concatenate([_trace(), _trace()]), ValueError,
+         "tokens 0 and 2 are both sequence 0 position 0"),
+    Case("importers", "JSONL of two runs appended",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token(), _token(0, 1), _token(), _token(0, 1)),
+                                                4), ValueError,
+         "t.jsonl:3: a second record for the same sequence, position and layer (sequence 0 position 0 layer 0, "
+         "first on line 1); a log of two runs appended? split it"),
+    cli("sweep replaying a trace with two tokens at one position",
+        _replay_argv(sequence=np.array([0, 0]), position=np.array([3, 3])),
+        "tokens 0 and 1 are both sequence 0 position 3", before=NO_MODELS),
+    # boolean-looking lists and ids of mixed types
+    Case("importers", "JSONL experts [true, false]",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token(experts=(True, False))), 4), ValueError,
+         "t.jsonl:1: experts must list whole-number expert ids, got [True, False]"),
+    Case("importers", "vLLM log topk_ids [true, false]",
+         lambda tmp: _vllm_routes(tmp, {"topk_ids": [True, False]}), ValueError,
+         "layer0.jsonl:2: experts must list whole-number expert ids, got [True, False]"),
+    Case("importers", "vLLM routed JSON of [true, false] ids (named no request)",
+         lambda tmp: vllm_logs.from_vllm_routed_experts(_routed_json(tmp, routed_experts=[[[True, False]]]), 4),
+         ValueError, "routed.json: requests[0]: routed_experts must hold whole-number expert ids, got bool values"),
+    Case("importers", "arrays with sequence ids [true, false]",
+         lambda: importers.from_arrays([np.array([[[0, 1]]])] * 2, 4, sequence_ids=[True, False]), ValueError,
+         "sequence_ids must give 2 distinct whole numbers, got [True, False]"),
+    Case("importers", "arrays with a prompt of true tokens (read as 1)",
+         lambda: importers.from_arrays([np.array([[[0, 1]]])], 4, prompt_tokens=[True]), ValueError,
+         "prompt_tokens must be a whole number >= 0, got [True]"),
+    Case("importers", "vLLM log with req_id 1 and \"1\" (were merged)",
+         lambda tmp: _vllm_routes(tmp, {"req_id": 1}, {"req_id": "1"}), ValueError,
+         "layer0.jsonl:3: sequence id '1' is a string but"),
+    Case("importers", "vLLM log with a req_id that is a list",
+         lambda tmp: _vllm_routes(tmp, {"req_id": [1]}), ValueError,
+         "layer0.jsonl:2: a sequence id must be a string or a whole number, got [1]"),
+    cli("sweep replaying a trace of boolean expert ids", _replay_argv(experts=np.array([[[True, False]]] * 2)),
+        "experts must be an integer array of shape (tokens, layers, K), got bool", before=NO_MODELS),
+    # vLLM returned-experts files that do not add up
+    Case("importers", "vLLM routed npz whose rows add up short (dropped a row)",
+         lambda tmp: vllm_logs.from_vllm_routed_experts(_routed_npz(tmp, rows=np.array([1, 1])), 4), ValueError,
+         "routed.npz: not a file written by save_vllm_routed_experts: rows add up to 2, but routed_experts holds 3"),
+    Case("importers", "vLLM routed npz with more rows entries than requests (zip cut them)",
+         lambda tmp: vllm_logs.from_vllm_routed_experts(_routed_npz(tmp, rows=np.array([1, 1, 1])), 4), ValueError,
+         "routed.npz: not a file written by save_vllm_routed_experts: rows has shape (3,): one entry per request"),
+    Case("importers", "vLLM routed npz with negative rows",
+         lambda tmp: vllm_logs.from_vllm_routed_experts(_routed_npz(tmp, rows=np.array([4, -1])), 4), ValueError,
+         "rows must hold whole numbers >= 0, got int64 values [4, -1]"),
+    Case("importers", "vLLM routed npz of float expert ids",
+         lambda tmp: vllm_logs.from_vllm_routed_experts(_routed_npz(tmp, routed_experts=np.zeros((3, 1, 2))), 4),
+         ValueError, "routed.npz: not a file written by save_vllm_routed_experts: routed_experts must hold "
+         "whole-number expert ids, got float64"),
+    Case("importers", "vLLM routed JSON whose meta is a list (AttributeError)",
+         lambda tmp: vllm_logs.from_vllm_routed_experts(_routed_json(tmp, meta=[1]), 4), ValueError,
+         "routed.json: meta must be a JSON object, got [1]"),
+    # NaN and infinite counts
+    Case("importers", "arrays with a NaN prompt length (all read as decode)",
+         lambda: importers.from_arrays([np.array([[[0, 1]]])], 4, prompt_tokens=[float("nan")]), ValueError,
+         "prompt_tokens must be a whole number >= 0, got NaN"),
+    Case("importers", "vLLM routed JSON with a NaN prompt length (int() message)",
+         lambda tmp: vllm_logs.from_vllm_routed_experts(_routed_json(tmp, prompt_tokens=float("nan")), 4), ValueError,
+         "routed.json: requests[0]: prompt_tokens must be a whole number, got nan"),
+    Case("importers", "vLLM routed JSON with infinite output tokens (OverflowError)",
+         lambda tmp: vllm_logs.from_vllm_routed_experts(_routed_json(tmp, output_tokens=float("inf")), 4), ValueError,
+         "routed.json: requests[0]: output_tokens must be a whole number, got inf"),
+    Case("importers", "vLLM routed npz with a NaN prompt length",
+         lambda tmp: vllm_logs.from_vllm_routed_experts(_routed_npz(tmp, prompt_tokens=np.array([np.nan, 1])), 4),
+         ValueError, "prompt_tokens must hold whole numbers >= 0, got float64 values [nan, 1.0]"),
+    Case("importers", "JSONL position NaN", lambda tmp: importers.from_token_jsonl(
+        _write(tmp, "t.jsonl", b'{"problem_id": 0, "token_idx": NaN, "layer": 0, "experts": [0, 1]}\n'), 4),
+        ValueError, "t.jsonl:1: position must be a whole number, got nan"),
+    Case("importers", "JSONL layer Infinity (OverflowError)", lambda tmp: importers.from_token_jsonl(
+        _write(tmp, "t.jsonl", b'{"problem_id": 0, "token_idx": 0, "layer": Infinity, "experts": [0, 1]}\n'), 4),
+        ValueError, "t.jsonl:1: layer must be a whole number, got inf"),
+    Case("importers", "vLLM log row NaN", lambda tmp: _vllm_routes(tmp, {"token_idx": float("nan")}), ValueError,
+         "layer0.jsonl:2: row must be a whole number, got nan"),
+    # a header-less layer CSV
+    Case("importers", "layer CSV whose first line 0,1 2.5 was skipped as a header",
+         lambda tmp: importers.from_layer_csv(_write(tmp, "r.csv", b"0,1 2.5\n0,1 2\n"), 4), ValueError,
+         "r.csv:1: expert_ids must be whole numbers, got '1 2.5'"),
+    Case("importers", "layer CSV whose first line 0.0,1 2 was skipped as a header",
+         lambda tmp: importers.from_layer_csv(_write(tmp, "r.csv", b"0.0,1 2\n0,2 3\n"), 4), ValueError,
+         "r.csv:1: layer_id must be a whole number, got '0.0'"),
+    # model specs
+    Case("zoo", "a spec of 4.5 layers", lambda: _spec(num_hidden_layers=4.5), ValueError,
+         "tiny: num_hidden_layers must be a whole number >= 1, got 4.5"),
+    Case("zoo", "a spec of true layers", lambda: _spec(num_hidden_layers=True), ValueError,
+         "tiny: num_hidden_layers must be a whole number >= 1, got True"),
+    Case("zoo", "a spec with top-k 2.5", lambda: _spec(num_experts_per_tok=2.5), ValueError,
+         "tiny: num_experts_per_tok must be a whole number in [1, 8], got 2.5"),
+    Case("zoo", "a spec with top-k above E", lambda: _spec(num_experts_per_tok=9), ValueError,
+         "tiny: num_experts_per_tok must be a whole number in [1, 8], got 9"),
+    Case("zoo", "a spec of 8.5 experts", lambda: _spec(num_experts=8.5), ValueError,
+         "tiny: num_experts must be a whole number >= 1, got 8.5"),
+    Case("zoo", "a config of 2.5 layers", lambda: _spec().config_dict(num_layers=2.5), ValueError,
+         "num_layers (tiny) must be a whole number in [1, 4], got 2.5"),
+    Case("zoo", "a config of top-k 1.5", lambda: _spec().config_dict(top_k=1.5), ValueError,
+         "top_k (tiny) must be a whole number in [1, 8], got 1.5"),
+    cli("random trace of 2.5 layers", _random_trace_argv("--model", "deepseek-v2-lite", "--layers", "2.5"),
+        "argument --layers: invalid int value: '2.5'", before=NO_MODELS),
+    cli("sparsity sweep of top-k 2.5", _sweep_argv("sparsity", "--top-ks", "2.5"), "--top-ks", before=NO_MODELS),
+    # a random DeepSeek-V3 cut to its dense first layers
+    Case("zoo", "DeepSeek-V3 cut to its 3 dense layers", lambda: _zoo("deepseek-v3").check_routed_layers(3),
+         ValueError, "num_layers 3 keeps only dense layers of deepseek-v3 (its first 3 are dense, without expert "
+         "routing): give num_layers >= 4"),
+    Case("traces", "random-weight DeepSeek-V3 of 2 layers traced (built, then failed)",
+         lambda: _random_trace_of("deepseek-v3", 2), ValueError,
+         "num_layers 2 keeps only dense layers of deepseek-v3", integration=True),
+    cli("random trace of DeepSeek-V3's 2 dense layers (built them, then a traceback)",
+        _random_trace_argv("--model", "deepseek-v3", "--layers", "2"),
+        "--layers 2 keeps only dense layers of deepseek-v3 (its first 3 are dense, without expert routing): "
+        "give --layers >= 4", integration=True, stops=TRACING),
+    cli("random trace of Kimi-K2's dense first layer", _random_trace_argv("--model", "kimi-k2", "--layers", "1"),
+        "--layers 1 keeps only dense layers of kimi-k2", integration=True, stops=TRACING),
+    # FIFOs and devices refused when reading
+    Case("traces", "loading a FIFO (blocked forever)",
+         lambda tmp: traces.RoutingTrace.load(_as_fifo(tmp / "fifo")), ValueError,
+         "fifo' is a FIFO, not a regular file: refusing to read it"),
+    Case("traces", "loading /dev/zero", lambda: traces.RoutingTrace.load("/dev/zero"), ValueError,
+         "path '/dev/zero' is a character device, not a regular file"),
+    Case("importers", "JSONL from a FIFO (blocked forever)",
+         lambda tmp: importers.from_token_jsonl(_as_fifo(tmp / "fifo"), 4), ValueError,
+         "fifo' is a FIFO, not a regular file: refusing to read it"),
+    Case("importers", "layer CSV from /dev/zero (never ended)", lambda: importers.from_layer_csv("/dev/zero", 4),
+         ValueError, "path '/dev/zero' is a character device, not a regular file"),
+    Case("importers", "vLLM logs with a FIFO among them",
+         lambda tmp: vllm_logs.from_vllm_moe_log([_vllm_layer(tmp, 0, [(0, "a")]), _as_fifo(tmp / "layer1.jsonl")],
+                                                 4),
+         ValueError, "layer1.jsonl' is a FIFO, not a regular file"),
+    Case("importers", "vLLM routed experts from a FIFO (said: no such file)",
+         lambda tmp: vllm_logs.from_vllm_routed_experts(_as_fifo(tmp / "r.npz"), 4), ValueError,
+         "r.npz' is a FIFO, not a regular file"),
+    cli("sweep replaying a FIFO", lambda tmp: ["sweep", "sparsity", "--routing", "trace", "--routing-trace",
+                                               str(_as_fifo(tmp / "fifo")), "--out-dir", str(tmp / "out")],
+        "fifo' is not a file", before=NO_MODELS),
+    cli("sweep replaying /dev/zero", lambda tmp: ["sweep", "sparsity", "--routing", "trace", "--routing-trace",
+                                                  "/dev/zero", "--out-dir", str(tmp / "out")],
+        "routing_trace '/dev/zero' is not a file", before=NO_MODELS),
+    # every importer error names the file and the line
+    Case("importers", "vLLM logs of different K (named no file or line)",
+         lambda tmp: _vllm_routes(tmp, {}, {"topk_ids": [0, 1, 2]}), ValueError,
+         "layer0.jsonl:3: 3 experts per token where"),
+    Case("importers", "layer CSV listing an expert twice on line 3 (named no line)",
+         lambda tmp: importers.from_layer_csv(_write(tmp, "r.csv", b"layer_id,expert_ids\n0,1 2\n0,3 3\n"), 4),
+         ValueError, "r.csv:3: expert_ids [3, 3] lists an expert twice"),
+    Case("importers", "JSONL listing an expert twice (named no line)",
+         lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token(), _token(0, 1, experts=(2, 2))), 4),
+         ValueError, "t.jsonl:2: experts [2, 2] lists an expert twice"),
 ]
 
 
@@ -1269,3 +1956,71 @@ def test_roofline_efficiency_is_finite(device, batch, gamma, d_model, d_ff, e_an
 @given(st.floats(0, 1e9), st.floats(0, 512, exclude_min=True), st.floats(1, 2))
 def test_g_is_finite(t, lam_rp, s):
     _finite(roofline.G(t, lam_rp, s))
+
+
+# Property: the command line's numbers parse exactly or are refused naming the flag -----------------
+
+class _Parsed(Exception):
+    """``moesd predict`` reached its work: the arguments ``recommend`` got."""
+
+
+whole_numbers = st.one_of(st.integers(-3, 300), st.integers(-2**70, 2**70), st.sampled_from([2**53 - 1, 2**53, 2**63]))
+any_floats = st.one_of(st.floats(0, 1), st.floats(allow_nan=True, allow_infinity=True))
+
+
+@st.composite
+def number_options(draw):
+    """A ``moesd predict`` option holding numbers, its text and the values it must parse to (None: refused)."""
+    flag = draw(st.sampled_from(["--batch", "--gamma", "--alpha", "--context", "--tp"]))
+    if flag in ("--batch", "--gamma"):
+        parts = draw(st.lists(st.one_of(whole_numbers.map(lambda v: (v, v)), st.tuples(whole_numbers, whole_numbers)),
+                              min_size=1, max_size=3))
+        text = ",".join(str(low) if low == high else f"{low}-{high}" for low, high in parts)
+        exact = all(low <= high and max(-low, high) < 2**53 for low, high in parts) and \
+            sum(high - low + 1 for low, high in parts) <= 10**5
+        expected = sorted(set().union(*(range(low, high + 1) for low, high in parts))) if exact else None
+    elif flag == "--alpha":
+        values = draw(st.lists(any_floats, min_size=1, max_size=3))
+        text, expected = ",".join(map(repr, values)), sorted(set(values))
+    else:
+        value = draw(st.one_of(whole_numbers, any_floats))
+        text, expected = (str(value) if isinstance(value, int) else repr(value)), value
+    empty = draw(st.sampled_from(["", ",", f"{text},", f",{text}", f"{text},,{text}", " "]))
+    return (flag, empty, None) if draw(st.booleans()) and draw(st.booleans()) else (flag, text, expected)
+
+
+@settings(max_examples=300)
+@given(number_options())
+def test_predict_numbers_parse_exactly_or_are_refused_naming_the_flag(option):
+    """Huge, negative, non-finite, non-integral and empty numbers: exact values, or status 2 and one line that
+    names the flag; never a traceback, a wrapped or a rounded value."""
+    from moesd.model import recommend
+
+    flag, text, expected = option
+    calls = []
+
+    def checked_then_stop(*args, **options):  # the first call checks the options together, the second is the work
+        if calls:
+            raise _Parsed(args, options)
+        calls.append(args)
+        return real(*args, **options)
+
+    real = recommend.recommend
+    with mock.patch.object(recommend, "recommend", checked_then_stop):
+        try:
+            _run_command(_predict_argv(f"{flag}={text}"))
+        except CommandRefused as refused:
+            lines = [line for line in str(refused).splitlines() if ": error: " in line]
+            assert len(lines) == 1 and flag in lines[0], lines
+            return
+        except _Parsed as parsed:
+            args, options = parsed.args
+    assert expected is not None, f"{flag}={text!r} was taken"
+    if flag in ("--batch", "--gamma"):
+        got = args[3 if flag == "--batch" else 4]
+        assert got.dtype == np.int64 and got.tolist() == expected
+    elif flag == "--alpha":
+        assert args[5] == "alpha" and args[6].tolist() == expected
+    else:
+        got = options[flag[2:]]
+        assert type(got) is int and got == expected

@@ -136,7 +136,7 @@ def test_expert_gemm_time_is_a_roofline_plus_a_fixed_cost():
     assert fp8 / bf16 == pytest.approx(0.5, rel=1e-3)
     assert expert_gemm_time(H100, 8, 1, 64, 64, grouped=False, efficiency=eff) > expert_gemm_time(H100, 8, 1, 64, 64,
                                                                                                   efficiency=eff)
-    assert DTYPE_BYTES == {"fp32": 4, "bf16": 2, "fp8": 1}
+    assert DTYPE_BYTES == {"fp32": 4, "bf16": 2, "fp8": 1, "w4a8": 0.5 + 2 / 128, "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5625}
 
 
 def test_popularity_and_callable_routing():
@@ -690,16 +690,17 @@ def test_cli_suggests_only_what_exists_when_a_setup_does_not_fit(capsys):
     printed = _predict_cli(capsys, "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200",
                            "--tp", "8", "--draft-tp", "8", "--dtype", "fp8", "--batch", "1", "--context", "2000000")
     line = next(line for line in printed.splitlines() if line.startswith("does not fit"))
-    assert "GB per GPU at B = 1 on 8 GPU(s); one H200 holds 141 GB (try a shorter --context)." in line  # B said once
-    assert line.endswith("GB (try a shorter --context).")  # 8 GPUs, fp8: the limits; a context remains
+    assert "GB per GPU at B = 1 on 8 GPU(s); one H200 holds 141 GB (try --dtype w4a8 or mxfp4 or nvfp4; a " \
+        "shorter --context)." in line  # B said once
+    assert line.endswith("GB (try --dtype w4a8 or mxfp4 or nvfp4; a shorter --context).")  # 8 GPUs, fp8: 4-bit
     printed = _predict_cli(capsys, "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H100",
                            "--tp", "8", "--draft-tp", "8", "--dtype", "fp8", "--batch", "1", "--context", "0")
     line = next(line for line in printed.splitlines() if line.startswith("does not fit"))
-    assert line.endswith(" on 8 GPU(s); one H100 holds 80 GB.")  # nothing left to try
+    assert line.endswith(" on 8 GPU(s); one H100 holds 80 GB (try --dtype w4a8 or mxfp4 or nvfp4).")  # 4-bit experts
     printed = _predict_cli(capsys, "--target", "qwen3-30b-a3b", "--draft", "qwen3-0.6b", "--hardware", "H100",
                            "--batch", "1,256")
     line = next(line for line in printed.splitlines() if line.startswith("does not fit"))
-    assert line.endswith(" on 1 GPU(s); one H100 holds 80 GB (try --tp 2 or 4 or 8; --dtype fp8; a shorter --context).")
+    assert line.endswith(" on 1 GPU(s); one H100 holds 80 GB (try --tp 2 or 4 or 8; --dtype fp8 or w4a8 or mxfp4 or nvfp4; a shorter --context).")
     assert "Only B <= 1 fits (1 of 2 batch sizes;" in printed
 
 

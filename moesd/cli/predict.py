@@ -8,9 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from moesd._checks import UsageError, new_file
+from moesd._checks import UsageError, new_files
+from moesd._files import atomic_write
+from moesd.model.engine import ENGINES
 from moesd.theory.roofline import HARDWARE
-from moesd.zoo import MODELS
+from moesd.zoo import DRAFT_HEADS, MODELS
 from moesd.cli.arguments import integers, numbers
 from moesd.cli.hardware import HARDWARE_NOTE
 
@@ -38,10 +40,18 @@ def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, 
     for name, values in (("--batch", batch), ("--gamma", gammas)):
         if values.min() < 1:
             raise UsageError(f"{name} must be >= 1, got {values.min()}")
-    if args.alpha is not None and args.sigma is not None:
-        raise UsageError("--sigma and --alpha exclude each other")
-    if args.sigma is None:
-        column, values = "alpha", numbers(args.alpha or "0.8", "--alpha")
+    given = [flag for flag, value in (("--alpha", args.alpha), ("--sigma", args.sigma),
+                                      ("--acceptance-length", args.acceptance_length)) if value is not None]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} exclude each other")
+    if not (math.isfinite(args.alpha_decay) and 0 < args.alpha_decay <= 1):
+        raise UsageError(f"--alpha-decay must be in (0, 1], got {args.alpha_decay}")
+    if args.alpha_decay != 1 and args.sigma is not None:
+        raise UsageError("--alpha-decay applies to --alpha or --acceptance-length, not --sigma")
+    if args.acceptance_length is not None:
+        column, values = "alpha", _alpha_from_length(args.acceptance_length, args.alpha_decay)
+    elif args.sigma is None:
+        column, values = "alpha", numbers("0.8" if args.alpha is None else args.alpha, "--alpha")
         if ((values < 0) | (values > 1)).any():
             raise UsageError(f"--alpha must be in [0, 1], got {args.alpha}")
     else:
@@ -56,8 +66,31 @@ def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, 
             raise UsageError(f"{flag} must be >= {low}, got {value}")
     if not (math.isfinite(args.host_ms) and args.host_ms >= 0):
         raise UsageError(f"--host-ms must be a finite number >= 0, got {args.host_ms}")
+    if args.step_ms is not None and not (math.isfinite(args.step_ms) and args.step_ms > 0):
+        raise UsageError(f"--step-ms must be a finite number > 0, got {args.step_ms}")
+    if args.step_ms is not None and args.host_ms:
+        raise UsageError("--step-ms and --host-ms exclude each other: a measured step holds the host's cost")
     return batch, gammas, column, values, dict(tp=args.tp, draft_tp=args.draft_tp, context=args.context, ep=args.ep,
-                                               dtype=args.dtype)
+                                               dtype=args.dtype, engine=args.engine_profile, step_ms=args.step_ms,
+                                               alpha_decay=args.alpha_decay)
+
+
+def _alpha_from_length(text: str, decay: float) -> np.ndarray:
+    """``--acceptance-length L@g`` as the first position's acceptance alpha (one value)."""
+    from moesd.theory.acceptance import alpha_for_acceptance_length
+
+    length, _, gamma = text.partition("@")
+    try:
+        length, gamma = float(length), int(gamma)
+    except ValueError:
+        raise UsageError(f"--acceptance-length must be tokens per round and the gamma measured, such as "
+                         f"2.4@3, got {text!r}") from None
+    if not (math.isfinite(length) and 1 <= gamma <= 64):
+        raise UsageError(f"--acceptance-length must be a finite length at a gamma in [1, 64], got {text!r}")
+    try:
+        return np.atleast_1d(alpha_for_acceptance_length(length, gamma, decay))
+    except ValueError as error:
+        raise UsageError(f"--acceptance-length: {error}") from None
 
 
 def run(args: argparse.Namespace) -> None:
@@ -70,8 +103,7 @@ def run(args: argparse.Namespace) -> None:
     for flag, path in (("--csv", args.csv), ("--plot", plot)):
         if path and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{flag}: folder {Path(path).resolve().parent} does not exist")
-        if path:
-            new_file(flag, path, overwrite=True)
+    new_files({"--csv": args.csv, "--plot": plot}, args.overwrite)
     try:  # one point checks what the options must satisfy together (ep divides E, an interconnect for tp...)
         recommend(args.target, args.draft, args.hardware, batch[:1], gammas, column, values[:1], **options,
                   host_ms=args.host_ms)
@@ -79,21 +111,25 @@ def run(args: argparse.Namespace) -> None:
         message = str(error)
         first = message.split(" ", 1)[0].rstrip(":")
         flag = {"model": "--target/--draft", "hardware": "--hardware", "tp": "--tp", "draft_tp": "--draft-tp",
-                "ep": "--ep", "dtype": "--dtype", "context": "--context"}.get(first)
+                "ep": "--ep", "dtype": "--dtype", "context": "--context", "batch_size": "--batch", "gamma": "--gamma",
+                "tokens_per_sequence": "--gamma"}.get(first)
         message = message.replace(" or a Hardware record", "")  # what a program, not the command line, may pass
         raise UsageError(f"{flag}: {message}" if flag else message) from None
     answer = recommend(args.target, args.draft, args.hardware, batch, gammas, column, values, **options,
                        host_ms=args.host_ms)
     if args.csv:
-        answer.frame.to_csv(args.csv, index=False)
+        with atomic_write(args.csv, "w") as file:
+            answer.frame.to_csv(file, index=False)
     other_ms = answer.advice[0].other_host_ms
     print(narration.predict_setup(args.target, args.draft, answer, args.tp, args.ep, args.draft_tp, args.dtype,
-                                  args.context, args.host_ms, other_ms))
+                                  args.context, args.host_ms, other_ms, args.engine_profile, args.step_ms))
     for line in narration.predict_notes(answer, args.tp, args.draft_tp) + narration.memory_lines(answer, batch,
                                                                                                  args.context):
         print(line)
     for advice in answer.advice:
         print(narration.advice_report(advice, SD_MARGIN))
+    if answer.engine_ends:
+        print(narration.engine_range(args.engine_profile, answer))
     print(narration.sd_legend(SD_MARGIN))
     if plot:
         _heatmaps(answer, column, values, plot, f"{args.target} on {args.tp} x {answer.hardware.name}")
@@ -112,7 +148,8 @@ def _heatmaps(answer, column: str, values, path, title: str) -> None:
     for value, ax in zip(values, axes[:, 0]):
         rows = answer.frame[(answer.frame[column] == value) & answer.frame["batch_size"].isin(answer.judged)]
         speedup_heatmap(rows, ax=ax, title=f"{title}, {column} {value:g}")
-    figure.savefig(path, dpi=150, bbox_inches="tight")
+    with atomic_write(path) as file:
+        figure.savefig(file, format=Path(path).suffix[1:].lower(), dpi=150, bbox_inches="tight")
 
 
 def add_parser(commands) -> None:
@@ -121,6 +158,7 @@ def add_parser(commands) -> None:
         "predict", help="predict SD's speedup for a model on GPUs (moesd.model.predict)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=textwrap.fill("models (--target, --draft): " + ", ".join(MODELS), 100, break_on_hyphens=False) + "\n"
+        + textwrap.fill("EAGLE-3 heads (--draft): " + ", ".join(DRAFT_HEADS), 100, break_on_hyphens=False) + "\n"
         + textwrap.fill("hardware (--hardware, any case): " + ", ".join(HARDWARE), 100, break_on_hyphens=False) + "\n"
         + textwrap.fill(HARDWARE_NOTE + "; `moesd hardware` lists them.", 100, break_on_hyphens=False))
     predict.add_argument("--target", required=True, help="moesd.zoo name of the target, e.g. deepseek-v3")
@@ -137,11 +175,24 @@ def add_parser(commands) -> None:
                          "gamma (then a longer draft looks better wherever verification is memory-bound)")
     predict.add_argument("--batch", default="1-256", help="batch sizes, e.g. 1-256 or 1,8,64 (default 1-256)")
     predict.add_argument("--context", type=int, default=1024, help="tokens in each KV cache (default 1024)")
-    predict.add_argument("--dtype", default="bf16", help="weight dtype: bf16, fp8 or fp32 (default bf16)")
+    predict.add_argument("--dtype", default="bf16", help="weight dtype: bf16, fp8, fp32, or w4a8, mxfp4, nvfp4 "
+                         "(4-bit routed experts, the rest bf16 or fp8; default bf16)")
     predict.add_argument("--host-ms", type=float, default=0.0,
                          help="host cost of every forward pass of target and draft, ms (scheduling, input "
                          "preparation, sampling in a serving engine; default 0: the GPUs' work only)")
+    predict.add_argument("--acceptance-length", help="mean acceptance length as engines report it, tokens per "
+                         "round including the bonus token, at the gamma it was measured with: L@gamma, e.g. "
+                         "2.4@3 (instead of --alpha)")
+    predict.add_argument("--alpha-decay", type=float, default=1.0, help="acceptance of draft position i is "
+                         "alpha x decay^(i - 1) (default 1: the same at every position)")
+    predict.add_argument("--engine-profile", choices=list(ENGINES), help="a serving engine's fixed costs "
+                         "(moesd.model.engine.ENGINES): the host time SD rounds expose, draft steps' fixed "
+                         "cost, a draft head's extend pass, grouped-GEMM tiles (default: the GPUs' work only)")
+    predict.add_argument("--step-ms", type=float, help="your engine's measured plain decoding step at batch "
+                         "size 1, ms (1000 / tokens per second of one request): what the GPUs' roofline misses "
+                         "becomes a fixed cost per forward pass, spread over the layers")
     predict.add_argument("--csv", help="write every predicted row to this CSV file")
+    predict.add_argument("--overwrite", action="store_true", help="replace existing --csv and --plot files")
     predict.add_argument("--plot", help="write a heatmap of speedup over (B, gamma) to this image file (a suffix matplotlib writes, "
                          ".png if none), one panel per --alpha or --sigma, over the batch sizes that fit")
     predict.set_defaults(run=run, prints_only=True)

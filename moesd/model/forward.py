@@ -28,7 +28,7 @@ from moesd._checks import as_array
 from moesd.model.kernels import (KERNELS, Efficiency, achieved_rates, grouped_gemm_roofline, per_expert_seconds,
                                  per_kernel_seconds)
 from moesd.model.layout import (DTYPE_BYTES, activation_bytes, attention_per_gpu, check_dtype, check_parallelism,
-                                kept_dtype, resolve_model)
+                                dense_dtype, kept_dtype, resolve_model)
 from moesd.routing.loads import activated_experts
 from moesd.routing.traces import RoutingTrace
 from moesd.theory.experts import expected_active_experts, most_loaded_share
@@ -183,7 +183,7 @@ def _link_bandwidth(hardware: Hardware, tp: int) -> float:
     return bandwidth
 
 
-def _collectives(arch: Architecture, hardware: Hardware, tokens, tp: int, a_bytes: int):
+def _collectives(arch: Architecture, hardware: Hardware, tokens, tp: int, a_bytes: int, latency: float):
     """Seconds and bytes of tensor parallelism's collectives: an all-reduce of the hidden states after the
     (vocabulary-split) embedding and two per layer (ring), and a gather of the logits; none on one GPU."""
     if tp == 1:
@@ -192,8 +192,8 @@ def _collectives(arch: Architecture, hardware: Hardware, tokens, tp: int, a_byte
     one_way = _link_bandwidth(hardware, tp)
     ring = 2 * (tp - 1) / tp
     all_reduces = 2 * arch.num_layers + 1
-    all_reduce = hardware.interconnect_latency + ring * tokens * arch.hidden_size * a_bytes / one_way
-    gather = hardware.interconnect_latency + (tp - 1) / tp * tokens * arch.vocab_size * a_bytes / one_way
+    all_reduce = latency + ring * tokens * arch.hidden_size * a_bytes / one_way
+    gather = latency + (tp - 1) / tp * tokens * arch.vocab_size * a_bytes / one_way
     return (all_reduces * all_reduce + gather, all_reduces * ring * tokens * arch.hidden_size * a_bytes)
 
 
@@ -260,8 +260,9 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
         Tokens already in each sequence's KV cache (>= 0).
     tp, ep : int, default 1
         Tensor-parallel GPUs and the expert-parallel degree (``ep`` divides ``tp``).
-    dtype : {"bf16", "fp8", "fp32"}
-        Weight dtype.
+    dtype : {"bf16", "fp8", "fp32", "w4a8", "mxfp4", "nvfp4"}
+        Weight dtype; the 4-bit ones quantise the routed experts only
+        (:func:`~moesd.model.layout.dense_dtype` gives the other weights').
     routing : array_like, callable or RoutingTrace, optional
         Expert popularity, shape ``(E,)`` or ``(moe_layers, E)``, each row summing to ``K`` (uses
         :func:`moesd.theory.experts.expected_active_experts_from_popularity`); a function of the token
@@ -301,8 +302,8 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     K = _experts_per_token(arch, routing, top_k, routing_model)
     s, B, context, K = np.broadcast_arrays(s, B, context, K)
     tokens = s * B
-    bandwidth, flops_rate = achieved_rates(hardware, dtype, efficiency)
-    w_bytes, a_bytes = DTYPE_BYTES[dtype], activation_bytes(dtype)
+    bandwidth, flops_rate = achieved_rates(hardware, dense_dtype(dtype), efficiency)
+    w_bytes, a_bytes = DTYPE_BYTES[dense_dtype(dtype)], activation_bytes(dtype)
     # fp8 checkpoints (DeepSeek-V3's, vLLM's fp8 quantisation) keep the router, the embeddings, the LM head
     # and the norms in bf16, and attention over the bf16 KV cache runs at the bf16 rate
     kept = kept_dtype(dtype)
@@ -352,7 +353,9 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     seconds["lm_head"], traffic["lm_head"], flops["lm_head"] = gemm(
         arch.head_params / tp, KERNELS["head"], 1, d + arch.vocab_size / tp, kept_bytes, kept_rate)
 
-    seconds["communication"], traffic["communication"] = _collectives(arch, hardware, tokens, tp, a_bytes)
+    latency = (hardware.interconnect_latency if efficiency.collective_seconds is None
+               else efficiency.collective_seconds)
+    seconds["communication"], traffic["communication"] = _collectives(arch, hardware, tokens, tp, a_bytes, latency)
     flops["communication"] = zero
 
     # Per pass: the engine's own step, the embedding lookup and the norms' weights.

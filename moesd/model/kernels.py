@@ -56,6 +56,15 @@ class Efficiency:
     step_seconds : float
         Fixed cost of one forward pass outside the kernels (scheduling, input preparation, sampling
         in the serving engine), seconds. Default 0: the model times the device's work only.
+    expert_tile_rows : int
+        Rows a grouped-GEMM kernel pads each expert's tokens to (its tile, ``BLOCK_M``): an expert with
+        ``t`` tokens costs the FLOPs of ``ceil(t / tile) x tile`` rows. Default 1: no padding.
+    expert_flops_fraction : float or None
+        Achieved fraction of the tensor peak in the routed experts' grouped GEMMs, which reach less
+        than a large dense GEMM at tens of tokens per expert; None: ``flops_fraction``'s.
+    collective_seconds : float or None
+        Latency of one small all-reduce as the engine's kernel runs it, seconds; None: the hardware
+        record's ``interconnect_latency``.
     """
 
     bandwidth_fraction: float | None = None
@@ -64,13 +73,18 @@ class Efficiency:
     launch_seconds: float = 5e-6
     step_seconds: float = 0.0
     expert_seconds: float | None = None
+    expert_tile_rows: int = 1
+    expert_flops_fraction: float | None = None
+    collective_seconds: float | None = None
 
     def __post_init__(self):
-        for name in ("bandwidth_fraction", "flops_fraction"):
+        if not (isinstance(self.expert_tile_rows, (int, np.integer)) and 1 <= self.expert_tile_rows <= 4096):
+            raise ValueError(f"expert_tile_rows must be a whole number in [1, 4096], got {self.expert_tile_rows!r}")
+        for name in ("bandwidth_fraction", "flops_fraction", "expert_flops_fraction"):
             value = getattr(self, name)
             if value is not None and not 0 < value <= 10:
                 raise ValueError(f"{name} must be in (0, 10], got {value!r}")
-        for name in ("kernel_seconds", "launch_seconds", "step_seconds", "expert_seconds"):
+        for name in ("kernel_seconds", "launch_seconds", "step_seconds", "expert_seconds", "collective_seconds"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
@@ -83,8 +97,9 @@ def achieved_rates(hardware: Hardware, dtype: str, efficiency: Efficiency) -> tu
     ----------
     hardware : Hardware
         The device record.
-    dtype : {"bf16", "fp8", "fp32"}
-        Weight dtype (torch's names accepted); fp8 runs at the bf16 peak on devices without fp8 tensor cores.
+    dtype : {"bf16", "fp8", "fp32", "w4a8", "mxfp4", "nvfp4"}
+        Weight dtype (torch's names accepted); fp8 and W4A8 run at the fp8 peak, MXFP4 and NVFP4 at the fp4
+        peak, each at the bf16 peak on devices without those tensor cores.
     efficiency : Efficiency
         Achieved fractions (None takes the hardware record's).
 
@@ -98,8 +113,10 @@ def achieved_rates(hardware: Hardware, dtype: str, efficiency: Efficiency) -> tu
         if hardware.fp32_flops is None:
             raise ValueError(f"dtype 'fp32': hardware {hardware.name} has no fp32 peak on record")
         peak = hardware.fp32_flops
-    elif dtype == "fp8":
+    elif dtype in ("fp8", "w4a8"):
         peak = hardware.fp8_flops or hardware.peak_flops  # no fp8 tensor cores: multiplied at bf16 rate
+    elif dtype in ("mxfp4", "nvfp4"):
+        peak = hardware.fp4_flops or hardware.peak_flops  # no fp4 tensor cores: dequantised to bf16
     else:
         peak = hardware.peak_flops
     bandwidth = efficiency.bandwidth_fraction or hardware.bandwidth_fraction
@@ -174,9 +191,13 @@ def grouped_gemm_roofline(hardware, experts, tokens, in_features, out_features, 
     :data:`~moesd.model.layout.DTYPE_BYTES`.
     """
     bandwidth, flops_rate = achieved_rates(hardware, dtype, efficiency)
+    if efficiency.expert_flops_fraction is not None:
+        flops_rate *= efficiency.expert_flops_fraction / (efficiency.flops_fraction or hardware.flops_fraction)
+    tile = efficiency.expert_tile_rows
+    rows = np.ceil(np.asarray(tokens) / tile - 1e-9) * tile if tile > 1 else tokens  # padded to whole tiles
     weights = experts * in_features * out_features * DTYPE_BYTES[dtype]
     activations = experts * tokens * (in_features + out_features) * activation_bytes(dtype)
-    flops = 2.0 * experts * tokens * in_features * out_features
+    flops = 2.0 * experts * rows * in_features * out_features
     return np.maximum((weights + activations) / bandwidth, flops / flops_rate)
 
 

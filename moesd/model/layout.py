@@ -21,13 +21,18 @@ import numpy as np
 from moesd._checks import as_array
 from moesd.theory.roofline import Hardware, hardware_record
 from moesd.architecture import Architecture
-from moesd.zoo import MODELS, ModelSpec, get_model
+from moesd.zoo import DRAFT_HEADS, MODELS, ModelSpec, get_model
 
-__all__ = ["DTYPE_BYTES", "check_dtype", "kept_dtype", "activation_bytes", "resolve_model", "hardware_record",
-           "one_layer_draft", "attention_per_gpu", "weights_per_gpu", "check_parallelism", "tensor_parallel_sizes"]
+__all__ = ["DTYPE_BYTES", "check_dtype", "dense_dtype", "kept_dtype", "activation_bytes", "resolve_model", "hardware_record",
+           "one_layer_draft", "eagle3_head", "attention_per_gpu", "weights_per_gpu", "check_parallelism", "tensor_parallel_sizes"]
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}
-"""Bytes per weight of each supported weight dtype."""
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1, "w4a8": 0.5 + 2 / 128, "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
+"""Bytes per weight of each supported weight dtype, block scales included: W4A8, 4-bit integers with a bf16
+scale per 128 weights, multiplied as fp8; MXFP4 (OCP microscaling), 4-bit floats with an 8-bit scale per 32;
+NVFP4, 4-bit floats with an fp8 scale per 16."""
+_ROUTED_ONLY = {"w4a8": "fp8", "mxfp4": "bf16", "nvfp4": "bf16"}
+"""The 4-bit dtypes quantise the routed experts only; the other weights keep this dtype (gpt-oss's MXFP4
+checkpoint keeps attention in bf16, DeepSeek-R1's W4AFP8 checkpoint the rest in fp8)."""
 _DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float8_e4m3fn": "fp8"}
 """torch's names of the weight dtypes (as sweep sidecars record them)."""
 
@@ -42,13 +47,20 @@ def check_dtype(dtype: str) -> str:
     """
     dtype = _DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)} (or torch's names "
+                         f"{', '.join(_DTYPE_ALIASES)}), got {dtype!r}")
     return dtype
 
 
+def dense_dtype(dtype: str) -> str:
+    """The dtype of the weights besides the routed experts (attention, shared experts, dense FFNs) under ``dtype``."""
+    return _ROUTED_ONLY.get(dtype, dtype)
+
+
 def kept_dtype(dtype: str) -> str:
-    """The dtype of the router, embeddings, LM head and norms: bf16 under fp8 (as fp8 checkpoints keep them)."""
-    return "bf16" if dtype == "fp8" else dtype
+    """The dtype of the router, embeddings, LM head and norms: bf16 under fp8 and the 4-bit dtypes (as their
+    checkpoints keep them), else ``dtype``."""
+    return "fp32" if dtype == "fp32" else "bf16"
 
 
 def activation_bytes(dtype: str) -> int:
@@ -63,10 +75,14 @@ def resolve_model(model) -> Architecture:
     if isinstance(model, ModelSpec):
         return model.architecture()
     if isinstance(model, str):
+        head = DRAFT_HEADS.get(model.lower())
+        if head is not None:
+            return eagle3_head(head.target, head.draft_vocab_size, head.intermediate_size)
         try:
             return get_model(model).architecture()
         except KeyError:
-            raise ValueError(f"model must be a moesd.zoo name ({', '.join(MODELS)}), got {model!r}") from None
+            raise ValueError(f"model must be a moesd.zoo name ({', '.join([*MODELS, *DRAFT_HEADS])}), "
+                             f"got {model!r}") from None
     raise ValueError(f"model must be a moesd.zoo name, ModelSpec or Architecture, got {type(model).__name__}")
 
 
@@ -80,6 +96,32 @@ def one_layer_draft(model) -> Architecture:
     return dataclasses.replace(arch, name=f"{arch.name} (one-layer draft)", num_layers=1,
                                moe_layers=1 if arch.moe_layers else 0,
                                sliding_layers=min(arch.sliding_layers, 0))
+
+
+def eagle3_head(model, draft_vocab_size: int = 32000, intermediate_size: int | None = None) -> Architecture:
+    """An EAGLE-3 draft head for ``model``: one dense decoder layer of the target's width, its fc and its own vocabulary.
+
+    As SpecForge's ``LlamaForCausalLMEagle3`` builds it: an ``fc`` of ``3 d x d`` fuses three of the target's
+    hidden states, the layer's query, key and value projections read ``2 d`` values (the token's embedding
+    and the fused state), its MLP has ``intermediate_size`` (default: the target's dense FFN width or, for a
+    model without dense layers, its config's ``intermediate_size`` as the zoo reads it), and its LM head maps
+    to ``draft_vocab_size`` tokens. The embedding is the target's (no weights of its own). For a cost
+    estimate: acceptance is not modelled. The ``fc`` is counted with the MLP's weights (both are dense
+    products over every token).
+    """
+    arch = resolve_model(model)
+    if arch.attention != "gqa":
+        raise ValueError(f"model: an EAGLE-3 head is built for GQA attention, {arch.name} has {arch.attention}")
+    d = arch.hidden_size
+    width = int(as_array("intermediate_size", intermediate_size, low=1, whole=True)) if intermediate_size \
+        else (arch.dense_ffn_params // (3 * d) if arch.dense_ffn_params else arch.expert_intermediate)
+    vocabulary = int(as_array("draft_vocab_size", draft_vocab_size, low=1, whole=True))
+    return dataclasses.replace(
+        arch, name=f"EAGLE-3 head of {arch.name}", model_type="llama", num_layers=1, moe_layers=0, num_experts=0,
+        top_k=0, q_params=2 * arch.q_params, kv_params=2 * arch.kv_params, router_params=0, expert_params=0,
+        expert_intermediate=0, shared_params=0, dense_ffn_params=3 * d * width + 3 * d * d, sliding_window=None,
+        sliding_layers=0, vocab_size=vocabulary, embedding_params=0, head_params=d * vocabulary,
+        tied_embeddings=False)
 
 
 def attention_per_gpu(arch: Architecture, tp: int) -> tuple[float, float]:
@@ -107,12 +149,12 @@ def weights_per_gpu(model, dtype="bf16", tp=1) -> float:
     dtype = check_dtype(dtype)
     tp = int(as_array("tp", tp, low=1, whole=True))
     attention, _ = attention_per_gpu(arch, tp)
-    split = (arch.moe_layers * (arch.shared_params + arch.num_experts * arch.expert_params)
-             + arch.dense_layers * arch.dense_ffn_params) / tp
+    routed = arch.moe_layers * arch.num_experts * arch.expert_params / tp
+    split = (arch.moe_layers * arch.shared_params + arch.dense_layers * arch.dense_ffn_params) / tp
     vocabulary = (arch.embedding_params + (0 if arch.tied_embeddings else arch.head_params)) / tp
     kept = arch.moe_layers * arch.router_params + vocabulary + arch.num_layers * arch.norm_params \
         + arch.final_norm_params
-    return ((arch.num_layers * attention + split) * DTYPE_BYTES[dtype]
+    return (routed * DTYPE_BYTES[dtype] + (arch.num_layers * attention + split) * DTYPE_BYTES[dense_dtype(dtype)]
             + kept * DTYPE_BYTES[kept_dtype(dtype)])
 
 

@@ -20,16 +20,21 @@ Pure numpy; no torch.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
 from moesd._checks import as_array
+from moesd.model.engine import engine_profile
 from moesd.model.forward import step_time
 from moesd.model.kernels import Efficiency, rejection_time
 from moesd.model.layout import resolve_model, weights_per_gpu
+from moesd.theory.acceptance import position_acceptance, tokens_per_round
 from moesd.theory.speedup import sigma as emitted_fraction
 from moesd.theory.speedup import speedup_terms
 from moesd.theory.roofline import hardware_record
+from moesd.zoo import DRAFT_HEADS
 
 __all__ = ["PAPER_BATCH_SIZES", "memory_per_gpu", "memory_fit", "predict_sd", "best_gamma", "batch_range"]
 
@@ -114,7 +119,8 @@ def _grid(**arrays) -> dict:
 def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, draft_tp=1, context=512, *, alpha=None,
                ep=1, top_k=None, dtype="bf16", draft_dtype=None, draft_hardware=None, routing=None,
                routing_model="windows", verify_tokens="gamma+1", efficiency: Efficiency | None = None,
-               draft_efficiency: Efficiency | None = None, cuda_graphs=True, grouped_experts=True) -> pd.DataFrame:
+               draft_efficiency: Efficiency | None = None, cuda_graphs=True, grouped_experts=True,
+               alpha_decay=1.0, engine=None, step_seconds=None) -> pd.DataFrame:
     """Predicted speculative-decoding speedup (Eq. 4) and its terms over a grid of settings.
 
     The target verifies on ``tp`` GPUs; the draft proposes on ``draft_tp`` GPUs of its own (the paper's
@@ -151,6 +157,18 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
         The draft's efficiency and overheads (default ``efficiency``).
     verify_tokens : {"gamma+1", "gamma"}
         Positions per sequence in the verification pass.
+    alpha_decay : float, default 1.0
+        With ``alpha``: the acceptance of draft position ``i`` is ``alpha alpha_decay**(i - 1)``
+        (:func:`moesd.theory.acceptance.position_acceptance`), so ``alpha`` is the first position's; 1 is
+        Eq. 5's constant acceptance.
+    engine : str or EngineProfile, optional
+        A serving engine's profile (:data:`moesd.model.engine.ENGINES`): the host time SD rounds expose, the
+        draft steps' fixed cost, a draft head's extend pass (for a draft of one layer of the target's width)
+        and grouped-GEMM tiles. Default: the GPUs' work only.
+    step_seconds : float, optional
+        A measured plain decoding step of the target at batch size 1 (seconds, at each row's ``context``):
+        what it exceeds the predicted step by is a fixed cost per forward pass, spread evenly over the
+        target's layers; every target pass adds it and every draft pass its layers' share.
 
     Returns
     -------
@@ -161,6 +179,9 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
         terms ``tokens_per_round = sigma (gamma + 1)``, ``verify_term = 1 / target efficiency``,
         ``draft_term = gamma t_draft / t_target_1``, ``reject_term = t_reject / t_target_1``; and
         ``target_efficiency`` and ``speedup = tokens_per_round / (verify_term + draft_term + reject_term)``.
+        With ``engine`` or ``step_seconds`` also ``fixed_seconds`` (the fixed cost per target pass),
+        ``exposed_host_seconds`` (per round) and ``t_draft_extend`` (the extend pass; 0 without one);
+        ``t_draft`` is then the round's drafting time over ``gamma``.
     """
     if verify_tokens not in ("gamma+1", "gamma"):
         raise ValueError(f"verify_tokens must be 'gamma+1' or 'gamma', got {verify_tokens!r}")
@@ -181,7 +202,11 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
         axes["num_experts_per_tok"] = as_array("top_k", top_k, low=1, whole=True)
     grid = _grid(**axes)
     if alpha is not None:
-        grid = {**grid, "sigma": emitted_fraction(grid["alpha"], grid["gamma"])}
+        grid = {**grid, "sigma": _emitted(grid["alpha"], grid["gamma"], alpha_decay)}
+    profile = engine_profile(engine) if engine is not None else None
+    if profile is not None:
+        efficiency = _engine_efficiency(profile, efficiency, dtype)
+        draft_efficiency = _engine_efficiency(profile, draft_efficiency, draft_dtype)
     k = grid.get("num_experts_per_tok")
     common = dict(routing=routing, routing_model=routing_model, cuda_graphs=cuda_graphs, efficiency=efficiency,
                   grouped_experts=grouped_experts)
@@ -203,14 +228,75 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
                          top_k=k, **common).total
     t_reject = rejection_time(hardware, grid["batch_size"], grid["gamma"], target_arch.vocab_size, efficiency,
                               cuda_graphs)
-    terms = speedup_terms(grid["sigma"], grid["gamma"], t1[inverse], t_verify, draft_step[inverse], t_reject)
-    return pd.DataFrame({
+    t1, draft_step = t1[inverse], draft_step[inverse]
+    engine_columns = {}
+    if profile is not None or step_seconds is not None:
+        engine_columns = _engine_round(profile or engine_profile("device"), step_seconds, target_arch, draft_arch,
+                                       hardware, draft_hardware, grid, t1, draft_step, tp, ep, draft_tp, dtype,
+                                       draft_dtype, efficiency, draft_efficiency, cuda_graphs, grouped_experts)
+        t1, t_verify = t1 + engine_columns["fixed_seconds"], t_verify + engine_columns.pop("verify_extra")
+        draft_step = engine_columns.pop("draft_per_token")
+    terms = speedup_terms(grid["sigma"], grid["gamma"], t1, t_verify, draft_step, t_reject)
+    frame = pd.DataFrame({
         **{name: values for name, values in grid.items()},
-        "t_target_1": t1[inverse], "t_target_gamma": t_verify, "t_draft": draft_step[inverse],
+        "t_target_1": t1, "t_target_gamma": t_verify, "t_draft": draft_step,
         "t_reject": t_reject, "tokens_per_round": terms.tokens_per_round, "verify_term": terms.verify,
         "draft_term": terms.draft, "reject_term": terms.reject, "target_efficiency": 1.0 / terms.verify,
-        "speedup": terms.speedup,
+        "speedup": terms.speedup, **engine_columns,
     }).astype({"batch_size": int, "gamma": int, "context": int})
+    frame.attrs["draft_head"] = isinstance(draft, str) and draft.lower() in DRAFT_HEADS
+    return frame
+
+
+def _emitted(alpha: np.ndarray, gamma: np.ndarray, decay) -> np.ndarray:
+    """Eq. 5's ``sigma`` of each row, with the acceptance of draft position ``i`` ``alpha decay**(i - 1)``."""
+    decay = float(as_array("alpha_decay", decay, low=0, high=1, low_open=True))
+    if decay == 1.0:
+        return emitted_fraction(alpha, gamma)
+    sigma = np.empty(alpha.shape)
+    for g in np.unique(gamma):
+        rows = gamma == g
+        sigma[rows] = tokens_per_round(position_acceptance(alpha[rows], int(g), decay)) / (g + 1)
+    return sigma
+
+
+def _engine_efficiency(profile, efficiency: Efficiency | None, dtype: str) -> Efficiency:
+    """``efficiency`` with the engine's grouped-GEMM tile and achieved FLOP fraction for ``dtype``."""
+    fraction = profile.expert_flops_fraction.get(dtype)
+    return dataclasses.replace(efficiency or Efficiency(), expert_tile_rows=profile.expert_tile_rows.get(dtype, 1),
+                               expert_flops_fraction=None if fraction is None else fraction.value)
+
+
+def _engine_round(profile, step_seconds, target, draft, hardware, draft_hardware, grid, t1, draft_step, tp, ep,
+                  draft_tp, dtype, draft_dtype, efficiency, draft_efficiency, cuda_graphs, grouped_experts) -> dict:
+    """Seconds an engine adds to the round (see :func:`predict_sd`'s ``engine`` and ``step_seconds``).
+
+    Returns the columns ``fixed_seconds`` (per target pass), ``exposed_host_seconds`` (per round),
+    ``t_draft_extend``, and ``verify_extra`` (what verification adds) and ``draft_per_token`` (the round's
+    drafting over ``gamma``), seconds per row.
+    """
+    B, gamma, context = grid["batch_size"], grid["gamma"], grid["context"]
+    fixed = np.zeros(B.shape)
+    if step_seconds is not None:
+        measured = float(as_array("step_seconds", step_seconds, low=0, low_open=True))
+        alone = step_time(target, hardware, 1, 1, context, tp, ep, dtype, efficiency=efficiency,
+                          cuda_graphs=cuda_graphs, grouped_experts=grouped_experts).total
+        if (alone > measured).any():
+            raise ValueError(f"step_seconds must be at least the predicted step at batch size 1, "
+                             f"{float(alone.max()) * 1e3:.3g} ms, got {measured * 1e3:.3g} ms")
+        fixed = measured - alone
+    per_layer = fixed / target.num_layers
+    draft_fixed = per_layer * draft.num_layers + profile.draft_host_seconds.value
+    exposed = np.full(B.shape, profile.exposed_host_seconds.value)
+    head = profile.draft_extend and draft.num_layers == 1 and draft.hidden_size == target.hidden_size
+    extend = np.zeros(B.shape)
+    if head:
+        extend = step_time(draft, draft_hardware, gamma + 1, B, context, draft_tp, 1, draft_dtype,
+                           efficiency=draft_efficiency, cuda_graphs=profile.extend_graphs,
+                           grouped_experts=grouped_experts).total + draft_fixed
+    drafting = extend + (gamma - head) * (draft_step + draft_fixed)
+    return {"fixed_seconds": fixed, "exposed_host_seconds": exposed, "t_draft_extend": extend,
+            "verify_extra": fixed + exposed, "draft_per_token": drafting / gamma}
 
 
 def best_gamma(frame: pd.DataFrame, by=("batch_size",)) -> pd.DataFrame:

@@ -11,13 +11,15 @@ cost when none was given, and at none when one was). ``moesd predict`` prints a
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from moesd.model.engine import engine_profile
 from moesd.model.kernels import Efficiency
-from moesd.model.layout import DTYPE_BYTES, resolve_model, tensor_parallel_sizes
+from moesd.model.layout import DTYPE_BYTES, check_dtype, resolve_model, tensor_parallel_sizes
 from moesd.model.predict import batch_range, best_gamma, memory_fit, predict_sd
 from moesd.theory.roofline import hardware_record
 
@@ -122,6 +124,10 @@ class Recommendation:
         The draft shares the target's hidden size and vocabulary (an MTP head or a one-layer draft).
     advice : list of Advice
         One per acceptance value.
+    engine_ends : dict
+        With an engine profile: for ``"low"`` and ``"high"`` (its costs at the end of their published
+        ranges that favours and that disfavours SD, :meth:`~moesd.model.engine.EngineProfile.at`), the batch
+        sizes where SD is on, one array per acceptance value; empty without a profile.
     """
 
     frame: pd.DataFrame
@@ -132,10 +138,11 @@ class Recommendation:
     vocabularies: tuple
     shares_target_shape: bool
     advice: list
+    engine_ends: dict = dataclasses.field(default_factory=dict)
 
 
 def _shortfalls(fit: pd.DataFrame, models: dict, hardware, dtype: str) -> list:
-    smaller = tuple(name for name, size in DTYPE_BYTES.items() if size < DTYPE_BYTES[dtype])
+    smaller = tuple(name for name, size in DTYPE_BYTES.items() if size < DTYPE_BYTES[check_dtype(dtype)])
     shortfalls = []
     for role, (model, gpus) in models.items():
         held = fit[f"{role}_bytes"].to_numpy()
@@ -162,7 +169,8 @@ def _advice(column: str, value: float, rows: pd.DataFrame, other: pd.DataFrame, 
 
 def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values, tp: int = 1, draft_tp: int = 1,
               ep: int = 1, context: int = 1024, dtype: str = "bf16", host_ms: float = 0.0,
-              other_host_ms: float | None = None) -> Recommendation:
+              other_host_ms: float | None = None, engine=None, step_ms: float | None = None,
+              alpha_decay: float = 1.0) -> Recommendation:
     """Where SD pays for ``target`` with ``draft`` on ``hardware``, over batch sizes and draft lengths.
 
     Parameters
@@ -180,6 +188,11 @@ def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values,
     other_host_ms : float, optional
         The host cost the advice is checked against, ms (default: vLLM v0's measured cost,
         :data:`moesd.paper.predictor_check.HOST_SECONDS_VLLM_V0`, when ``host_ms`` is 0, else 0).
+    engine, alpha_decay
+        As :func:`~moesd.model.predict.predict_sd` takes them; with a profile the advice is also
+        recomputed at both ends of its costs' ranges (``Recommendation.engine_ends``).
+    step_ms : float, optional
+        A measured plain decoding step at batch size 1, ms (``predict_sd``'s ``step_seconds``).
 
     Returns
     -------
@@ -188,12 +201,19 @@ def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values,
     from moesd.paper.predictor_check import HOST_SECONDS_VLLM_V0
 
     batch_sizes, values = np.asarray(batch_sizes), np.asarray(values, dtype=float)
-    if other_host_ms is None:
+    if step_ms is not None:  # a measured step holds the host's cost already
+        other_host_ms = host_ms
+    elif other_host_ms is None:
         other_host_ms = 0.0 if host_ms else HOST_SECONDS_VLLM_V0 * 1e3
 
-    def predict(batch, milliseconds):
+    profile = None if engine is None else engine_profile(engine)
+    step_seconds = None if step_ms is None else step_ms * 1e-3
+    decay = {"alpha_decay": alpha_decay} if column == "alpha" else {}
+
+    def predict(batch, milliseconds, engine_at=profile):
         return predict_sd(target, draft, hardware, batch, gammas, tp=tp, draft_tp=draft_tp, context=context, ep=ep,
-                          dtype=dtype, efficiency=Efficiency(step_seconds=milliseconds * 1e-3), **{column: values})
+                          dtype=dtype, efficiency=Efficiency(step_seconds=milliseconds * 1e-3), engine=engine_at,
+                          step_seconds=step_seconds, **decay, **{column: values})
 
     frame = predict(batch_sizes, host_ms)
     hardware = hardware_record(hardware)
@@ -204,9 +224,15 @@ def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values,
     other = predict(judged, other_host_ms)
     advice = [_advice(column, value, frame[(frame[column] == value) & frame["batch_size"].isin(judged)],
                       other[other[column] == value], other_host_ms) for value in values]
+    ends = {}
+    if profile is not None and profile.costs() and any(c.low < c.high for c in profile.costs().values()):
+        for end in ("low", "high"):
+            rows = predict(judged, host_ms, profile.at(end))
+            ends[end] = [best_gamma(rows[rows[column] == value]).pipe(
+                lambda best: best.loc[sd_status(best["speedup"]) == "on", "batch_size"].to_numpy()) for value in values]
     return Recommendation(frame, hardware, fits, judged,
                           _shortfalls(fit, {"target": (target_shape, tp), "draft": (draft_shape, draft_tp)}, hardware,
                                       dtype),
                           (target_shape.vocab_size, draft_shape.vocab_size),
                           target_shape.hidden_size == draft_shape.hidden_size
-                          and target_shape.vocab_size == draft_shape.vocab_size, advice)
+                          and target_shape.vocab_size == draft_shape.vocab_size, advice, ends)

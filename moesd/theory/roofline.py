@@ -44,6 +44,9 @@ class Hardware:
     fp8_flops : float or None
         Dense fp8 tensor throughput (FLOP/s); None where the device has no fp8 tensor cores (fp8
         weights are then multiplied at the bf16 rate).
+    fp4_flops : float or None
+        Dense 4-bit floating-point (FP4, NVFP4/MXFP4) tensor throughput (FLOP/s); None where the device
+        has no FP4 tensor cores (4-bit weights are then dequantised and multiplied at the bf16 rate).
     fp32_flops : float or None
         fp32 throughput without tensor cores (FLOP/s), what a framework's default fp32 matmul gets;
         None where unknown (a measured record sets the rate it measured).
@@ -84,6 +87,24 @@ class Hardware:
     bandwidth_fraction: float = 1.0
     flops_fraction: float = 1.0
     efficiency_source: str = ""
+    fp4_flops: float | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse, naming the field, a peak, memory or rate that is not a finite number in its range (a zero or
+        infinite bandwidth would otherwise surface as a time of zero or infinity deep inside a prediction)."""
+        positive = dict(low=0, low_open=True)
+        domains = {"peak_flops": positive, "memory_bandwidth": positive, "memory_bytes": positive,
+                   "fp8_flops": positive, "fp32_flops": positive, "fp4_flops": positive, "interconnect_bandwidth": dict(low=0),
+                   "interconnect_latency": dict(low=0), "interconnect_peers": dict(low=0, whole=True),
+                   "gpus_per_node": dict(low=1, whole=True), "bandwidth_fraction": positive,
+                   "flops_fraction": positive}
+        for field, domain in domains.items():
+            value = getattr(self, field)
+            if value is not None or field not in ("fp8_flops", "fp32_flops", "fp4_flops"):
+                try:
+                    as_array(f"hardware.{field}", value, **domain)
+                except UsageError as error:
+                    raise UsageError(f"{error} (Hardware record {self.name!r})") from None
 
     @property
     def ridge_point(self) -> float:
@@ -160,6 +181,14 @@ HARDWARE = {
                     "efficiency_source": _HOPPER["efficiency_source"] + "; neither measured on an H20"},
                  **_nvlink("NVLink 4", 900, "HGX H20 specifications: NVLink 900 GB/s",
                           "HGX H20 8-GPU board")),
+        Hardware("H20-141GB", 148 * _TERA, 4800 * _GIGA, 141 * _GIGA,
+                 "NVIDIA H20 with 141 GB HBM3e ('H20-3e'; no NVIDIA data sheet online): 4.8 TB/s and 141 GB "
+                 "as tile-ai/TileOPs PR #1658 and NVIDIA/nvbandwidth issue #48 ('according to official data ... "
+                 "4.8TB/s') give them; BF16 148 and FP8 296 TFLOPS dense and FP32 44 TFLOPS as the 96 GB H20's",
+                 **{**_HOPPER, "fp8_flops": 296 * _TERA, "fp32_flops": 44 * _TERA,
+                    "efficiency_source": _HOPPER["efficiency_source"] + "; neither measured on an H20"},
+                 **_nvlink("NVLink 4", 900, "the 96 GB H20's NVLink 900 GB/s, assumed unchanged",
+                          "HGX H20 8-GPU board")),
         Hardware("H100", 989.5 * _TERA, 3350 * _GIGA, 80 * _GIGA,
                  "NVIDIA H100 data sheet, SXM5: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
                  "FP8 3,958 with sparsity (1,979 dense), FP32 67 TFLOPS, HBM3 3.35 TB/s, 80 GB",
@@ -183,8 +212,10 @@ HARDWARE = {
                  + _ALLREDUCE_LATENCY, gpus_per_node=8),
         Hardware("B200", 2250 * _TERA, 8000 * _GIGA, 180 * _GIGA,
                  "NVIDIA HGX B200 (1,000 W) specifications: BF16 tensor 4.5 PFLOPS with sparsity "
-                 "(2.25 dense), FP8 9 PFLOPS with sparsity (4.5 dense), HBM3e 8 TB/s, 180 GB per GPU",
-                 fp8_flops=4500 * _TERA, bandwidth_fraction=3888 / 4800, flops_fraction=1745 / 2250,
+                 "(2.25 dense), FP8 9 PFLOPS with sparsity (4.5 dense), HBM3e 8 TB/s, 180 GB per GPU; FP4 "
+                 "9 PFLOPS dense (NVIDIA Blackwell architecture technical brief, as glennklockwood.com/garden/"
+                 "processors/B200 tabulates it)",
+                 fp8_flops=4500 * _TERA, fp4_flops=9000 * _TERA, bandwidth_fraction=3888 / 4800, flops_fraction=1745 / 2250,
                  efficiency_source=_MAMF + "B200 SXM 1,745 of 2,250 TFLOPS (0.78); bandwidth fraction "
                  "assumed equal to the H200's (no B200 measurement found): " + _HOPPER_BANDWIDTH,
                  **_nvlink("NVLink 5", 1800, "HGX B200 specifications: NVLink 1.8 TB/s per GPU",
@@ -224,12 +255,13 @@ def ridge_point(hardware) -> float:
 
 
 def hardware_record(hardware) -> Hardware:
-    """The :class:`Hardware` record given, or named in :data:`HARDWARE` (in any case); its peak numbers checked.
+    """The :class:`Hardware` record given, or named in :data:`HARDWARE` (in any case); a record checks its
+    numbers when it is made.
 
     Raises
     ------
     UsageError
-        (a ValueError) for another name or object, or a record whose peaks are not positive.
+        (a ValueError) for another name or object.
     """
     if isinstance(hardware, str):
         names = {name.lower(): name for name in HARDWARE}
@@ -238,8 +270,6 @@ def hardware_record(hardware) -> Hardware:
     if not isinstance(hardware, Hardware):
         raise UsageError(f"hardware must be one of {', '.join(HARDWARE)} or a Hardware record, "
                          f"got {hardware!r}")
-    as_array("hardware.peak_flops", hardware.peak_flops, low=0, low_open=True)
-    as_array("hardware.memory_bandwidth", hardware.memory_bandwidth, low=0, low_open=True)
     return hardware
 
 

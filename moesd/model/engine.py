@@ -1,0 +1,171 @@
+"""Serving engines as the predictor sees them (beyond the paper): where an engine's fixed costs fall in a round.
+
+A roofline of the GPUs' work (:func:`moesd.model.forward.step_time`) leaves out what serving engines add:
+kernels that never reach the roofline at batch 1, collectives at their real latency, the host's scheduling
+and sampling, a draft head's *extend* pass, and grouped-GEMM tiles. An :class:`EngineProfile` says where
+these costs fall in a round of speculative decoding, each constant with the range public material gives
+and its source:
+
+* ``exposed_host_seconds``: the host time that an SD round exposes and a plain decoding step hides.
+  SGLang's overlap scheduler hides the host's scheduling behind the GPU's work in plain decoding but
+  could not with speculative decoding (until its "spec v2").
+* ``draft_host_seconds``: a fixed cost per draft step outside CUDA graphs (sampling the draft token,
+  eager attention between graph pieces).
+* ``draft_extend``: draft heads (EAGLE, multi-token prediction) run one pass over the ``gamma + 1``
+  tokens of the last round before drafting, which gives the first draft token; ``extend_graphs`` whether
+  that pass replays a CUDA graph.
+* ``expert_tile_rows`` and ``expert_flops_fraction``: the grouped-GEMM kernels' row tile and achieved
+  fraction of the tensor peak, per weight dtype.
+
+The fixed cost of a forward pass that the roofline misses (kernel latencies, collectives) is not a profile
+constant: it differs by model and deployment by tens of milliseconds. :func:`moesd.model.predict.predict_sd`
+takes it from a *measured plain decoding step* (``step_seconds`` at batch 1, as an engine's benchmark reports
+it), spreads it over the layers, and gives a draft head its layers' share. :data:`ENGINES` holds the presets.
+
+Pure Python; no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["Cost", "EngineProfile", "ENGINES", "engine_profile"]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One constant of an engine profile with its published range.
+
+    Attributes
+    ----------
+    value : float
+        The value used by default (in the unit of the field it fills).
+    low, high : float
+        The range public material gives (``low <= value <= high``).
+    source : str
+        Where the numbers come from.
+    """
+
+    value: float
+    low: float
+    high: float
+    source: str
+
+    def __post_init__(self):
+        if not 0 <= self.low <= self.value <= self.high:
+            raise ValueError(f"a Cost needs 0 <= low <= value <= high, got {self.low}, {self.value}, {self.high}")
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """Where a serving engine's fixed costs fall in plain decoding and in a round of SD.
+
+    Attributes
+    ----------
+    name, description : str
+        The engine and version it describes.
+    exposed_host_seconds : Cost
+        Host time an SD round exposes and a plain decoding step hides, seconds per round.
+    draft_host_seconds : Cost
+        Fixed cost of one draft step outside CUDA graphs, seconds.
+    draft_extend : bool
+        A draft head runs an extend pass over ``gamma + 1`` tokens per round, giving the first draft token.
+    extend_graphs : bool
+        The extend pass replays a CUDA graph (else its kernels pay launch costs).
+    expert_tile_rows : dict
+        Rows the grouped-GEMM kernel pads each expert's tokens to, per weight dtype (missing: no padding).
+    expert_flops_fraction : dict
+        Achieved fraction of the tensor peak in grouped expert GEMMs, per weight dtype, as a
+        :class:`Cost` (missing: the hardware record's fraction).
+    tiles_source : str
+        Where ``expert_tile_rows`` come from.
+    """
+
+    name: str
+    description: str
+    exposed_host_seconds: Cost
+    draft_host_seconds: Cost
+    draft_extend: bool = True
+    extend_graphs: bool = True
+    expert_tile_rows: dict = dataclasses.field(default_factory=dict)
+    expert_flops_fraction: dict = dataclasses.field(default_factory=dict)
+    tiles_source: str = ""
+
+    def costs(self) -> dict:
+        """Every :class:`Cost` of the profile by name (``"expert_flops_fraction[fp8]"`` for a dtype's)."""
+        found = {"exposed_host_seconds": self.exposed_host_seconds, "draft_host_seconds": self.draft_host_seconds}
+        found.update({f"expert_flops_fraction[{dtype}]": cost for dtype, cost in self.expert_flops_fraction.items()})
+        return found
+
+    def at(self, end: str) -> "EngineProfile":
+        """The profile with every cost at the ``"low"``, ``"value"`` or ``"high"`` end of its range.
+
+        ``"low"`` is the end that favours SD (least exposed host time and draft cost, and the *highest*
+        expert FLOP fraction); ``"high"`` the end that disfavours it.
+        """
+        if end not in ("low", "value", "high"):
+            raise ValueError(f"end must be 'low', 'value' or 'high', got {end!r}")
+        flip = {"low": "high", "high": "low", "value": "value"}[end]
+
+        def pick(cost: Cost, which: str) -> Cost:
+            return dataclasses.replace(cost, value=getattr(cost, which))
+
+        return dataclasses.replace(
+            self, name=f"{self.name} ({end})" if end != "value" else self.name,
+            exposed_host_seconds=pick(self.exposed_host_seconds, end), draft_host_seconds=pick(self.draft_host_seconds, end),
+            expert_flops_fraction={dtype: pick(cost, flip) for dtype, cost in self.expert_flops_fraction.items()})
+
+
+_SGLANG_OVERLAP = ("LMSYS blog 'Accelerating SGLang with Multiple Token Prediction' (2025-07-17): DeepSeek-V3 on "
+                   "16 H200, 2 requests per rank: 51.0 tok/s per rank without, 60.4 with overlap scheduling alone, "
+                   "and 'MTP + overlap' not yet supported: the overlap hides 2/51.0 - 2/60.4 s = 6.1 ms of a "
+                   "step; low end 0: SGLang's 'spec v2' (SGLANG_ENABLE_SPEC_V2, sgl-project/sglang PR #15591) "
+                   "overlaps SD rounds too")
+_DEEPGEMM_MASKED = ("deepseek-ai/DeepGEMM README (H800): masked grouped GEMM 4 groups x 256 rows, 932 and 815 "
+                    "TFLOPS of the 1,979 fp8 dense peak (0.41-0.47); none published below 256 rows")
+_TILES = ("DeepGEMM deep_gemm/jit_kernels config: masked layout block_m 64 up to 64 expected rows; vLLM/SGLang "
+          "fused_moe get_default_config: bf16 BLOCK_SIZE_M 16 when tokens <= experts, fp8 block-quantised 64")
+_VLLM_DRAFTER = ("vllm-project/vllm issue #45258 (vLLM 0.22, Gemma-4 26B-A4B, gamma 3, concurrency 1): the "
+                 "drafter chain's sampling 2.1 ms for 3 steps, 0.7 ms each, with eager attention between "
+                 "piecewise graphs; vllm PR #21477: a full-graph drafter on par (low end 0)")
+
+ENGINES = {profile.name: profile for profile in [
+    EngineProfile(
+        "device", "the GPUs' work only: no host cost, no extend pass, no tiles (the paper's engine)",
+        Cost(0.0, 0.0, 0.0, "none"), Cost(0.0, 0.0, 0.0, "none"), draft_extend=False),
+    EngineProfile(
+        "sglang", "SGLang 0.4-0.5 with EAGLE/MTP ('spec v1'): overlap scheduling in plain decoding only, "
+        "draft steps and verification replayed from CUDA graphs, an eager draft-extend pass (graphed from "
+        "PR #6606 on some attention backends)",
+        Cost(6.1e-3, 0.0, 6.1e-3, _SGLANG_OVERLAP),
+        Cost(0.0, 0.0, 0.0, "draft steps replay CUDA graphs (sgl-project/sglang EAGLE draft CUDA graph runner)"),
+        draft_extend=True, extend_graphs=False, expert_tile_rows={"fp8": 64, "bf16": 16}, tiles_source=_TILES,
+        expert_flops_fraction={"fp8": Cost(0.41, 0.41, 0.47, _DEEPGEMM_MASKED)}),
+    EngineProfile(
+        "vllm-v1", "vLLM V1 with EAGLE/MTP, async scheduling off (its default): the host's step cost in "
+        "plain decoding and SD alike, the drafter's attention eager between piecewise graphs",
+        Cost(0.0, 0.0, 0.0, "no overlap in either mode (async scheduling off by default)"),
+        Cost(0.7e-3, 0.0, 0.7e-3, _VLLM_DRAFTER),
+        draft_extend=True, extend_graphs=False, expert_tile_rows={"fp8": 64, "bf16": 16}, tiles_source=_TILES,
+        expert_flops_fraction={"fp8": Cost(0.41, 0.41, 0.47, _DEEPGEMM_MASKED)}),
+    EngineProfile(
+        "tensorrt-llm", "TensorRT-LLM (PyTorch back end) with MTP: verification and drafting captured in "
+        "one CUDA graph, overlap scheduler in both modes",
+        Cost(0.0, 0.0, 0.27e-3, "TensorRT-LLM tech blog 2 (DeepSeek-R1 MTP, 8 B200): 'both the verification "
+             "and draft stages can be captured in one graph'; the overlap scheduler 1.03x at minimum latency, "
+             "3 % of tech blog 1's 9.0 ms step (111 tokens/s per user): 0.27 ms at most"),
+        Cost(0.0, 0.0, 0.0, "drafting inside the CUDA graph (TensorRT-LLM tech blog 2)"),
+        draft_extend=True, extend_graphs=True, expert_tile_rows={"fp8": 64, "bf16": 16}, tiles_source=_TILES,
+        expert_flops_fraction={"fp8": Cost(0.41, 0.41, 0.47, _DEEPGEMM_MASKED)}),
+]}
+"""Engine presets by name; each constant's ``source`` cites where it comes from."""
+
+
+def engine_profile(engine) -> EngineProfile:
+    """An :class:`EngineProfile` from a name of :data:`ENGINES` (any case) or itself; ValueError otherwise."""
+    if isinstance(engine, EngineProfile):
+        return engine
+    if isinstance(engine, str) and engine.lower() in ENGINES:
+        return ENGINES[engine.lower()]
+    raise ValueError(f"engine must be one of {', '.join(ENGINES)} or an EngineProfile, got {engine!r}")

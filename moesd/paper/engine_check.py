@@ -1,0 +1,103 @@
+"""The predictor against serving engines' published SD speedups (beyond the paper).
+
+``data/engines/published_speedups.csv`` holds speedups of speculative decoding on MoE targets that engine
+teams and users published (one row per point, with its source, link and the quoted line), with the mean
+acceptance length of the same or a cited setup and the plain decoding step the source reports. Nothing
+here is fitted to the speedups: :func:`check_engines` predicts each point with
+:func:`moesd.model.predict.predict_sd` in several variants, from the GPUs' work alone (the predictor
+before engine profiles) to the engine's profile with the measured plain step, and with each engine term
+left out in turn, and scores each variant by its mean absolute percentage error (MAPE), whether it gets
+the sign of "SD pays" (speedup > 1) right, and whether it gets the direction of each source's trend over
+batch size right.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from moesd.model.engine import Cost, engine_profile
+from moesd.model.predict import predict_sd
+from moesd.paper.tables import DATA_DIR
+from moesd.theory.acceptance import alpha_for_acceptance_length
+
+__all__ = ["VARIANTS", "published_speedups", "EngineCheck", "check_engines"]
+
+_NONE = Cost(0.0, 0.0, 0.0, "left out")
+
+VARIANTS = {
+    "device": "the GPUs' work only (the predictor before engine profiles)",
+    "profile": "the engine's profile, without a measured plain step",
+    "anchored": "the engine's profile and the source's measured plain step at batch size 1",
+    "anchored, no exposed host": "anchored, the host time SD rounds expose left out",
+    "anchored, no extend pass": "anchored, the draft head's extend pass left out",
+    "anchored, no tiles": "anchored, grouped-GEMM tiles and their FLOP fraction left out",
+}
+"""The variants :func:`check_engines` scores, and what each holds."""
+
+
+def published_speedups() -> pd.DataFrame:
+    """The published points (``data/engines/published_speedups.csv``), one row each."""
+    return pd.read_csv(DATA_DIR / "engines" / "published_speedups.csv")
+
+
+def _profile(name: str, variant: str):
+    profile = engine_profile(name)
+    if variant.endswith("no exposed host"):
+        return dataclasses.replace(profile, exposed_host_seconds=_NONE)
+    if variant.endswith("no extend pass"):
+        return dataclasses.replace(profile, draft_extend=False)
+    if variant.endswith("no tiles"):
+        return dataclasses.replace(profile, expert_tile_rows={}, expert_flops_fraction={})
+    return profile
+
+
+def _predict(point, variant: str) -> float:
+    alpha = float(alpha_for_acceptance_length(point.acceptance_length, point.gamma))
+    options = dict(tp=point.tp, draft_tp=point.tp, ep=point.ep, context=point.context, alpha=alpha,
+                   dtype=point.dtype, draft_dtype=point.draft_dtype)
+    if variant != "device":
+        options["engine"] = _profile(point.engine, variant)
+    if variant.startswith("anchored"):
+        options["step_seconds"] = point.baseline_step_ms * 1e-3
+    frame = predict_sd(point.model, point.draft, point.hardware, point.batch_size, point.gamma, **options)
+    return float(frame["speedup"].iloc[0])
+
+
+@dataclass(frozen=True)
+class EngineCheck:
+    """Predictions of the published points and their scores.
+
+    Attributes
+    ----------
+    points : pandas.DataFrame
+        The published points with one column of predicted speedup per variant (:data:`VARIANTS`).
+    scores : pandas.DataFrame
+        One row per variant: ``mape`` (mean absolute percentage error of the speedup, %), ``signs_right``
+        and ``points`` (points where predicted and published speedup fall on the same side of 1, of all),
+        ``trends_right`` and ``trends`` (sources with several batch sizes whose speedup changes from the
+        smallest to the largest batch size in the published direction, of all such sources).
+    """
+
+    points: pd.DataFrame
+    scores: pd.DataFrame
+
+
+def check_engines(points: pd.DataFrame | None = None) -> EngineCheck:
+    """Predict every published point in every variant of :data:`VARIANTS` and score each variant."""
+    points = published_speedups() if points is None else points.copy()
+    rows = list(points.itertuples(index=False))
+    for variant in VARIANTS:
+        points[variant] = [_predict(point, variant) for point in rows]
+    scores = []
+    for variant in VARIANTS:
+        predicted, published = points[variant].to_numpy(), points["speedup"].to_numpy()
+        trends = [np.sign(np.diff(group.sort_values("batch_size")[[variant, "speedup"]].iloc[[0, -1]].to_numpy(),
+                                  axis=0)) for _, group in points.groupby("source") if group.batch_size.nunique() > 1]
+        scores.append({"variant": variant, "mape": float(np.mean(np.abs(predicted / published - 1)) * 100),
+                       "signs_right": int(((predicted > 1) == (published > 1)).sum()), "points": len(points),
+                       "trends_right": sum(int(t[0, 0] == t[0, 1]) for t in trends), "trends": len(trends)})
+    return EngineCheck(points, pd.DataFrame(scores))

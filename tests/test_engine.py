@@ -1,0 +1,219 @@
+"""Engine profiles, acceptance by draft position, tiles, 4-bit dtypes, EAGLE-3 heads and the check against
+published engine measurements (moesd.model.engine, moesd.theory.acceptance, moesd.paper.engine_check)."""
+
+import contextlib
+import dataclasses
+import io
+
+import numpy as np
+import pytest
+
+from moesd import cli
+from moesd.model.engine import ENGINES, Cost, EngineProfile, engine_profile
+from moesd.model.forward import step_time
+from moesd.model.kernels import Efficiency, achieved_rates, grouped_gemm_roofline
+from moesd.model.layout import DTYPE_BYTES, dense_dtype, eagle3_head, resolve_model, weights_per_gpu
+from moesd.model.predict import predict_sd
+from moesd.paper.engine_check import VARIANTS, check_engines, published_speedups
+from moesd.theory.acceptance import alpha_for_acceptance_length, position_acceptance, tokens_per_round
+from moesd.theory.roofline import HARDWARE
+from moesd.theory.speedup import expected_tokens_per_round
+
+SGLANG = engine_profile("sglang")
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 1.0])
+@pytest.mark.parametrize("gamma", [1, 3, 7])
+def test_constant_acceptance_gives_eq_5(alpha, gamma):
+    assert tokens_per_round(position_acceptance(alpha, gamma)) == pytest.approx(
+        expected_tokens_per_round(alpha, gamma))
+
+
+def test_tokens_per_round_by_hand():
+    assert tokens_per_round([0.8, 0.5, 0.25]) == pytest.approx(1 + 0.8 + 0.4 + 0.1)
+    assert position_acceptance(0.8, 3, 0.5) == pytest.approx([0.8, 0.4, 0.2])
+
+
+@pytest.mark.parametrize("decay", [1.0, 0.9, 0.5])
+def test_alpha_for_acceptance_length_inverts(decay):
+    for alpha in (0.1, 0.55, 0.9):
+        length = tokens_per_round(position_acceptance(alpha, 4, decay))
+        assert alpha_for_acceptance_length(length, 4, decay) == pytest.approx(alpha, abs=1e-9)
+
+
+def test_acceptance_length_beyond_gamma_is_refused():
+    with pytest.raises(ValueError, match="at most 4"):
+        alpha_for_acceptance_length(4.5, 3)
+    with pytest.raises(ValueError, match="acceptance must hold one value"):
+        tokens_per_round([])
+
+
+def test_every_engine_cost_is_sourced_and_ordered():
+    for profile in ENGINES.values():
+        for name, cost in profile.costs().items():
+            assert cost.source, (profile.name, name)
+            assert cost.low <= cost.value <= cost.high
+        low, high = profile.at("low"), profile.at("high")
+        assert low.exposed_host_seconds.value <= high.exposed_host_seconds.value
+        assert low.draft_host_seconds.value <= high.draft_host_seconds.value
+        for dtype, cost in profile.expert_flops_fraction.items():  # a higher fraction favours SD
+            assert low.expert_flops_fraction[dtype].value >= high.expert_flops_fraction[dtype].value
+
+
+def test_bad_profiles_are_refused():
+    with pytest.raises(ValueError, match="engine must be one of"):
+        engine_profile("tgi")
+    with pytest.raises(ValueError, match="low <= value <= high"):
+        Cost(2.0, 0.0, 1.0, "x")
+    with pytest.raises(ValueError, match="end must be"):
+        SGLANG.at("middle")
+
+
+def _frame(**options):
+    return predict_sd("deepseek-v3", "deepseek-v3-mtp", "H200", [1, 16], [1, 3], tp=8, draft_tp=8, alpha=0.7,
+                      dtype="fp8", context=1024, **options)
+
+
+def test_the_device_profile_changes_nothing_without_a_step():
+    plain, device = _frame(), _frame(engine="device")
+    for column in ("t_target_1", "t_target_gamma", "speedup"):
+        np.testing.assert_allclose(device[column], plain[column])
+
+
+def test_a_measured_step_anchors_the_plain_step_and_spreads_over_layers():
+    frame = _frame(engine=dataclasses.replace(SGLANG, exposed_host_seconds=Cost(0, 0, 0, "-")),
+                   step_seconds=0.03)
+    at_one = frame[frame.batch_size == 1]
+    assert at_one["t_target_1"].to_numpy() == pytest.approx(0.03)
+    fixed = at_one["fixed_seconds"].iloc[0]
+    plain = _frame(engine=dataclasses.replace(SGLANG, exposed_host_seconds=Cost(0, 0, 0, "-")))
+    # every target pass adds the same fixed cost
+    np.testing.assert_allclose(frame["t_target_gamma"] - plain["t_target_gamma"], fixed)
+    # the head drafts: an extend pass then gamma - 1 steps, each with one layer's share (61 layers)
+    head = resolve_model("deepseek-v3-mtp")
+    row = frame[(frame.batch_size == 16) & (frame.gamma == 3)].iloc[0]
+    step = step_time(head, "H200", 1, 16, 1024, 8, 1, "fp8", efficiency=Efficiency(expert_tile_rows=64,
+                     expert_flops_fraction=0.41)).total.item()
+    extend = step_time(head, "H200", 4, 16, 1024, 8, 1, "fp8", cuda_graphs=False, efficiency=Efficiency(
+        expert_tile_rows=64, expert_flops_fraction=0.41)).total.item() + fixed / 61
+    assert row["t_draft_extend"] == pytest.approx(extend)
+    assert row["t_draft"] * 3 == pytest.approx(extend + 2 * (step + fixed / 61))
+
+
+def test_exposed_host_time_adds_to_verification_only():
+    without = _frame(engine=dataclasses.replace(SGLANG, exposed_host_seconds=Cost(0, 0, 0, "-")))
+    with_host = _frame(engine="sglang")
+    np.testing.assert_allclose(with_host["t_target_gamma"] - without["t_target_gamma"], 6.1e-3)
+    np.testing.assert_allclose(with_host["t_target_1"], without["t_target_1"])
+
+
+def test_a_step_below_the_roofline_is_refused():
+    with pytest.raises(ValueError, match="step_seconds must be at least"):
+        _frame(step_seconds=1e-4)
+
+
+def test_decaying_acceptance_lowers_sigma():
+    flat, decaying = _frame(), _frame(alpha_decay=0.8)
+    assert (decaying["sigma"] <= flat["sigma"] + 1e-12).all()
+    one = decaying[decaying.gamma == 1]
+    np.testing.assert_allclose(one["sigma"], flat[flat.gamma == 1]["sigma"])  # one position: no decay
+
+
+def test_tiles_pad_each_expert_to_whole_tiles():
+    h20 = HARDWARE["H20"]
+    efficiency = Efficiency(expert_tile_rows=64, flops_fraction=1.0, bandwidth_fraction=1.0)
+    seconds = grouped_gemm_roofline(h20, 8, 1.0, 7168, 4096, "fp8", efficiency)
+    # one token per expert padded to 64 rows: 64 x 2 x 7168 x 4096 FLOPs per expert, compute-bound on an H20
+    assert seconds == pytest.approx(8 * 64 * 2 * 7168 * 4096 / h20.fp8_flops)
+    unpadded = grouped_gemm_roofline(h20, 8, 1.0, 7168, 4096, "fp8", dataclasses.replace(efficiency,
+                                                                                          expert_tile_rows=1))
+    assert unpadded == pytest.approx(8 * 7168 * 4096 / h20.memory_bandwidth, rel=1e-2)
+
+
+def test_expert_flops_fraction_replaces_the_records():
+    efficiency = Efficiency(expert_flops_fraction=0.4)
+    h200 = HARDWARE["H200"]
+    seconds = grouped_gemm_roofline(h200, 1, 10000, 1024, 1024, "fp8", efficiency)
+    assert seconds == pytest.approx(2 * 10000 * 1024 * 1024 / (h200.fp8_flops * 0.4))
+
+
+def test_four_bit_dtypes_quantise_the_routed_experts_only():
+    arch = resolve_model("gpt-oss-120b")
+    routed = arch.moe_layers * arch.num_experts * arch.expert_params
+    difference = weights_per_gpu(arch, "bf16") - weights_per_gpu(arch, "mxfp4")
+    assert difference == pytest.approx(routed * (2 - DTYPE_BYTES["mxfp4"]))
+    assert DTYPE_BYTES["mxfp4"] == 0.5 + 1 / 32 and DTYPE_BYTES["nvfp4"] == 0.5 + 1 / 16
+    assert dense_dtype("w4a8") == "fp8" and dense_dtype("fp8") == "fp8"
+    assert achieved_rates(HARDWARE["B200"], "nvfp4", Efficiency())[1] == pytest.approx(
+        9000e12 * HARDWARE["B200"].flops_fraction)
+    assert achieved_rates(HARDWARE["H200"], "mxfp4", Efficiency())[1] == pytest.approx(
+        achieved_rates(HARDWARE["H200"], "bf16", Efficiency())[1])
+
+
+def test_eagle3_head_by_hand():
+    head = resolve_model("qwen3-30b-a3b-eagle3")
+    d, q, kv = 2048, 2048 * 32 * 128 + 128, 2 * 2048 * 4 * 128 + 128
+    mlp_and_fc = 3 * d * 6144 + 3 * d * d
+    weights = 2 * q + 2 * kv + 32 * 128 * d + mlp_and_fc + d * 32000 + 2 * d + d
+    assert weights_per_gpu(head) == pytest.approx(2 * weights)
+    assert head.num_layers == 1 and head.num_experts == 0 and head.vocab_size == 32000
+    with pytest.raises(ValueError, match="GQA attention"):
+        eagle3_head("deepseek-v3")
+
+
+def test_new_hardware_records():
+    assert HARDWARE["H20-141GB"].memory_bandwidth == 4.8e12 and HARDWARE["H20-141GB"].memory_bytes == 141e9
+    assert HARDWARE["B200"].fp4_flops == 9000e12 and HARDWARE["H200"].fp4_flops is None
+
+
+def test_published_points_are_sourced():
+    points = published_speedups()
+    assert len(points) >= 12 and points["source"].nunique() >= 4
+    for column in ("url", "quote", "acceptance_from", "baseline_from"):
+        assert points[column].notna().all() and (points[column].str.len() > 5).all()
+    assert (points["acceptance_length"] <= points["gamma"] + 1).all()
+
+
+def test_check_engines_scores_every_variant():
+    check = check_engines()
+    assert list(check.scores["variant"]) == list(VARIANTS)
+    assert (check.scores["points"] == len(check.points)).all()
+    row = check.points.iloc[0]
+    alpha = alpha_for_acceptance_length(row["acceptance_length"], row["gamma"])
+    device = predict_sd(row["model"], row["draft"], row["hardware"], row["batch_size"], row["gamma"], tp=row["tp"],
+                        draft_tp=row["tp"], ep=row["ep"], context=row["context"], alpha=alpha, dtype=row["dtype"],
+                        draft_dtype=row["draft_dtype"])
+    assert check.points["device"].iloc[0] == pytest.approx(device["speedup"].iloc[0])
+
+
+def _predict(*extra):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli.main(["predict", "--target", "qwen3-30b-a3b", "--draft", "qwen3-30b-a3b-eagle3", "--hardware",
+                  "H100", "--tp", "2", "--draft-tp", "2", "--batch", "1,8,64", "--gamma", "1-4", *extra])
+    return out.getvalue()
+
+
+def test_cli_takes_an_engine_a_measured_step_and_an_acceptance_length():
+    text = _predict("--acceptance-length", "1.86@3", "--engine-profile", "sglang", "--step-ms", "4.5")
+    assert "alpha = 0.49" in text and "sglang's published cost ranges" in text and "EAGLE-3 head" in text
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (("--acceptance-length", "2.5"), "such as 2.4@3"),
+    (("--acceptance-length", "5@3"), "--acceptance-length: length must be at most 4"),
+    (("--acceptance-length", "2@3", "--alpha", "0.7"), "exclude each other"),
+    (("--alpha-decay", "1.5"), "--alpha-decay must be in (0, 1]"),
+    (("--step-ms", "4", "--host-ms", "1"), "exclude each other"),
+    (("--step-ms", "-1"), "--step-ms must be a finite number > 0"),
+])
+def test_cli_refuses_bad_engine_options(extra, fragment, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _predict(*extra)
+    assert exit_.value.code == 2 and fragment in capsys.readouterr().err
+
+
+def test_profile_records_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SGLANG.name = "x"
+    assert isinstance(SGLANG, EngineProfile)
