@@ -1,5 +1,6 @@
 """Sizing a GPU sweep to the GPU (moesd.measure.presets.layers_that_fit) and the GPU run script's plan (tools/gpu_run.py)."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -202,3 +203,21 @@ def test_the_cpu_preset_s_derived_shape_follows_the_target_and_its_layers():
     assert pretrained["layers"] is None and pretrained["vocab_size"] is None and pretrained["width"] == 1.0
     assert with_overrides("e2e", "gpu", {"layers": 14}).get("vocab_size") is None  # the GPU preset keeps its vocabulary
     assert SweepConfig(**four).vocab_size == four["vocab_size"]
+
+
+def test_memory_of_a_local_checkpoint_is_its_own_shape(tmp_path):
+    """A pretrained sweep of local folders is sized by their config.json, not by the zoo's full model."""
+    from moesd.measure.sweeps import memory_needed
+
+    folders = {}
+    for role, name in (("target", "qwen3-30b-a3b"), ("draft", "qwen3-0.6b")):
+        folder = tmp_path / role
+        folder.mkdir()
+        config = get_model(name).config_dict(num_layers=1, width=1 / 16)
+        (folder / "config.json").write_text(json.dumps({**config, "model_type": get_model(name).model_type}))
+        folders[f"{role}_path"] = str(folder)
+    settings = dict(study="e2e", target="qwen3-30b-a3b", draft="qwen3-0.6b", weights="pretrained",
+                    batch_sizes=(1,), gammas=(2,), context=8, rounds=1, warmup_rounds=0, repeats=1)
+    local = memory_needed(SweepConfig(**settings, **folders))["weights"]
+    zoo = memory_needed(SweepConfig(**settings))["weights"]
+    assert local < zoo / 100

@@ -28,6 +28,7 @@ import json
 import re
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -454,8 +455,9 @@ def memory_needed(config: SweepConfig) -> dict:
     """The least memory a sweep's two models take at once: their weights and KV caches, in bytes.
 
     The weights are those of the shapes the sweep builds (its layers, width and vocabulary; the
-    checkpoint's shape with pretrained weights), counted analytically; the caches hold
-    :func:`cached_tokens` positions. Activations, logits and the allocator's slack come on top.
+    checkpoint's shape with pretrained weights, read from the ``config.json`` of ``target_path`` or
+    ``draft_path`` where given), counted analytically; the caches hold :func:`cached_tokens` positions.
+    Activations, logits and the allocator's slack come on top.
 
     Returns
     -------
@@ -464,13 +466,16 @@ def memory_needed(config: SweepConfig) -> dict:
     """
     from moesd.architecture import Architecture
 
-    def shape(name, layers, top_k, vocab):
+    def shape(name, layers, top_k, vocab, path):
         spec = get_model(name)
+        if path is not None:  # a local checkpoint: its own shape
+            return Architecture.from_config(spec.name, spec.model_type,
+                                            json.loads((Path(path) / "config.json").read_text()))
         values = spec.config_dict(layers, top_k, config.width)
         return Architecture.from_config(spec.name, spec.model_type, {**values, **({"vocab_size": vocab} if vocab else {})})
 
-    target = shape(config.target, config.layers, None, config.vocab_size)
-    draft = shape(config.draft, config.draft_layers, None, target.vocab_size)
+    target = shape(config.target, config.layers, None, config.vocab_size, config.target_path)
+    draft = shape(config.draft, config.draft_layers, None, target.vocab_size, config.draft_path)
     weights = sum(model.weight_counts()["total"] for model in (target, draft)) * DTYPE_BYTES[config.dtype]
     cache = (sum(model.kv_values_per_token * model.num_layers for model in (target, draft)) * cached_tokens(config)
              * DTYPE_BYTES[config.dtype])
