@@ -325,9 +325,10 @@ def advice_report(advice, margin: float) -> str:
 
 def predict_setup(target: str, draft: str, recommendation, tp: int, ep: int, draft_tp: int, dtype: str, context: int,
                   host_ms: float, other_host_ms: float, engine: str | None = None,
-                  step_ms: float | None = None) -> str:
+                  step_ms: float | None = None, dp_attention: bool = False) -> str:
     """The first line of ``moesd predict``: the setup and what the model prices."""
-    setup = (f"{target} on {tp} x {recommendation.hardware.name} (ep {ep}), draft {draft} on {draft_tp} "
+    parallel = f"ep {ep}" + (", attention data-parallel" if dp_attention else "")
+    setup = (f"{target} on {tp} x {recommendation.hardware.name} ({parallel}), draft {draft} on {draft_tp} "
              f"GPU(s), {dtype}, context {context} tokens; speedup of Eq. 4 predicted by moesd.model.predict ")
     if engine is not None or step_ms is not None:
         return setup + ("(roofline at achieved fractions of data-sheet peaks"

@@ -773,7 +773,7 @@ PREDICT = [
          lambda: forward.step_time("qwen2-57b-a14b", "H100", 1, 8, tp=7), ValueError,
          "tp must divide, or be a multiple of, the KV heads of qwen2-57b-a14b (4), got 7"),
     Case("predict", "unknown verified tokens", lambda: predict.predict_sd(**_PREDICT, verify_tokens="all"),
-         ValueError, "verify_tokens must be 'gamma+1' or 'gamma', got 'all'"),
+         ValueError, "verify_tokens must be 'gamma+1', 'gamma' or a number of tokens, got 'all'"),
     Case("predict", "best gamma of another table", lambda: predict.best_gamma(_frame()), ValueError,
          "frame lacks column(s) batch_size; pass a predict_sd frame"),
     Case("predict", "memory at a batch of 0", lambda: predict.memory_per_gpu("qwen2-57b-a14b", "H800", 0, 256),
@@ -1101,10 +1101,17 @@ CLI_COMMANDS = [
     cli("predict with a negative context", _predict_argv("--context", "-1"), "--context must be >= 0, got -1"),
     cli("predict into an image type matplotlib lacks", lambda tmp: _predict_argv("--plot", str(tmp / "x.xyz")),
         "--plot: matplotlib cannot write '.xyz' files; use one of", stops=(("moesd.model.predict", "predict_sd"),)),
-    cli("predict across nodes", ["predict", "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware",
-                                 "H100", "--tp", "16"],
-        "--tp: tp must be at most 8, the GPUs one H100 node joins (tensor parallelism across nodes is not "
-        "modelled): one of 1, 2, 4, 8 for deepseek-v3, got 16"),
+    cli("predict across part of a node", ["predict", "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp",
+                                          "--hardware", "H100", "--tp", "12"],
+        "--tp: tp must be a multiple of 8 beyond one node, whole nodes of 8 H100 GPUs (a group over part of a node "
+        "is not modelled): one of 1, 2, 4, 8, 16, 32, 64, 128 for deepseek-v3, got 12"),
+    cli("predict across nodes without a network on record", ["predict", "--target", "deepseek-v3", "--draft",
+                                                             "deepseek-v3-mtp", "--hardware", "H20", "--tp", "16"],
+        "--tp: tp must be at most 8, the GPUs one H20 node joins (no inter-node network is on record, so tensor "
+        "parallelism across nodes is not modelled): one of 1, 2, 4, 8 for deepseek-v3, got 16"),
+    cli("predict with dp-attention on a dense model", ["predict", "--target", "qwen2-0.5b", "--draft", "qwen2-0.5b",
+                                                       "--hardware", "H100", "--tp", "2", "--dp-attention"],
+        "--dp-attention: dp_attention: qwen2-0.5b is dense, it has no experts to deal over the GPUs"),
     cli("predict with a tp the heads refuse", _predict_argv("--tp", "3"),
         "--tp: tp must divide the attention heads of mixtral-8x7b (32), got 3; on H100: 1, 2, 4, 8"),
 ]
@@ -1251,6 +1258,11 @@ INT64_RANGE, EXACT_WHOLE = "within int64's range [-2^63, 2^63 - 1], got", "below
 NO_PREDICTION = (("moesd.model.predict", "predict_sd"),)
 
 NUMBERS = [
+    cli("predict over a grid of too many points", _predict_argv("--batch", "1-100000", "--gamma", "1-20"),
+        "--batch, --gamma and the acceptance values make 2000000 predictions"),
+    cli("predict over too many acceptance values", _predict_argv("--batch", "1-20000", "--alpha",
+                                                                 ",".join(f"0.{i:02d}" for i in range(1, 100))),
+        "at most 1000000 are allowed"),
     # integers beyond int64 (wrapped to INT64_MIN) and whole numbers beyond 2^53 (rounded)
     Case("numbers", "a count of 10**20 tokens", lambda: experts.expected_active_experts(10**20, 64, 8), UsageError,
          f"t must be a number >= 0 {INT64_RANGE} 100000000000000000000"),

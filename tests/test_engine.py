@@ -81,12 +81,12 @@ def test_the_device_profile_changes_nothing_without_a_step():
 
 
 def test_a_measured_step_anchors_the_plain_step_and_spreads_over_layers():
-    frame = _frame(engine=dataclasses.replace(SGLANG, exposed_host_seconds=Cost(0, 0, 0, "-")),
-                   step_seconds=0.03)
+    quiet = dataclasses.replace(SGLANG, exposed_host_seconds=Cost(0, 0, 0, "-"), attention_fractions={})
+    frame = _frame(engine=quiet, step_seconds=0.03)
     at_one = frame[frame.batch_size == 1]
     assert at_one["t_target_1"].to_numpy() == pytest.approx(0.03)
     fixed = at_one["fixed_seconds"].iloc[0]
-    plain = _frame(engine=dataclasses.replace(SGLANG, exposed_host_seconds=Cost(0, 0, 0, "-")))
+    plain = _frame(engine=quiet)
     # every target pass adds the same fixed cost
     np.testing.assert_allclose(frame["t_target_gamma"] - plain["t_target_gamma"], fixed)
     # the head drafts: an extend pass then gamma - 1 steps, each with one layer's share (61 layers)
@@ -128,6 +128,20 @@ def test_tiles_pad_each_expert_to_whole_tiles():
     unpadded = grouped_gemm_roofline(h20, 8, 1.0, 7168, 4096, "fp8", dataclasses.replace(efficiency,
                                                                                           expert_tile_rows=1))
     assert unpadded == pytest.approx(8 * 7168 * 4096 / h20.memory_bandwidth, rel=1e-2)
+
+
+def test_flash_mla_fractions_price_the_attention_kernel():
+    h800 = HARDWARE["H800"]
+    efficiency = Efficiency(attention_bandwidth_fraction=0.9, attention_flops_fraction=0.5)
+    step = step_time("deepseek-v3", h800, 1, 64, 4096, 8, 1, "fp8", efficiency=efficiency)
+    arch = resolve_model("deepseek-v3")
+    keys, tokens = arch.num_layers * 4096, 64
+    kv_bytes = 64 * keys * arch.kv_values_per_token * 2  # MLA's latent cache on every GPU, bf16
+    kv_flops = tokens * keys * arch.attention_flops_per_key / 8
+    assert step.seconds["kv_cache"].item() == pytest.approx(max(kv_bytes / (0.9 * h800.memory_bandwidth),
+                                                                kv_flops / (0.5 * h800.peak_flops)))
+    low, high = SGLANG.at("low").attention_fractions["mla"][1].value, SGLANG.at("high").attention_fractions["mla"][1]
+    assert low == pytest.approx(660 / 989.5) and high.value == pytest.approx(580 / 989.5)
 
 
 def test_expert_flops_fraction_replaces_the_records():
@@ -179,11 +193,27 @@ def test_check_engines_scores_every_variant():
     assert list(check.scores["variant"]) == list(VARIANTS)
     assert (check.scores["points"] == len(check.points)).all()
     row = check.points.iloc[0]
-    alpha = alpha_for_acceptance_length(row["acceptance_length"], row["gamma"])
+    alpha = alpha_for_acceptance_length(row["acceptance_length"], row["gamma"])  # a chain: alpha or sigma alike
     device = predict_sd(row["model"], row["draft"], row["hardware"], row["batch_size"], row["gamma"], tp=row["tp"],
                         draft_tp=row["tp"], ep=row["ep"], context=row["context"], alpha=alpha, dtype=row["dtype"],
                         draft_dtype=row["draft_dtype"])
     assert check.points["device"].iloc[0] == pytest.approx(device["speedup"].iloc[0])
+
+
+def test_a_tree_scores_its_tokens_and_drafts_topk_per_step():
+    chain = predict_sd("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", 4, 4, sigma=0.5, tp=4, draft_tp=4)
+    tree = predict_sd("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", 4, 4, sigma=0.5, tp=4, draft_tp=4,
+                      verify_tokens=16, draft_topk=4)
+    head = resolve_model("qwen3-30b-a3b-eagle3")
+    assert tree["t_target_gamma"].iloc[0] == pytest.approx(
+        step_time("qwen3-30b-a3b", "H100", 16, 4, 512, 4).total.item())
+    assert tree["t_draft"].iloc[0] == pytest.approx(step_time(head, "H100", 4, 4, 512, 4).total.item())
+    assert chain["t_target_gamma"].iloc[0] < tree["t_target_gamma"].iloc[0]
+    assert tree["tokens_per_round"].iloc[0] == pytest.approx(2.5)
+    with pytest.raises(ValueError, match="verify_tokens must be"):
+        predict_sd("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", 4, 4, sigma=0.5, verify_tokens="all")
+    with pytest.raises(ValueError, match="draft_topk"):
+        predict_sd("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", 4, 4, sigma=0.5, draft_topk=0)
 
 
 def _predict(*extra):

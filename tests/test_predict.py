@@ -634,14 +634,22 @@ def test_cli_lists_where_sd_is_on_and_marginal_as_unbroken_runs(capsys, tmp_path
     assert {b for b, sd in rows.items() if sd == "on"} == set(on.tolist())
 
 
-def test_tensor_parallelism_stays_inside_one_node_and_the_error_lists_what_fits():
-    assert tensor_parallel_sizes("qwen3-30b-a3b", "H100") == [1, 2, 4, 8]
+def test_tensor_parallelism_spans_whole_nodes_only_where_a_network_is_on_record():
+    """Within a node any size the heads take; beyond it whole nodes, up to max_nodes, where the record has NICs."""
+    assert tensor_parallel_sizes("qwen3-30b-a3b", "H100") == [1, 2, 4, 8, 16, 32]  # 32 heads, 4 KV heads
     assert tensor_parallel_sizes("qwen2-0.5b", "H100") == [1, 2]  # 14 heads, 2 KV heads: 7 splits neither way
     assert tensor_parallel_sizes("qwen3-30b-a3b", "CPU") == [1]
-    for tp in (16, 32):  # DeepSeek-V3's 128 heads divide; two nodes' GPUs are still not one NVLink domain
-        with pytest.raises(ValueError, match=r"^tp must be at most 8, .* one of 1, 2, 4, 8 for deepseek-v3, got"):
-            step_time("deepseek-v3", "H100", 1, 8, tp=tp)
-    with pytest.raises(ValueError, match=r"got 3; on H100: 1, 2, 4, 8$"):
+    assert tensor_parallel_sizes("deepseek-v3", "H100") == [1, 2, 4, 8, 16, 32, 64, 128]  # 128 heads
+    assert tensor_parallel_sizes("deepseek-v3", "H20") == [1, 2, 4, 8]  # no NIC on record
+    for tp in (16, 32):  # H20: no inter-node network on record
+        with pytest.raises(ValueError, match=r"^tp must be at most 8, .*not modelled\): one of 1, 2, 4, 8 for "
+                           r"deepseek-v3, got"):
+            step_time("deepseek-v3", "H20", 1, 8, tp=tp)
+    with pytest.raises(ValueError, match=r"^tp must be a multiple of 8 beyond one node, .* got 12$"):
+        step_time("deepseek-v3", "H100", 1, 8, tp=12)
+    with pytest.raises(ValueError, match=r"^tp must be at most 256, 32 nodes of 8 H100 GPUs"):
+        step_time("deepseek-v3", "H100", 1, 8, tp=512, dp_attention=True)
+    with pytest.raises(ValueError, match=r"got 3; on H100: 1, 2, 4, 8, 16, 32$"):
         step_time("qwen3-30b-a3b", "H100", 1, 8, tp=3)
 
 
@@ -690,13 +698,14 @@ def test_cli_suggests_only_what_exists_when_a_setup_does_not_fit(capsys):
     printed = _predict_cli(capsys, "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200",
                            "--tp", "8", "--draft-tp", "8", "--dtype", "fp8", "--batch", "1", "--context", "2000000")
     line = next(line for line in printed.splitlines() if line.startswith("does not fit"))
-    assert "GB per GPU at B = 1 on 8 GPU(s); one H200 holds 141 GB (try --dtype w4a8 or mxfp4 or nvfp4; a " \
-        "shorter --context)." in line  # B said once
-    assert line.endswith("GB (try --dtype w4a8 or mxfp4 or nvfp4; a shorter --context).")  # 8 GPUs, fp8: 4-bit
+    assert "GB per GPU at B = 1 on 8 GPU(s); one H200 holds 141 GB (try --tp 16 or 32 or 64 or 128; --dtype w4a8 " \
+        "or mxfp4 or nvfp4; a shorter --context)." in line  # B said once; a full node: more nodes, 4-bit experts
+    assert line.endswith("GB (try --tp 16 or 32 or 64 or 128; --dtype w4a8 or mxfp4 or nvfp4; a shorter --context).")
     printed = _predict_cli(capsys, "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H100",
                            "--tp", "8", "--draft-tp", "8", "--dtype", "fp8", "--batch", "1", "--context", "0")
     line = next(line for line in printed.splitlines() if line.startswith("does not fit"))
-    assert line.endswith(" on 8 GPU(s); one H100 holds 80 GB (try --dtype w4a8 or mxfp4 or nvfp4).")  # 4-bit experts
+    assert line.endswith(" on 8 GPU(s); one H100 holds 80 GB (try --tp 16 or 32 or 64 or 128; --dtype w4a8 or mxfp4 "
+                         "or nvfp4).")  # two nodes, or 4-bit experts
     printed = _predict_cli(capsys, "--target", "qwen3-30b-a3b", "--draft", "qwen3-0.6b", "--hardware", "H100",
                            "--batch", "1,256")
     line = next(line for line in printed.splitlines() if line.startswith("does not fit"))
@@ -763,3 +772,94 @@ def test_cli_help_names_every_model_and_gpu(capsys):
         main(["predict", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert all(name in text for name in [*MODELS, *HARDWARE]) and "SXM" in text
+
+
+def test_records_with_a_network_cite_it_and_may_span_nodes():
+    """The 8-GPU NVIDIA records with a NIC on record: 400 Gb/s (50 GB/s one way) per GPU, 200 Gb/s on the A100."""
+    for name, hw in HARDWARE.items():
+        assert (hw.max_nodes > 1) == (hw.internode_bandwidth > 0) == bool(hw.internode), name
+        if hw.internode_bandwidth:
+            assert "Gb/s NIC per GPU" in hw.internode and "nccl-tests" in hw.internode and hw.internode_latency == 20e-6
+    assert {n: h.internode_bandwidth / 1e9 for n, h in HARDWARE.items() if h.internode_bandwidth} == {
+        "A100": 25, "H800": 50, "H100": 50, "H200": 50, "B200": 50}
+
+
+def test_all_reduce_across_two_nodes_is_hierarchical():
+    """DeepSeek-V3 on 16 H100s (two nodes of 8), B = 8 tokens, bf16, by hand: M = 8 x 7168 x 2 = 114,688 bytes;
+    an all-reduce is the node's ring (10 us + 2 x 7/8 M / 450 GB/s) plus the shard M / 8 all-reduced with the other
+    node over a 50 GB/s NIC (20 us + 2 x 1/2 x M / 8 / 50 GB/s), 2 x 61 + 1 of them; the logits' gather
+    (S = 8 x 129,280 x 2 = 2,068,480 bytes) is 20 us + 1/16 S / 50 GB/s across and 10 us + 7/8 S / 450 GB/s within."""
+    step = step_time("deepseek-v3", "H100", 1, 8, tp=16)
+    all_reduce = 10e-6 + 1.75 * 114688 / 450e9 + 20e-6 + 114688 / 8 / 50e9  # 30.7327 us
+    gather = 10e-6 + 7 / 8 * 2068480 / 450e9 + 20e-6 + 2068480 / 16 / 50e9  # 36.6076 us
+    assert step.seconds["communication"] == pytest.approx(123 * all_reduce + gather, rel=1e-12)
+    assert step.seconds["communication"] == pytest.approx(3816.7333e-6, rel=1e-7)
+    assert step.bytes["communication"] == pytest.approx(123 * (1.75 + 1 / 8) * 114688, rel=1e-12)
+    instant = dataclasses.replace(HARDWARE["H100"], interconnect_bandwidth=1e30, internode_bandwidth=1e30)
+    latency = step_time("deepseek-v3", instant, 1, 8, tp=32).seconds["communication"]
+    assert latency == pytest.approx(124 * (10e-6 + 20e-6), rel=1e-9)  # four nodes: latencies only
+
+
+def test_dp_attention_on_one_gpu_is_the_plain_step():
+    plain = step_time("deepseek-v3", "H200", [1, 3], [5, 64], 1024, dtype="fp8")
+    dp = step_time("deepseek-v3", "H200", [1, 3], [5, 64], 1024, dtype="fp8", dp_attention=True)
+    for part in COMPONENTS:
+        np.testing.assert_array_equal(dp.seconds[part], plain.seconds[part])
+        np.testing.assert_array_equal(dp.bytes[part], plain.bytes[part])
+
+
+def test_dp_attention_runs_the_dense_parts_of_one_gpus_sequences_unsplit():
+    """Eight GPUs, B = 9: each runs attention, cache, router, shared experts, dense FFNs and head on ceil(9 / 8) = 2
+    sequences with every weight, as one GPU does for B = 2; the routed experts are dealt E / 8 per GPU."""
+    dp = step_time("deepseek-v3", "H200", 1, 9, 1024, tp=8, dtype="fp8", dp_attention=True)
+    alone = step_time("deepseek-v3", "H200", 1, 2, 1024, dtype="fp8")
+    for part in ("attention", "kv_cache", "router", "shared_experts", "dense_ffn", "lm_head", "fixed"):
+        assert dp.seconds[part] == alone.seconds[part] and dp.bytes[part] == alone.bytes[part], part
+    assert dp.bytes["kv_cache"] == 2 * 61 * 1024 * 576 * 2  # MLA: 576 values per token and layer, bf16
+    ep = step_time("deepseek-v3", "H200", 1, 9, 1024, tp=8, ep=8, dtype="fp8")
+    assert dp.seconds["routed_experts"] == ep.seconds["routed_experts"]  # the experts as ep = tp deals them
+    assert step_time("deepseek-v3", "H200", 1, 9, 1024, tp=8, ep=8, dtype="fp8", dp_attention=True).total == dp.total
+    with pytest.raises(ValueError, match=r"^ep: with dp_attention the routed experts are dealt over all tp GPUs "
+                       r"\(ep = tp = 8\), got 4$"):
+        step_time("deepseek-v3", "H200", 1, 9, tp=8, ep=4, dp_attention=True)
+    with pytest.raises(ValueError, match=r"^dp_attention: qwen2-0.5b is dense"):
+        step_time("qwen2-0.5b", "H200", 1, 9, tp=2, dp_attention=True)
+    assert tensor_parallel_sizes("deepseek-v3", "H100", dp_attention=True) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert tensor_parallel_sizes("qwen3-30b-a3b", "H20", dp_attention=True) == [1, 2, 4, 8]  # 128 experts, one node
+    with pytest.raises(ValueError, match=r"^tp must divide the routed experts of deepseek-v3 \(256\) with "
+                       r"dp_attention"):
+        step_time("deepseek-v3", "H200", 1, 9, tp=6, dp_attention=True)
+
+
+def test_dp_attention_dispatches_and_combines_every_moe_layer():
+    """DeepSeek-V3 fp8 (bf16 activations), B = 64, K = 8, 58 MoE layers, two all-to-alls each. On 8 H200s each
+    GPU has 8 tokens: C = 8 x 8 x 7168 x 2 = 917,504 bytes, 7/8 of it to the other GPUs over NVLink (450 GB/s one
+    way, 10 us). On 16 (two nodes) each has 4: C = 458,752, 7/16 over NVLink and 8/16 over the 50 GB/s NIC at
+    once, 20 us."""
+    within = step_time("deepseek-v3", "H200", 1, 64, tp=8, dtype="fp8", dp_attention=True)
+    assert within.bytes["communication"] == pytest.approx(116 * 7 / 8 * 917504, rel=1e-12)
+    assert within.seconds["communication"] == pytest.approx(116 * (10e-6 + 802816 / 450e9), rel=1e-12)  # 1.367 ms
+    across = step_time("deepseek-v3", "H200", 1, 64, tp=16, dtype="fp8", dp_attention=True)
+    assert across.seconds["communication"] == pytest.approx(116 * (20e-6 + max(200704 / 450e9, 229376 / 50e9)),
+                                                            rel=1e-12)  # 2.852 ms
+    assert across.bytes["communication"] == pytest.approx(116 * 15 / 16 * 458752, rel=1e-12)
+
+
+def test_dp_attention_reaches_memory_predict_sd_and_the_cli(capsys):
+    """Each GPU holds every weight but the routed experts, E / tp of those, and the cache of ceil(B / tp) sequences."""
+    spec = get_model("deepseek-v3").architecture()
+    routed = spec.moe_layers * spec.num_experts * spec.expert_params  # fp8: one byte each
+    assert weights_per_gpu("deepseek-v3", "fp8", 8, dp_attention=True) == pytest.approx(
+        weights_per_gpu("deepseek-v3", "fp8") - 7 / 8 * routed, rel=1e-12)
+    held = memory_per_gpu("deepseek-v3", "H200", [8, 9], 1024, tp=8, dtype="fp8", dp_attention=True)
+    np.testing.assert_allclose(held - weights_per_gpu("deepseek-v3", "fp8", 8, dp_attention=True),
+                               [1, 2] * np.array(61 * 1024 * 576 * 2.0), rtol=1e-12)
+    fit = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", [8, 9], 1024, tp=8, dtype="fp8", dp_attention=True)
+    np.testing.assert_array_equal(fit["target_bytes"], held)
+    frame = predict_sd("deepseek-v3", "deepseek-v3-mtp", "H200", [1, 64], 2, alpha=0.7, tp=16, dtype="fp8",
+                       dp_attention=True)
+    t1 = step_time("deepseek-v3", "H200", 1, [1, 64], 512, tp=16, dtype="fp8", dp_attention=True).total
+    np.testing.assert_allclose(frame["t_target_1"], t1, rtol=1e-12)
+    printed = _predict_cli(capsys, "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200",
+                           "--tp", "16", "--dp-attention", "--dtype", "fp8", "--batch", "1,64", "--gamma", "2")
+    assert printed.startswith("deepseek-v3 on 16 x H200 (ep 16, attention data-parallel), draft")

@@ -19,6 +19,11 @@ from moesd.cli.hardware import HARDWARE_NOTE
 
 
 
+MAX_ROWS = 10**6
+"""The most predictions ``moesd predict`` makes (batch sizes x draft lengths x acceptance values), about 200 bytes
+of table each."""
+
+
 def _plot_path(plot: str) -> Path:
     """The file ``--plot`` names, as matplotlib writes it (``.png`` added to a name without a suffix);
     UsageError for a suffix matplotlib cannot write."""
@@ -66,13 +71,18 @@ def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, 
             raise UsageError(f"{flag} must be >= {low}, got {value}")
     if not (math.isfinite(args.host_ms) and args.host_ms >= 0):
         raise UsageError(f"--host-ms must be a finite number >= 0, got {args.host_ms}")
+    rows = len(batch) * len(gammas) * len(values)
+    if rows > MAX_ROWS:
+        raise UsageError(f"--batch, --gamma and the acceptance values make {rows} predictions "
+                         f"({len(batch)} x {len(gammas)} x {len(values)}); at most {MAX_ROWS} are allowed "
+                         f"(about {rows * 200 / 2**30:.0f} GiB of table): give fewer values")
     if args.step_ms is not None and not (math.isfinite(args.step_ms) and args.step_ms > 0):
         raise UsageError(f"--step-ms must be a finite number > 0, got {args.step_ms}")
     if args.step_ms is not None and args.host_ms:
         raise UsageError("--step-ms and --host-ms exclude each other: a measured step holds the host's cost")
     return batch, gammas, column, values, dict(tp=args.tp, draft_tp=args.draft_tp, context=args.context, ep=args.ep,
                                                dtype=args.dtype, engine=args.engine_profile, step_ms=args.step_ms,
-                                               alpha_decay=args.alpha_decay)
+                                               alpha_decay=args.alpha_decay, dp_attention=args.dp_attention)
 
 
 def _alpha_from_length(text: str, decay: float) -> np.ndarray:
@@ -112,7 +122,7 @@ def run(args: argparse.Namespace) -> None:
         first = message.split(" ", 1)[0].rstrip(":")
         flag = {"model": "--target/--draft", "hardware": "--hardware", "tp": "--tp", "draft_tp": "--draft-tp",
                 "ep": "--ep", "dtype": "--dtype", "context": "--context", "batch_size": "--batch", "gamma": "--gamma",
-                "tokens_per_sequence": "--gamma"}.get(first)
+                "tokens_per_sequence": "--gamma", "dp_attention": "--dp-attention"}.get(first)
         message = message.replace(" or a Hardware record", "")  # what a program, not the command line, may pass
         raise UsageError(f"{flag}: {message}" if flag else message) from None
     answer = recommend(args.target, args.draft, args.hardware, batch, gammas, column, values, **options,
@@ -121,8 +131,9 @@ def run(args: argparse.Namespace) -> None:
         with atomic_write(args.csv, "w") as file:
             answer.frame.to_csv(file, index=False)
     other_ms = answer.advice[0].other_host_ms
-    print(narration.predict_setup(args.target, args.draft, answer, args.tp, args.ep, args.draft_tp, args.dtype,
-                                  args.context, args.host_ms, other_ms, args.engine_profile, args.step_ms))
+    print(narration.predict_setup(args.target, args.draft, answer, args.tp, args.tp if args.dp_attention else args.ep,
+                                  args.draft_tp, args.dtype, args.context, args.host_ms, other_ms, args.engine_profile,
+                                  args.step_ms, args.dp_attention))
     for line in narration.predict_notes(answer, args.tp, args.draft_tp) + narration.memory_lines(answer, batch,
                                                                                                  args.context):
         print(line)
@@ -166,6 +177,10 @@ def add_parser(commands) -> None:
     predict.add_argument("--hardware", required=True, help="moesd.theory.roofline.HARDWARE name, e.g. H200 (below)")
     predict.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of the target (default 1)")
     predict.add_argument("--ep", type=int, default=1, help="expert-parallel degree, dividing --tp (default 1)")
+    predict.add_argument("--dp-attention", action="store_true", help="SGLang's --enable-dp-attention with expert "
+                         "parallelism: each of the --tp GPUs runs attention and the dense weights on its share of "
+                         "the sequences, the routed experts are dealt over all of them (ep = --tp), and every MoE "
+                         "layer dispatches and combines its tokens (all-to-alls) instead of all-reduces")
     predict.add_argument("--draft-tp", type=int, default=1,
                          help="tensor-parallel GPUs of the draft, its own beside the target's (default 1)")
     predict.add_argument("--gamma", default="1-5", help="draft lengths, e.g. 1-5 or 2,4 (default 1-5)")

@@ -16,6 +16,8 @@ and its source:
   that pass replays a CUDA graph.
 * ``expert_tile_rows`` and ``expert_flops_fraction``: the grouped-GEMM kernels' row tile and achieved
   fraction of the tensor peak, per weight dtype.
+* ``attention_fractions``: the decode attention kernel's achieved fractions of bandwidth and tensor peak
+  (FlashMLA's for multi-head latent attention).
 
 The fixed cost of a forward pass that the roofline misses (kernel latencies, collectives) is not a profile
 constant: it differs by model and deployment by tens of milliseconds. :func:`moesd.model.predict.predict_sd`
@@ -80,6 +82,10 @@ class EngineProfile:
         :class:`Cost` (missing: the hardware record's fraction).
     tiles_source : str
         Where ``expert_tile_rows`` come from.
+    attention_fractions : dict
+        Achieved fractions of the data-sheet bandwidth and tensor peak of the decode attention kernel, per
+        attention kind (``"mla"``, ``"gqa"``), as ``(bandwidth Cost, FLOP Cost)`` (missing: the hardware
+        record's fractions).
     """
 
     name: str
@@ -91,11 +97,15 @@ class EngineProfile:
     expert_tile_rows: dict = dataclasses.field(default_factory=dict)
     expert_flops_fraction: dict = dataclasses.field(default_factory=dict)
     tiles_source: str = ""
+    attention_fractions: dict = dataclasses.field(default_factory=dict)
 
     def costs(self) -> dict:
         """Every :class:`Cost` of the profile by name (``"expert_flops_fraction[fp8]"`` for a dtype's)."""
         found = {"exposed_host_seconds": self.exposed_host_seconds, "draft_host_seconds": self.draft_host_seconds}
         found.update({f"expert_flops_fraction[{dtype}]": cost for dtype, cost in self.expert_flops_fraction.items()})
+        for kind, (bandwidth, flops) in self.attention_fractions.items():
+            found.update({f"attention_bandwidth_fraction[{kind}]": bandwidth,
+                          f"attention_flops_fraction[{kind}]": flops})
         return found
 
     def at(self, end: str) -> "EngineProfile":
@@ -114,7 +124,9 @@ class EngineProfile:
         return dataclasses.replace(
             self, name=f"{self.name} ({end})" if end != "value" else self.name,
             exposed_host_seconds=pick(self.exposed_host_seconds, end), draft_host_seconds=pick(self.draft_host_seconds, end),
-            expert_flops_fraction={dtype: pick(cost, flip) for dtype, cost in self.expert_flops_fraction.items()})
+            expert_flops_fraction={dtype: pick(cost, flip) for dtype, cost in self.expert_flops_fraction.items()},
+            attention_fractions={kind: (pick(bandwidth, flip), pick(flops, flip))
+                                 for kind, (bandwidth, flops) in self.attention_fractions.items()})
 
 
 _SGLANG_OVERLAP = ("LMSYS blog 'Accelerating SGLang with Multiple Token Prediction' (2025-07-17): DeepSeek-V3 on "
@@ -126,6 +138,11 @@ _DEEPGEMM_MASKED = ("deepseek-ai/DeepGEMM README (H800): masked grouped GEMM 4 g
                     "TFLOPS of the 1,979 fp8 dense peak (0.41-0.47); none published below 256 rows")
 _TILES = ("DeepGEMM deep_gemm/jit_kernels config: masked layout block_m 64 up to 64 expected rows; vLLM/SGLang "
           "fused_moe get_default_config: bf16 BLOCK_SIZE_M 16 when tokens <= experts, fp8 block-quantised 64")
+_FLASH_MLA = ("deepseek-ai/FlashMLA README: the dense MLA decoding kernel reaches 3000 GB/s memory-bound (0.90 of "
+              "the H800's 3350) and 660 TFLOPS compute-bound (0.67 of 989.5) on H800 SXM5 with CUDA 12.8; 580 TFLOPS "
+              "(0.59) with CUDA 12.6; FlashMLA's figures taken for every GPU (no MI300X or B200 figure found)")
+_MLA = {"mla": (Cost(3000 / 3350, 3000 / 3350, 3000 / 3350, _FLASH_MLA), Cost(660 / 989.5, 580 / 989.5, 660 / 989.5,
+                                                                            _FLASH_MLA))}
 _VLLM_DRAFTER = ("vllm-project/vllm issue #45258 (vLLM 0.22, Gemma-4 26B-A4B, gamma 3, concurrency 1): the "
                  "drafter chain's sampling 2.1 ms for 3 steps, 0.7 ms each, with eager attention between "
                  "piecewise graphs; vllm PR #21477: a full-graph drafter on par (low end 0)")
@@ -140,14 +157,21 @@ ENGINES = {profile.name: profile for profile in [
         "PR #6606 on some attention backends)",
         Cost(6.1e-3, 0.0, 6.1e-3, _SGLANG_OVERLAP),
         Cost(0.0, 0.0, 0.0, "draft steps replay CUDA graphs (sgl-project/sglang EAGLE draft CUDA graph runner)"),
-        draft_extend=True, extend_graphs=False, expert_tile_rows={"fp8": 64, "bf16": 16}, tiles_source=_TILES,
+        draft_extend=True, extend_graphs=False, expert_tile_rows={"fp8": 64, "bf16": 16}, tiles_source=_TILES, attention_fractions=_MLA,
         expert_flops_fraction={"fp8": Cost(0.41, 0.41, 0.47, _DEEPGEMM_MASKED)}),
+    EngineProfile(
+        "sglang-no-overlap", "SGLang as 'sglang', run with --disable-overlap-schedule: plain decoding exposes its "
+        "host time as SD rounds do, so SD rounds expose none beyond it",
+        Cost(0.0, 0.0, 0.0, "no overlap in either mode (--disable-overlap-schedule)"),
+        Cost(0.0, 0.0, 0.0, "draft steps replay CUDA graphs (sgl-project/sglang EAGLE draft CUDA graph runner)"),
+        draft_extend=True, extend_graphs=False, expert_tile_rows={"fp8": 64, "bf16": 16}, tiles_source=_TILES,
+        attention_fractions=_MLA, expert_flops_fraction={"fp8": Cost(0.41, 0.41, 0.47, _DEEPGEMM_MASKED)}),
     EngineProfile(
         "vllm-v1", "vLLM V1 with EAGLE/MTP, async scheduling off (its default): the host's step cost in "
         "plain decoding and SD alike, the drafter's attention eager between piecewise graphs",
         Cost(0.0, 0.0, 0.0, "no overlap in either mode (async scheduling off by default)"),
         Cost(0.7e-3, 0.0, 0.7e-3, _VLLM_DRAFTER),
-        draft_extend=True, extend_graphs=False, expert_tile_rows={"fp8": 64, "bf16": 16}, tiles_source=_TILES,
+        draft_extend=True, extend_graphs=False, expert_tile_rows={"fp8": 64, "bf16": 16}, tiles_source=_TILES, attention_fractions=_MLA,
         expert_flops_fraction={"fp8": Cost(0.41, 0.41, 0.47, _DEEPGEMM_MASKED)}),
     EngineProfile(
         "tensorrt-llm", "TensorRT-LLM (PyTorch back end) with MTP: verification and drafting captured in "
@@ -156,7 +180,7 @@ ENGINES = {profile.name: profile for profile in [
              "and draft stages can be captured in one graph'; the overlap scheduler 1.03x at minimum latency, "
              "3 % of tech blog 1's 9.0 ms step (111 tokens/s per user): 0.27 ms at most"),
         Cost(0.0, 0.0, 0.0, "drafting inside the CUDA graph (TensorRT-LLM tech blog 2)"),
-        draft_extend=True, extend_graphs=True, expert_tile_rows={"fp8": 64, "bf16": 16}, tiles_source=_TILES,
+        draft_extend=True, extend_graphs=True, expert_tile_rows={"fp8": 64, "bf16": 16}, tiles_source=_TILES, attention_fractions=_MLA,
         expert_flops_fraction={"fp8": Cost(0.41, 0.41, 0.47, _DEEPGEMM_MASKED)}),
 ]}
 """Engine presets by name; each constant's ``source`` cites where it comes from."""

@@ -7,8 +7,9 @@ data-sheet peaks plus a fixed cost per kernel (:mod:`moesd.model.kernels`). Rout
 :class:`~moesd.routing.traces.RoutingTrace` whose consecutive tokens' correlation is kept, through
 :func:`moesd.routing.loads.activated_experts`) and give each ``t K / N`` tokens (Eq. 10); attention reads
 the KV cache of ``context`` tokens per sequence; tensor parallelism (TP) splits weights and FLOPs
-(:mod:`moesd.model.layout`) and adds two all-reduces per layer priced by the interconnect; expert
-parallelism (EP) splits the experts. :func:`zipf_popularity` is an illustrative skewed popularity to
+(:mod:`moesd.model.layout`) and adds two all-reduces per layer priced by the interconnect (hierarchically,
+through each GPU's network adapter, across nodes); expert parallelism (EP) splits the experts; DP-attention
+runs the rest data-parallel and trades the all-reduces for two all-to-alls per MoE layer. :func:`zipf_popularity` is an illustrative skewed popularity to
 route with.
 
 The speedup built from these steps is :func:`moesd.model.predict.predict_sd`; the model fitted to a
@@ -184,17 +185,69 @@ def _link_bandwidth(hardware: Hardware, tp: int) -> float:
 
 
 def _collectives(arch: Architecture, hardware: Hardware, tokens, tp: int, a_bytes: int, latency: float):
-    """Seconds and bytes of tensor parallelism's collectives: an all-reduce of the hidden states after the
-    (vocabulary-split) embedding and two per layer (ring), and a gather of the logits; none on one GPU."""
+    """Seconds and bytes per GPU of tensor parallelism's collectives: an all-reduce of the hidden states after the
+    (vocabulary-split) embedding and two per layer, and a gather of the logits; none on one GPU.
+
+    Within one node (``tp <= g``, ``g = Hardware.gpus_per_node``) a ring all-reduce of ``M = tokens d a_bytes``
+    bytes takes ``latency + 2 (tp - 1) / tp M / b`` and the gather of the logits
+    ``latency + (tp - 1) / tp tokens V a_bytes / b``, ``b`` one direction of a GPU's link (:func:`_link_bandwidth`).
+    Over ``n = tp / g`` nodes the all-reduce is hierarchical: the node's reduce-scatter and all-gather (the
+    in-node all-reduce of ``g`` GPUs), and between them an all-reduce (ring) of each GPU's shard ``M / g`` with
+    its peers on the other nodes through its own network adapter (``b_net = Hardware.internode_bandwidth`` one
+    way, ``L_net = Hardware.internode_latency``)::
+
+        latency + 2 (g - 1) / g M / b + L_net + 2 (n - 1) / n M / (g b_net)
+
+    and the gather of the logits gathers each GPU's share ``S = tokens V a_bytes / tp`` from its peers on the
+    other nodes, then the node's ``n S`` per GPU over the node's link:
+    ``L_net + (n - 1) S / b_net + latency + (g - 1) / g tokens V a_bytes / b``.
+    """
     if tp == 1:
         zero = np.zeros_like(tokens)
         return zero, zero
-    one_way = _link_bandwidth(hardware, tp)
-    ring = 2 * (tp - 1) / tp
+    per_node = min(tp, hardware.gpus_per_node)
+    nodes = tp // per_node
+    one_way = _link_bandwidth(hardware, per_node)
+    ring = 2 * (per_node - 1) / per_node
     all_reduces = 2 * arch.num_layers + 1
     all_reduce = latency + ring * tokens * arch.hidden_size * a_bytes / one_way
-    gather = latency + (tp - 1) / tp * tokens * arch.vocab_size * a_bytes / one_way
-    return (all_reduces * all_reduce + gather, all_reduces * ring * tokens * arch.hidden_size * a_bytes)
+    gather = latency + (per_node - 1) / per_node * tokens * arch.vocab_size * a_bytes / one_way
+    traffic = all_reduces * ring * tokens * arch.hidden_size * a_bytes
+    if nodes > 1:
+        shard = 2 * (nodes - 1) / nodes * tokens * arch.hidden_size * a_bytes / per_node
+        all_reduce = all_reduce + hardware.internode_latency + shard / hardware.internode_bandwidth
+        gather = gather + hardware.internode_latency + (nodes - 1) / tp * tokens * arch.vocab_size * a_bytes \
+            / hardware.internode_bandwidth
+        traffic = traffic + all_reduces * shard
+    return all_reduces * all_reduce + gather, traffic
+
+
+def _all_to_alls(arch: Architecture, hardware: Hardware, local_tokens, K, tp: int, a_bytes: int, latency: float):
+    """Seconds and bytes per GPU of expert parallelism's all-to-alls under DP-attention: in every MoE layer a
+    dispatch of each of a GPU's ``local_tokens`` hidden states to the GPUs of its ``K`` experts, and a combine
+    that brings them back; none on one GPU.
+
+    A GPU sends ``C = local_tokens K d a_bytes`` bytes (one copy per token and expert, as DeepEP's low-latency
+    kernels send them), of which uniform routing keeps ``C / tp`` on the GPU itself. Within one node (``tp <= g``)
+    one all-to-all takes ``latency + (tp - 1) / tp C / b`` (``b``: one direction of the node's link,
+    :func:`_link_bandwidth`); across ``tp / g`` nodes the share ``(g - 1) / tp`` goes over the node's link and
+    ``(tp - g) / tp`` through the GPU's network adapter at the same time:
+    ``L_net + max((g - 1) / tp C / b, (tp - g) / tp C / b_net)``. Both directions carry activations
+    (``a_bytes``; DeepEP's fp8 dispatch, which halves the first, is not modelled). The latencies are the
+    records' all-reduce latencies (assumed; DeepEP's README and its PR #173 time one dispatch of 128 tokens
+    of 7168 values to top-8 experts at 37 us on eight NVLink H20s and 118 us on 16 H800s over 400 Gb/s
+    RDMA, mostly bandwidth).
+    """
+    if tp == 1:
+        zero = np.zeros_like(local_tokens)
+        return zero, zero
+    per_node = min(tp, hardware.gpus_per_node)
+    copies = local_tokens * K * arch.hidden_size * a_bytes
+    in_node, across = (per_node - 1) / tp * copies, (tp - per_node) / tp * copies
+    one_way = _link_bandwidth(hardware, per_node)
+    seconds = (latency + in_node / one_way if tp == per_node else hardware.internode_latency
+               + np.maximum(in_node / one_way, across / hardware.internode_bandwidth))
+    return 2 * arch.moe_layers * seconds, 2 * arch.moe_layers * (in_node + across)
 
 
 def _experts_per_token(arch: Architecture, routing, top_k, routing_model: str) -> np.ndarray:
@@ -224,9 +277,21 @@ def _kv_cache(arch: Architecture, B, tokens, context, kv_share: float, tp: int, 
     return np.maximum(kv_bytes / bandwidth, kv_flops / flops_rate), kv_bytes, kv_flops
 
 
+def _attention_rates(hardware: Hardware, efficiency: Efficiency, bandwidth: float, flops_rate: float,
+                     dtype: str) -> tuple[float, float]:
+    """Bytes/s and FLOP/s of the decode attention kernel: ``Efficiency.attention_*_fraction`` of the data sheet's
+    bandwidth and ``dtype``'s tensor peak where set, else the achieved rates given."""
+    if efficiency.attention_bandwidth_fraction is not None:
+        bandwidth = hardware.memory_bandwidth * efficiency.attention_bandwidth_fraction
+    if efficiency.attention_flops_fraction is not None:
+        peak = achieved_rates(hardware, dtype, Efficiency(flops_fraction=1.0))[1]
+        flops_rate = peak * efficiency.attention_flops_fraction
+    return bandwidth, flops_rate
+
+
 def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1, ep=1, dtype="bf16",
               routing=None, cuda_graphs=True, top_k=None, efficiency: Efficiency | None = None,
-              grouped_experts=True, routing_model="windows") -> StepTime:
+              grouped_experts=True, routing_model="windows", dp_attention=False) -> StepTime:
     """Seconds of one forward pass of ``batch_size`` sequences with ``tokens_per_sequence`` new tokens.
 
     Summed per layer over the attention projections (GQA or MLA), the KV-cache reads of ``context``
@@ -245,6 +310,14 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     With ``ep`` > 1 the routed experts are dealt to ``ep`` of the ``tp`` GPUs (each keeps ``E / ep`` whole
     experts, widths split ``tp / ep`` ways), and the step waits for the GPU that loads the most activated
     experts: :func:`moesd.theory.experts.most_loaded_share` of ``N`` (above ``N / ep`` at small batches).
+    Beyond one node (``tp`` a multiple of ``Hardware.gpus_per_node``) the all-reduces are hierarchical, with
+    each GPU's shard reduced across nodes through its network adapter (:func:`_collectives`).
+    With ``dp_attention`` (SGLang's ``--enable-dp-attention`` with expert parallelism, DeepSeek-style) each
+    of the ``tp`` GPUs runs attention, the dense FFNs, the shared experts and the LM head, unsplit, on
+    ``ceil(B / tp)`` of the sequences (the step waits for the fullest), and the routed experts are dealt
+    over all ``tp`` GPUs (``ep = tp``, ``E / tp`` whole experts each, the most loaded GPU as above); instead
+    of the all-reduces every MoE layer dispatches its tokens to their experts' GPUs and combines them back
+    (:func:`_all_to_alls`). On one GPU it is the plain step.
 
     Parameters
     ----------
@@ -259,7 +332,8 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     context : array_like, default 0
         Tokens already in each sequence's KV cache (>= 0).
     tp, ep : int, default 1
-        Tensor-parallel GPUs and the expert-parallel degree (``ep`` divides ``tp``).
+        Tensor-parallel GPUs (with ``dp_attention``: the data- and expert-parallel GPUs) and the
+        expert-parallel degree (``ep`` divides ``tp``; with ``dp_attention`` 1 or ``tp``, taken as ``tp``).
     dtype : {"bf16", "fp8", "fp32", "w4a8", "mxfp4", "nvfp4"}
         Weight dtype; the 4-bit ones quantise the routed experts only
         (:func:`~moesd.model.layout.dense_dtype` gives the other weights').
@@ -286,6 +360,10 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
         independent with the measured expert shares. Pass a trace of decode tokens
         (``trace.select(trace.phase == "decode")``): verification runs over generated tokens.
 
+    dp_attention : bool, default False
+        Attention and the other weights besides the routed experts data-parallel over the ``tp`` GPUs, the
+        routed experts expert-parallel over them (MoE models only).
+
     Returns
     -------
     StepTime
@@ -298,10 +376,13 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     s = as_array("tokens_per_sequence", tokens_per_sequence, low=1, whole=True)
     B = as_array("batch_size", batch_size, low=1, whole=True)
     context = as_array("context", context, low=0, whole=True)
-    tp, ep = check_parallelism(arch, hardware, tp, ep)
+    tp, ep = check_parallelism(arch, hardware, tp, ep, dp_attention)
     K = _experts_per_token(arch, routing, top_k, routing_model)
     s, B, context, K = np.broadcast_arrays(s, B, context, K)
     tokens = s * B
+    # the GPUs the weights besides the routed experts are split over, and one GPU's sequences and tokens
+    split, seqs = (1, -(-B // tp)) if dp_attention else (tp, B)
+    local = s * seqs
     bandwidth, flops_rate = achieved_rates(hardware, dense_dtype(dtype), efficiency)
     w_bytes, a_bytes = DTYPE_BYTES[dense_dtype(dtype)], activation_bytes(dtype)
     # fp8 checkpoints (DeepSeek-V3's, vLLM's fp8 quantisation) keep the router, the embeddings, the LM head
@@ -312,21 +393,22 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     d = arch.hidden_size
 
     def gemm(params, kernels, layers, in_out, bytes_per_weight=w_bytes, rate=flops_rate):
-        """Roofline of ``layers`` matrix products of ``params`` weights per GPU over all tokens."""
+        """Roofline of ``layers`` matrix products of ``params`` weights per GPU over the GPU's tokens."""
         weight_bytes = params * bytes_per_weight
-        activation = tokens * in_out * a_bytes
-        flops = 2.0 * params * tokens
+        activation = local * in_out * a_bytes
+        flops = 2.0 * params * local
         seconds = np.maximum((weight_bytes + activation) / bandwidth, flops / rate) + kernels * per_kernel
         return layers * seconds, layers * (weight_bytes + activation), layers * flops
 
     seconds, traffic, flops = {}, {}, {}
 
-    attention_params, kv_share = attention_per_gpu(arch, tp)
+    attention_params, kv_share = attention_per_gpu(arch, split)
     seconds["attention"], traffic["attention"], flops["attention"] = gemm(
         attention_params, KERNELS[arch.attention], arch.num_layers, 2 * d)
 
     seconds["kv_cache"], traffic["kv_cache"], flops["kv_cache"] = _kv_cache(
-        arch, B, tokens, context, kv_share, tp, a_bytes, bandwidth, kept_rate)
+        arch, seqs, local, context, kv_share, split, a_bytes, *_attention_rates(hardware, efficiency, bandwidth,
+                                                                                kept_rate, kept))
 
     # Mixture-of-experts layers.
     zero = np.zeros_like(tokens)
@@ -338,7 +420,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
         if arch.shared_params:
             kernels = KERNELS["shared"] + (KERNELS["shared_gate"] if arch.model_type == "qwen2_moe" else 0)
             seconds["shared_experts"], traffic["shared_experts"], flops["shared_experts"] = gemm(
-                arch.shared_params / tp, kernels + KERNELS["moe_norm"], arch.moe_layers, 2 * d)
+                arch.shared_params / split, kernels + KERNELS["moe_norm"], arch.moe_layers, 2 * d)
         active = _active_experts(arch, B, s, K, routing, routing_model)  # (layers or 1, ...)
         seconds["routed_experts"], traffic["routed_experts"], flops["routed_experts"] = _routed_experts(
             arch, hardware, active, tokens, K, tp, ep, dtype, efficiency, per_kernel if grouped_experts
@@ -347,20 +429,22 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     seconds["dense_ffn"], traffic["dense_ffn"], flops["dense_ffn"] = (zero, zero, zero)
     if arch.dense_layers:
         seconds["dense_ffn"], traffic["dense_ffn"], flops["dense_ffn"] = gemm(
-            arch.dense_ffn_params / tp, KERNELS["dense_ffn"], arch.dense_layers, 2 * d)
+            arch.dense_ffn_params / split, KERNELS["dense_ffn"], arch.dense_layers, 2 * d)
 
-    # LM head over every new token (vocabulary split over tp).
+    # LM head over every new token (vocabulary split over tp, unless dp_attention).
     seconds["lm_head"], traffic["lm_head"], flops["lm_head"] = gemm(
-        arch.head_params / tp, KERNELS["head"], 1, d + arch.vocab_size / tp, kept_bytes, kept_rate)
+        arch.head_params / split, KERNELS["head"], 1, d + arch.vocab_size / split, kept_bytes, kept_rate)
 
     latency = (hardware.interconnect_latency if efficiency.collective_seconds is None
                else efficiency.collective_seconds)
-    seconds["communication"], traffic["communication"] = _collectives(arch, hardware, tokens, tp, a_bytes, latency)
+    seconds["communication"], traffic["communication"] = (
+        _all_to_alls(arch, hardware, local, K, tp, a_bytes, latency) if dp_attention
+        else _collectives(arch, hardware, tokens, tp, a_bytes, latency))
     flops["communication"] = zero
 
     # Per pass: the engine's own step, the embedding lookup and the norms' weights.
     norms = (arch.num_layers * arch.norm_params + arch.final_norm_params) * kept_bytes
-    traffic["fixed"] = norms + tokens * d * a_bytes
+    traffic["fixed"] = norms + local * d * a_bytes
     seconds["fixed"] = efficiency.step_seconds + traffic["fixed"] / bandwidth + per_kernel
     flops["fixed"] = zero
     broadcast = {k: np.broadcast_to(v, tokens.shape) * 1.0 for k, v in seconds.items()}

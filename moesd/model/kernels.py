@@ -65,6 +65,10 @@ class Efficiency:
     collective_seconds : float or None
         Latency of one small all-reduce as the engine's kernel runs it, seconds; None: the hardware
         record's ``interconnect_latency``.
+    attention_bandwidth_fraction, attention_flops_fraction : float or None
+        Achieved fractions of the data-sheet bandwidth and tensor peak in the decode attention kernel
+        over the KV cache (the ``gamma + 1`` queries of a verification share one read of the cache);
+        None: ``bandwidth_fraction`` and ``flops_fraction``'s.
     """
 
     bandwidth_fraction: float | None = None
@@ -76,11 +80,14 @@ class Efficiency:
     expert_tile_rows: int = 1
     expert_flops_fraction: float | None = None
     collective_seconds: float | None = None
+    attention_bandwidth_fraction: float | None = None
+    attention_flops_fraction: float | None = None
 
     def __post_init__(self):
         if not (isinstance(self.expert_tile_rows, (int, np.integer)) and 1 <= self.expert_tile_rows <= 4096):
             raise ValueError(f"expert_tile_rows must be a whole number in [1, 4096], got {self.expert_tile_rows!r}")
-        for name in ("bandwidth_fraction", "flops_fraction", "expert_flops_fraction"):
+        for name in ("bandwidth_fraction", "flops_fraction", "expert_flops_fraction", "attention_bandwidth_fraction",
+                     "attention_flops_fraction"):
             value = getattr(self, name)
             if value is not None and not 0 < value <= 10:
                 raise ValueError(f"{name} must be in (0, 10], got {value!r}")

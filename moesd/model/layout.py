@@ -5,7 +5,7 @@ The layout half of the whole-model performance model (beyond the paper): :func:`
 :class:`~moesd.theory.roofline.Hardware` records; :data:`DTYPE_BYTES` and :func:`check_dtype` name the weight
 dtypes (fp8 checkpoints keep the router, embeddings, LM head and norms in bf16: :func:`kept_dtype`);
 :func:`tensor_parallel_sizes` and :func:`check_parallelism` say which tensor- and expert-parallel sizes a
-model takes on a node; :func:`attention_per_gpu` and :func:`weights_per_gpu` split the weights over ``tp``
+model takes on a node or on whole nodes; :func:`attention_per_gpu` and :func:`weights_per_gpu` split the weights over ``tp``
 GPUs as :func:`moesd.model.forward.step_time` prices them; :func:`one_layer_draft` builds an MTP-sized draft.
 Memory with the KV cache is :func:`moesd.model.predict.memory_per_gpu`.
 
@@ -137,61 +137,89 @@ def attention_per_gpu(arch: Architecture, tp: int) -> tuple[float, float]:
     return (arch.attention_params - replicated) / tp + replicated, 1.0
 
 
-def weights_per_gpu(model, dtype="bf16", tp=1) -> float:
+def weights_per_gpu(model, dtype="bf16", tp=1, dp_attention=False) -> float:
     """Bytes of weights each of ``tp`` GPUs holds, split as :func:`moesd.model.forward.step_time` splits them.
 
     Split over the GPUs: attention heads, shared and routed experts (expert parallelism deals whole
     experts, the same bytes per GPU), dense FFNs, the vocabulary of the embedding and the LM head.
     On every GPU: KV heads below one per GPU, MLA's latent projections, the routers and the norms.
-    With ``dtype="fp8"`` the router, embeddings, LM head and norms stay bf16.
+    With ``dtype="fp8"`` the router, embeddings, LM head and norms stay bf16. With ``dp_attention`` only
+    the routed experts are split (``E / tp`` whole experts per GPU); every GPU holds all the other weights.
     """
     arch = resolve_model(model)
     dtype = check_dtype(dtype)
     tp = int(as_array("tp", tp, low=1, whole=True))
-    attention, _ = attention_per_gpu(arch, tp)
+    split_over = 1 if dp_attention else tp  # the GPUs the weights besides the routed experts are split over
+    attention, _ = attention_per_gpu(arch, split_over)
     routed = arch.moe_layers * arch.num_experts * arch.expert_params / tp
-    split = (arch.moe_layers * arch.shared_params + arch.dense_layers * arch.dense_ffn_params) / tp
-    vocabulary = (arch.embedding_params + (0 if arch.tied_embeddings else arch.head_params)) / tp
+    split = (arch.moe_layers * arch.shared_params + arch.dense_layers * arch.dense_ffn_params) / split_over
+    vocabulary = (arch.embedding_params + (0 if arch.tied_embeddings else arch.head_params)) / split_over
     kept = arch.moe_layers * arch.router_params + vocabulary + arch.num_layers * arch.norm_params \
         + arch.final_norm_params
     return (routed * DTYPE_BYTES[dtype] + (arch.num_layers * attention + split) * DTYPE_BYTES[dense_dtype(dtype)]
             + kept * DTYPE_BYTES[kept_dtype(dtype)])
 
 
-def check_parallelism(arch: Architecture, hardware: Hardware, tp, ep) -> tuple[int, int]:
+def check_parallelism(arch: Architecture, hardware: Hardware, tp, ep, dp_attention=False) -> tuple[int, int]:
     """Checked tensor- and expert-parallel sizes of ``arch`` on ``hardware``: ``(tp, ep)`` as ints.
 
     ``tp`` must be one of :func:`tensor_parallel_sizes` (the ValueError says which rule fails and lists
-    those that fit); ``ep`` must divide ``tp`` and the routed experts.
+    those that fit); ``ep`` must divide ``tp`` and the routed experts. With ``dp_attention`` the routed
+    experts are dealt over all ``tp`` GPUs: ``ep`` is 1 (the default) or ``tp``, and ``tp`` is returned as ``ep``.
     """
     tp = int(as_array("tp", tp, low=1, whole=True))
     ep = int(as_array("ep", ep, low=1, whole=True))
+    if dp_attention:
+        if not arch.num_experts:
+            raise ValueError(f"dp_attention: {arch.name} is dense, it has no experts to deal over the GPUs")
+        if ep not in (1, tp):
+            raise ValueError(f"ep: with dp_attention the routed experts are dealt over all tp GPUs (ep = tp = {tp}), "
+                             f"got {ep}")
+        ep = tp
     if tp % ep:
         raise ValueError(f"ep must divide tp, got ep={ep}, tp={tp}")
-    if ep > 1 and (not arch.num_experts or arch.num_experts % ep):
+    if ep > 1 and not dp_attention and (not arch.num_experts or arch.num_experts % ep):
         raise ValueError(f"ep must divide the routed experts of {arch.name} ({arch.num_experts}), got {ep}")
-    sizes = tensor_parallel_sizes(arch, hardware)
-    if tp not in sizes:  # one rule, tensor_parallel_sizes's; the checks below only say which part fails
-        valid = ", ".join(map(str, sizes))
-        if not hardware.interconnect_bandwidth:
-            raise ValueError(f"tp: hardware {hardware.name} has no interconnect on record, so tp must be 1")
-        if tp > hardware.gpus_per_node:
-            raise ValueError(f"tp must be at most {hardware.gpus_per_node}, the GPUs one {hardware.name} node joins "
-                             f"(tensor parallelism across nodes is not modelled): one of {valid} for {arch.name}, "
-                             f"got {tp}")
-        if arch.num_heads % tp:
-            raise ValueError(f"tp must divide the attention heads of {arch.name} ({arch.num_heads}), got {tp}; "
-                             f"on {hardware.name}: {valid}")
-        raise ValueError(f"tp must divide, or be a multiple of, the KV heads of {arch.name} ({arch.num_kv_heads}), "
-                         f"got {tp}; on {hardware.name}: {valid}")
+    sizes = tensor_parallel_sizes(arch, hardware, dp_attention)
+    if tp not in sizes:  # one rule, tensor_parallel_sizes's; _refuse_tp only says which part fails
+        _refuse_tp(arch, hardware, tp, ", ".join(map(str, sizes)), dp_attention)
     return tp, ep
 
 
-def tensor_parallel_sizes(model, hardware) -> list[int]:
+def _refuse_tp(arch: Architecture, hardware: Hardware, tp: int, valid: str, dp_attention: bool):
+    """Raise the ValueError that says why :func:`tensor_parallel_sizes` omits ``tp`` (``valid`` lists those it has)."""
+    per_node, nodes = hardware.gpus_per_node, hardware.max_nodes
+    if not hardware.interconnect_bandwidth:
+        raise ValueError(f"tp: hardware {hardware.name} has no interconnect on record, so tp must be 1")
+    if tp > per_node and not hardware.internode_bandwidth:
+        raise ValueError(f"tp must be at most {per_node}, the GPUs one {hardware.name} node joins (no inter-node "
+                         f"network is on record, so tensor parallelism across nodes is not modelled): one of {valid} "
+                         f"for {arch.name}, got {tp}")
+    if tp > per_node * nodes:
+        raise ValueError(f"tp must be at most {per_node * nodes}, {nodes} nodes of {per_node} {hardware.name} GPUs "
+                         f"(larger groups are not modelled): one of {valid} for {arch.name}, got {tp}")
+    if tp > per_node and tp % per_node:
+        raise ValueError(f"tp must be a multiple of {per_node} beyond one node, whole nodes of {per_node} "
+                         f"{hardware.name} GPUs (a group over part of a node is not modelled): one of {valid} for "
+                         f"{arch.name}, got {tp}")
+    if dp_attention:
+        raise ValueError(f"tp must divide the routed experts of {arch.name} ({arch.num_experts}) with dp_attention "
+                         f"(each GPU holds whole experts), got {tp}; on {hardware.name}: {valid}")
+    if arch.num_heads % tp:
+        raise ValueError(f"tp must divide the attention heads of {arch.name} ({arch.num_heads}), got {tp}; "
+                         f"on {hardware.name}: {valid}")
+    raise ValueError(f"tp must divide, or be a multiple of, the KV heads of {arch.name} ({arch.num_kv_heads}), "
+                     f"got {tp}; on {hardware.name}: {valid}")
+
+
+def tensor_parallel_sizes(model, hardware, dp_attention=False) -> list[int]:
     """The tensor-parallel sizes :func:`moesd.model.forward.step_time` accepts for ``model`` on ``hardware``.
 
-    Those up to the GPUs one node joins (``Hardware.gpus_per_node``; 1 without an interconnect) that
-    divide the attention heads and divide, or are a multiple of, the KV heads.
+    Groups within one node (up to ``Hardware.gpus_per_node``; 1 without an interconnect) and, where the
+    record has an inter-node network (``Hardware.internode_bandwidth``), whole nodes up to
+    ``Hardware.max_nodes`` of them; of those, the sizes that divide the attention heads and divide, or are
+    a multiple of, the KV heads, or with ``dp_attention`` (attention data-parallel, experts dealt over the
+    group) the sizes that divide the routed experts.
 
     Returns
     -------
@@ -199,6 +227,10 @@ def tensor_parallel_sizes(model, hardware) -> list[int]:
         GPUs per tensor-parallel group, ascending (1 always among them).
     """
     arch, hardware = resolve_model(model), hardware_record(hardware)
-    most = hardware.gpus_per_node if hardware.interconnect_bandwidth else 1
-    return [tp for tp in range(1, most + 1)
+    per_node = hardware.gpus_per_node if hardware.interconnect_bandwidth else 1
+    nodes = hardware.max_nodes if hardware.internode_bandwidth else 1
+    groups = [*range(1, per_node + 1), *range(2 * per_node, per_node * nodes + 1, per_node)]
+    if dp_attention:
+        return [tp for tp in groups if tp == 1 or (arch.num_experts and not arch.num_experts % tp)]
+    return [tp for tp in groups
             if not arch.num_heads % tp and not (arch.num_kv_heads % tp and tp % arch.num_kv_heads)]

@@ -42,25 +42,26 @@ PAPER_BATCH_SIZES = (1, 2, 4, *range(8, 61, 4), 80, 100)
 """The paper's batch sizes (Sec. 7): 19 values from 1 to 100; ``moesd.measure.sweeps.BATCH_SIZES`` is this tuple."""
 
 
-def memory_per_gpu(model, hardware, batch_size, context, tp=1, ep=1, dtype="bf16") -> np.ndarray:
+def memory_per_gpu(model, hardware, batch_size, context, tp=1, ep=1, dtype="bf16", dp_attention=False) -> np.ndarray:
     """Bytes each of the target's ``tp`` GPUs holds: its weights (:func:`weights_per_gpu`) and KV cache.
 
     The cache holds ``context`` tokens for each of ``batch_size`` sequences, what a decode step of
     :func:`step_time` reads from it (KV heads split over the GPUs as there; bf16 values, fp32 for fp32 weights).
     Activations, the serving engine's workspace and fragmentation are not counted: a setup above
-    the GPU's memory does not fit, one just below may not either.
+    the GPU's memory does not fit, one just below may not either. With ``dp_attention`` each GPU holds all
+    weights but the routed experts (``E / tp`` of those) and the whole KV cache of ``ceil(B / tp)`` sequences.
 
     Returns
     -------
     numpy.ndarray
         Bytes, broadcast over ``batch_size`` and ``context``.
     """
-    step = step_time(model, hardware, 1, batch_size, context, tp=tp, ep=ep, dtype=dtype)
-    return weights_per_gpu(model, dtype, tp) + step.bytes["kv_cache"]
+    step = step_time(model, hardware, 1, batch_size, context, tp=tp, ep=ep, dtype=dtype, dp_attention=dp_attention)
+    return weights_per_gpu(model, dtype, tp, dp_attention) + step.bytes["kv_cache"]
 
 
 def memory_fit(target, draft, hardware, batch_size, context, tp=1, draft_tp=1, ep=1, dtype="bf16",
-               draft_dtype=None, shared=False) -> pd.DataFrame:
+               draft_dtype=None, shared=False, dp_attention=False) -> pd.DataFrame:
     """Whether target and draft fit their GPUs' memory at each batch size.
 
     The target's weights and KV cache on each of its ``tp`` GPUs, and the draft's on each of its
@@ -86,6 +87,9 @@ def memory_fit(target, draft, hardware, batch_size, context, tp=1, draft_tp=1, e
     shared : bool, default False
         The draft on the target's GPUs (``draft_tp`` must equal ``tp``), as serving engines run an MTP
         head or a small draft.
+    dp_attention : bool, default False
+        The target's attention data-parallel and its routed experts expert-parallel over its ``tp`` GPUs
+        (:func:`memory_per_gpu`).
 
     Returns
     -------
@@ -98,7 +102,7 @@ def memory_fit(target, draft, hardware, batch_size, context, tp=1, draft_tp=1, e
         raise ValueError(f"draft_tp must equal tp for a draft on the target's GPUs (shared), got {draft_tp} and {tp}")
     B, context = np.broadcast_arrays(as_array("batch_size", batch_size, low=1, whole=True),
                                      as_array("context", context, low=0, whole=True))
-    held = {"target_bytes": memory_per_gpu(target, hardware, B, context, tp, ep, dtype),
+    held = {"target_bytes": memory_per_gpu(target, hardware, B, context, tp, ep, dtype, dp_attention),
             "draft_bytes": memory_per_gpu(draft, hardware, B, context, draft_tp, 1,
                                           dtype if draft_dtype is None else draft_dtype)}
     capacity = hardware.memory_bytes
@@ -120,7 +124,8 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
                ep=1, top_k=None, dtype="bf16", draft_dtype=None, draft_hardware=None, routing=None,
                routing_model="windows", verify_tokens="gamma+1", efficiency: Efficiency | None = None,
                draft_efficiency: Efficiency | None = None, cuda_graphs=True, grouped_experts=True,
-               alpha_decay=1.0, engine=None, step_seconds=None) -> pd.DataFrame:
+               alpha_decay=1.0, engine=None, step_seconds=None, step_batch_size=1, draft_topk=1,
+               dp_attention=False) -> pd.DataFrame:
     """Predicted speculative-decoding speedup (Eq. 4) and its terms over a grid of settings.
 
     The target verifies on ``tp`` GPUs; the draft proposes on ``draft_tp`` GPUs of its own (the paper's
@@ -144,7 +149,7 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
         GPUs of the target and of the draft.
     context : array_like, default 512
         Tokens in each sequence's KV cache (prompt and generated so far).
-    ep, top_k, dtype, routing, routing_model, cuda_graphs, grouped_experts, efficiency
+    ep, top_k, dtype, routing, routing_model, cuda_graphs, grouped_experts, efficiency, dp_attention
         As in :func:`step_time` (the target's); ``top_k`` may be an array (a grid axis). A
         :class:`~moesd.routing.traces.RoutingTrace` as ``routing`` gives ``N(B)`` of the decode step and
         ``N(B (gamma + 1))`` of verification from the measured routing (its consecutive tokens'
@@ -155,8 +160,13 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
         The draft's GPU when it differs from the target's.
     draft_efficiency : Efficiency, optional
         The draft's efficiency and overheads (default ``efficiency``).
-    verify_tokens : {"gamma+1", "gamma"}
-        Positions per sequence in the verification pass.
+    verify_tokens : {"gamma+1", "gamma"} or int
+        Positions per sequence in the verification pass; a number for a tree of drafts (SGLang's
+        ``num_draft_tokens``, which counts the last verified token too).
+    draft_topk : int, default 1
+        Candidates per position in each draft step (SGLang's ``eagle_topk``; 1: a chain): each draft step
+        after the first scores this many tokens per sequence. Give a tree's acceptance as ``sigma``
+        (its mean acceptance length over ``gamma + 1``).
     alpha_decay : float, default 1.0
         With ``alpha``: the acceptance of draft position ``i`` is ``alpha alpha_decay**(i - 1)``
         (:func:`moesd.theory.acceptance.position_acceptance`), so ``alpha`` is the first position's; 1 is
@@ -166,9 +176,11 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
         draft steps' fixed cost, a draft head's extend pass (for a draft of one layer of the target's width)
         and grouped-GEMM tiles. Default: the GPUs' work only.
     step_seconds : float, optional
-        A measured plain decoding step of the target at batch size 1 (seconds, at each row's ``context``):
-        what it exceeds the predicted step by is a fixed cost per forward pass, spread evenly over the
-        target's layers; every target pass adds it and every draft pass its layers' share.
+        A measured plain decoding step of the target at batch size ``step_batch_size`` (seconds, at each
+        row's ``context``): what it exceeds the predicted step by is a fixed cost per forward pass, spread
+        evenly over the target's layers; every target pass adds it and every draft pass its layers' share.
+    step_batch_size : int, default 1
+        The batch size ``step_seconds`` was measured at.
 
     Returns
     -------
@@ -183,8 +195,11 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
         ``exposed_host_seconds`` (per round) and ``t_draft_extend`` (the extend pass; 0 without one);
         ``t_draft`` is then the round's drafting time over ``gamma``.
     """
-    if verify_tokens not in ("gamma+1", "gamma"):
-        raise ValueError(f"verify_tokens must be 'gamma+1' or 'gamma', got {verify_tokens!r}")
+    if isinstance(verify_tokens, str) and verify_tokens not in ("gamma+1", "gamma"):
+        raise ValueError(f"verify_tokens must be 'gamma+1', 'gamma' or a number of tokens, got {verify_tokens!r}")
+    tree_tokens = None if isinstance(verify_tokens, str) else int(as_array("verify_tokens", verify_tokens, low=2,
+                                                                            high=4096, whole=True))
+    draft_topk = int(as_array("draft_topk", draft_topk, low=1, high=4096, whole=True))
     target_arch, draft_arch = resolve_model(target), resolve_model(draft)
     hardware = hardware_record(hardware)
     draft_hardware = hardware_record(draft_hardware) if draft_hardware is not None else hardware
@@ -205,12 +220,13 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
         grid = {**grid, "sigma": _emitted(grid["alpha"], grid["gamma"], alpha_decay)}
     profile = engine_profile(engine) if engine is not None else None
     if profile is not None:
-        efficiency = _engine_efficiency(profile, efficiency, dtype)
-        draft_efficiency = _engine_efficiency(profile, draft_efficiency, draft_dtype)
+        efficiency = _engine_efficiency(profile, efficiency, dtype, target_arch.attention)
+        draft_efficiency = _engine_efficiency(profile, draft_efficiency, draft_dtype, draft_arch.attention)
     k = grid.get("num_experts_per_tok")
     common = dict(routing=routing, routing_model=routing_model, cuda_graphs=cuda_graphs, efficiency=efficiency,
-                  grouped_experts=grouped_experts)
-    verify = grid["gamma"] + (1 if verify_tokens == "gamma+1" else 0)
+                  grouped_experts=grouped_experts, dp_attention=dp_attention)
+    verify = (np.full_like(grid["gamma"], tree_tokens) if tree_tokens is not None
+              else grid["gamma"] + (1 if verify_tokens == "gamma+1" else 0))
     # Time each distinct (B, s, context, K) once: sigma does not change a step.
     key = np.stack([grid["batch_size"], grid["context"], k if k is not None else np.zeros_like(grid["gamma"])])
     unique, inverse = np.unique(key, axis=1, return_inverse=True)
@@ -218,7 +234,7 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
     kk = unique[2] if k is not None else None
     t1 = step_time(target_arch, hardware, 1, unique[0], unique[1], tp, ep, dtype, top_k=kk, **common).total
     try:
-        draft_step = step_time(draft_arch, draft_hardware, 1, unique[0], unique[1], draft_tp, 1, draft_dtype,
+        draft_step = step_time(draft_arch, draft_hardware, draft_topk, unique[0], unique[1], draft_tp, 1, draft_dtype,
                                cuda_graphs=cuda_graphs, efficiency=draft_efficiency or efficiency,
                                grouped_experts=grouped_experts).total
     except ValueError as error:  # the draft's parallelism is draft_tp's
@@ -233,7 +249,8 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
     if profile is not None or step_seconds is not None:
         engine_columns = _engine_round(profile or engine_profile("device"), step_seconds, target_arch, draft_arch,
                                        hardware, draft_hardware, grid, t1, draft_step, tp, ep, draft_tp, dtype,
-                                       draft_dtype, efficiency, draft_efficiency, cuda_graphs, grouped_experts)
+                                       draft_dtype, efficiency, draft_efficiency, cuda_graphs, grouped_experts,
+                                       dp_attention, step_batch_size)
         t1, t_verify = t1 + engine_columns["fixed_seconds"], t_verify + engine_columns.pop("verify_extra")
         draft_step = engine_columns.pop("draft_per_token")
     terms = speedup_terms(grid["sigma"], grid["gamma"], t1, t_verify, draft_step, t_reject)
@@ -260,15 +277,20 @@ def _emitted(alpha: np.ndarray, gamma: np.ndarray, decay) -> np.ndarray:
     return sigma
 
 
-def _engine_efficiency(profile, efficiency: Efficiency | None, dtype: str) -> Efficiency:
-    """``efficiency`` with the engine's grouped-GEMM tile and achieved FLOP fraction for ``dtype``."""
+def _engine_efficiency(profile, efficiency: Efficiency | None, dtype: str, attention: str) -> Efficiency:
+    """``efficiency`` with the engine's grouped-GEMM tile and achieved FLOP fraction for ``dtype`` and its
+    attention kernel's fractions for the ``attention`` kind."""
     fraction = profile.expert_flops_fraction.get(dtype)
+    bandwidth, flops = profile.attention_fractions.get(attention, (None, None))
     return dataclasses.replace(efficiency or Efficiency(), expert_tile_rows=profile.expert_tile_rows.get(dtype, 1),
-                               expert_flops_fraction=None if fraction is None else fraction.value)
+                               expert_flops_fraction=None if fraction is None else fraction.value,
+                               attention_bandwidth_fraction=None if bandwidth is None else bandwidth.value,
+                               attention_flops_fraction=None if flops is None else flops.value)
 
 
 def _engine_round(profile, step_seconds, target, draft, hardware, draft_hardware, grid, t1, draft_step, tp, ep,
-                  draft_tp, dtype, draft_dtype, efficiency, draft_efficiency, cuda_graphs, grouped_experts) -> dict:
+                  draft_tp, dtype, draft_dtype, efficiency, draft_efficiency, cuda_graphs, grouped_experts,
+                  dp_attention=False, step_batch_size=1) -> dict:
     """Seconds an engine adds to the round (see :func:`predict_sd`'s ``engine`` and ``step_seconds``).
 
     Returns the columns ``fixed_seconds`` (per target pass), ``exposed_host_seconds`` (per round),
@@ -279,10 +301,11 @@ def _engine_round(profile, step_seconds, target, draft, hardware, draft_hardware
     fixed = np.zeros(B.shape)
     if step_seconds is not None:
         measured = float(as_array("step_seconds", step_seconds, low=0, low_open=True))
-        alone = step_time(target, hardware, 1, 1, context, tp, ep, dtype, efficiency=efficiency,
-                          cuda_graphs=cuda_graphs, grouped_experts=grouped_experts).total
+        anchor = int(as_array("step_batch_size", step_batch_size, low=1, whole=True))
+        alone = step_time(target, hardware, 1, anchor, context, tp, ep, dtype, efficiency=efficiency,
+                          cuda_graphs=cuda_graphs, grouped_experts=grouped_experts, dp_attention=dp_attention).total
         if (alone > measured).any():
-            raise ValueError(f"step_seconds must be at least the predicted step at batch size 1, "
+            raise ValueError(f"step_seconds must be at least the predicted step at batch size {anchor}, "
                              f"{float(alone.max()) * 1e3:.3g} ms, got {measured * 1e3:.3g} ms")
         fixed = measured - alone
     per_layer = fixed / target.num_layers

@@ -49,7 +49,8 @@ class Shortfall:
     capacity_bytes : float
         One GPU's memory, in bytes.
     more_gpus : tuple of int
-        Tensor-parallel sizes above ``gpus`` the model divides over.
+        Tensor-parallel sizes above ``gpus`` the model divides over: those within one node, or, where
+        ``gpus`` fills a node, those across nodes.
     smaller_dtypes : tuple of str
         Weight dtypes of fewer bytes than the one asked for.
     """
@@ -142,14 +143,17 @@ class Recommendation:
 
 
 def _shortfalls(fit: pd.DataFrame, models: dict, hardware, dtype: str) -> list:
+    """The models of ``models`` (role: ``(model, GPUs, dp_attention)``) that ``fit`` says do not fit, each with
+    the larger tensor-parallel sizes it takes: those within one node, or, from a full node, those across nodes."""
     smaller = tuple(name for name, size in DTYPE_BYTES.items() if size < DTYPE_BYTES[check_dtype(dtype)])
     shortfalls = []
-    for role, (model, gpus) in models.items():
+    for role, (model, gpus, dp_attention) in models.items():
         held = fit[f"{role}_bytes"].to_numpy()
         if held.max() > hardware.memory_bytes:
+            larger = [tp for tp in tensor_parallel_sizes(model, hardware, dp_attention) if tp > gpus]
+            in_node = [tp for tp in larger if tp <= hardware.gpus_per_node]
             shortfalls.append(Shortfall(role, gpus, float(held.max()), float(held.min()), float(hardware.memory_bytes),
-                                        tuple(tp for tp in tensor_parallel_sizes(model, hardware) if tp > gpus),
-                                        smaller))
+                                        tuple(in_node or larger), smaller))
     return shortfalls
 
 
@@ -170,7 +174,7 @@ def _advice(column: str, value: float, rows: pd.DataFrame, other: pd.DataFrame, 
 def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values, tp: int = 1, draft_tp: int = 1,
               ep: int = 1, context: int = 1024, dtype: str = "bf16", host_ms: float = 0.0,
               other_host_ms: float | None = None, engine=None, step_ms: float | None = None,
-              alpha_decay: float = 1.0) -> Recommendation:
+              alpha_decay: float = 1.0, dp_attention: bool = False) -> Recommendation:
     """Where SD pays for ``target`` with ``draft`` on ``hardware``, over batch sizes and draft lengths.
 
     Parameters
@@ -188,7 +192,7 @@ def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values,
     other_host_ms : float, optional
         The host cost the advice is checked against, ms (default: vLLM v0's measured cost,
         :data:`moesd.paper.predictor_check.HOST_SECONDS_VLLM_V0`, when ``host_ms`` is 0, else 0).
-    engine, alpha_decay
+    engine, alpha_decay, dp_attention
         As :func:`~moesd.model.predict.predict_sd` takes them; with a profile the advice is also
         recomputed at both ends of its costs' ranges (``Recommendation.engine_ends``).
     step_ms : float, optional
@@ -213,12 +217,12 @@ def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values,
     def predict(batch, milliseconds, engine_at=profile):
         return predict_sd(target, draft, hardware, batch, gammas, tp=tp, draft_tp=draft_tp, context=context, ep=ep,
                           dtype=dtype, efficiency=Efficiency(step_seconds=milliseconds * 1e-3), engine=engine_at,
-                          step_seconds=step_seconds, **decay, **{column: values})
+                          step_seconds=step_seconds, dp_attention=dp_attention, **decay, **{column: values})
 
     frame = predict(batch_sizes, host_ms)
     hardware = hardware_record(hardware)
     target_shape, draft_shape = resolve_model(target), resolve_model(draft)
-    fit = memory_fit(target, draft, hardware, batch_sizes, context, tp, draft_tp, ep, dtype)
+    fit = memory_fit(target, draft, hardware, batch_sizes, context, tp, draft_tp, ep, dtype, dp_attention=dp_attention)
     fits = fit["fits"].to_numpy()
     judged = batch_sizes[fits] if fits.any() else batch_sizes
     other = predict(judged, other_host_ms)
@@ -231,8 +235,8 @@ def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values,
             ends[end] = [best_gamma(rows[rows[column] == value]).pipe(
                 lambda best: best.loc[sd_status(best["speedup"]) == "on", "batch_size"].to_numpy()) for value in values]
     return Recommendation(frame, hardware, fits, judged,
-                          _shortfalls(fit, {"target": (target_shape, tp), "draft": (draft_shape, draft_tp)}, hardware,
-                                      dtype),
+                          _shortfalls(fit, {"target": (target_shape, tp, dp_attention),
+                                            "draft": (draft_shape, draft_tp, False)}, hardware, dtype),
                           (target_shape.vocab_size, draft_shape.vocab_size),
                           target_shape.hidden_size == draft_shape.hidden_size
                           and target_shape.vocab_size == draft_shape.vocab_size, advice, ends)

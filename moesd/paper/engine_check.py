@@ -2,7 +2,8 @@
 
 ``data/engines/published_speedups.csv`` holds speedups of speculative decoding on MoE targets that engine
 teams and users published (one row per point, with its source, link and the quoted line), with the mean
-acceptance length of the same or a cited setup and the plain decoding step the source reports. Nothing
+acceptance length of the same or a cited setup and the plain decoding step the source reports; chains of
+drafts and trees (``draft_topk`` candidates per position, ``verify_tokens`` scored per sequence) alike. Nothing
 here is fitted to the speedups: :func:`check_engines` predicts each point with
 :func:`moesd.model.predict.predict_sd` in several variants, from the GPUs' work alone (the predictor
 before engine profiles) to the engine's profile with the measured plain step, and with each engine term
@@ -22,7 +23,6 @@ import pandas as pd
 from moesd.model.engine import Cost, engine_profile
 from moesd.model.predict import predict_sd
 from moesd.paper.tables import DATA_DIR
-from moesd.theory.acceptance import alpha_for_acceptance_length
 
 __all__ = ["VARIANTS", "published_speedups", "EngineCheck", "check_engines"]
 
@@ -35,6 +35,7 @@ VARIANTS = {
     "anchored, no exposed host": "anchored, the host time SD rounds expose left out",
     "anchored, no extend pass": "anchored, the draft head's extend pass left out",
     "anchored, no tiles": "anchored, grouped-GEMM tiles and their FLOP fraction left out",
+    "anchored, no attention kernel": "anchored, the attention kernel's own fractions (FlashMLA's) left out",
 }
 """The variants :func:`check_engines` scores, and what each holds."""
 
@@ -52,17 +53,21 @@ def _profile(name: str, variant: str):
         return dataclasses.replace(profile, draft_extend=False)
     if variant.endswith("no tiles"):
         return dataclasses.replace(profile, expert_tile_rows={}, expert_flops_fraction={})
+    if variant.endswith("no attention kernel"):
+        return dataclasses.replace(profile, attention_fractions={})
     return profile
 
 
 def _predict(point, variant: str) -> float:
-    alpha = float(alpha_for_acceptance_length(point.acceptance_length, point.gamma))
-    options = dict(tp=point.tp, draft_tp=point.tp, ep=point.ep, context=point.context, alpha=alpha,
-                   dtype=point.dtype, draft_dtype=point.draft_dtype)
+    # Eq. 4's tokens per round are the published acceptance length, chain or tree alike
+    sigma = point.acceptance_length / (point.gamma + 1)
+    options = dict(tp=point.tp, draft_tp=point.tp, ep=point.ep, context=point.context, sigma=sigma,
+                   dtype=point.dtype, draft_dtype=point.draft_dtype, draft_topk=point.draft_topk,
+                   verify_tokens=point.verify_tokens, dp_attention=bool(point.dp_attention))
     if variant != "device":
         options["engine"] = _profile(point.engine, variant)
     if variant.startswith("anchored"):
-        options["step_seconds"] = point.baseline_step_ms * 1e-3
+        options.update(step_seconds=point.baseline_step_ms * 1e-3, step_batch_size=point.baseline_batch_size)
     frame = predict_sd(point.model, point.draft, point.hardware, point.batch_size, point.gamma, **options)
     return float(frame["speedup"].iloc[0])
 

@@ -63,8 +63,18 @@ class Hardware:
         whatever the group. In a mesh, a tensor-parallel group of ``p`` GPUs uses ``p - 1`` of the links.
     gpus_per_node : int
         GPUs that ``interconnect`` joins: one server board (an NVLink or Infinity Fabric domain, or
-        the PCIe slots of one server). :mod:`moesd.model.forward` prices tensor parallelism over this link
-        only, so it refuses a tensor-parallel group larger than this (default 1: no peers on record).
+        the PCIe slots of one server). Without an inter-node link :mod:`moesd.model.forward` prices tensor
+        parallelism over this link only, so it refuses a larger group (default 1: no peers on record).
+    internode_bandwidth : float
+        Bandwidth of the network adapter each GPU has to other nodes, ONE direction (bytes/s): the NIC's
+        line rate (400 Gb/s = 50 GB/s, and as much again the other way); 0 where none is on record.
+    internode_latency : float
+        Fixed cost of one small collective across nodes over that network (seconds).
+    max_nodes : int
+        Nodes of ``gpus_per_node`` GPUs that one tensor- or expert-parallel group may span in
+        :mod:`moesd.model.forward` (default 1; more only with ``internode_bandwidth``).
+    internode : str
+        What the inter-node network is, and where its numbers come from.
     bandwidth_fraction, flops_fraction : float
         Fractions of ``memory_bandwidth`` and of the tensor peaks that measured kernels achieve
         (1 for a record whose peaks were themselves measured).
@@ -88,6 +98,10 @@ class Hardware:
     flops_fraction: float = 1.0
     efficiency_source: str = ""
     fp4_flops: float | None = None
+    internode_bandwidth: float = 0.0
+    internode_latency: float = 0.0
+    max_nodes: int = 1
+    internode: str = ""
 
     def __post_init__(self) -> None:
         """Refuse, naming the field, a peak, memory or rate that is not a finite number in its range (a zero or
@@ -97,7 +111,8 @@ class Hardware:
                    "fp8_flops": positive, "fp32_flops": positive, "fp4_flops": positive, "interconnect_bandwidth": dict(low=0),
                    "interconnect_latency": dict(low=0), "interconnect_peers": dict(low=0, whole=True),
                    "gpus_per_node": dict(low=1, whole=True), "bandwidth_fraction": positive,
-                   "flops_fraction": positive}
+                   "flops_fraction": positive, "internode_bandwidth": dict(low=0),
+                   "internode_latency": dict(low=0), "max_nodes": dict(low=1, whole=True)}
         for field, domain in domains.items():
             value = getattr(self, field)
             if value is not None or field not in ("fp8_flops", "fp32_flops", "fp4_flops"):
@@ -148,6 +163,23 @@ def _nvlink(name: str, gb_per_s: float, source: str, board: str) -> dict:
                 f"{_ALLREDUCE_LATENCY}")
 
 
+_NIC_LATENCY = 20e-6
+_NIC_SOURCES = ("a NIC's line rate, not an achieved one (an NCCL maintainer expects 46-48 GB/s per 400 Gb/s NIC in "
+                "two-node all-reduces: github.com/NVIDIA/nccl-tests/issues/290); latency 20 us: nccl-tests issue #150 "
+                "(github.com/NVIDIA/nccl-tests/issues/150) times all_reduce_perf of 8 to 64 bytes between two nodes, "
+                "one A100 each over HDR InfiniBand, at 19-21 us, taken for every record (no NDR time found); at "
+                "most 32 nodes per group: DeepEP's README (github.com/deepseek-ai/DeepEP) times its all-to-all "
+                "kernels up to EP 256, 32 nodes of eight H800s")
+_BASEPOD = "NVIDIA DGX BasePOD reference architecture (docs.nvidia.com/dgx-basepod), Core Components"
+
+
+def _network(gbit_per_s: float, source: str) -> dict:
+    """An inter-node network of one NIC of ``gbit_per_s`` per GPU, ``source`` naming who says so."""
+    return dict(internode_bandwidth=gbit_per_s / 8 * _GIGA, internode_latency=_NIC_LATENCY, max_nodes=32,
+                internode=f"one {gbit_per_s:g} Gb/s NIC per GPU, {gbit_per_s / 8:g} GB/s each way ({source}); "
+                f"{_NIC_SOURCES}")
+
+
 _AMPERE = dict(fp32_flops=19.5 * _TERA, bandwidth_fraction=1769 / 2039, flops_fraction=271.2 / 312,
                efficiency_source=_GPU_BENCHES + "cuda-stream/a100_80.txt: A100 80GB read kernel 1,769 GB/s "
                "of 2,039 (0.87); " + _MAMF + "A100 SXM 271.2 of 312 TFLOPS (0.87)")
@@ -168,12 +200,16 @@ HARDWARE = {
                  "NVIDIA A100 data sheet, 80GB SXM: BF16 tensor 312 TFLOPS (624 with sparsity), "
                  "HBM2e 2,039 GB/s, 80 GB; FP32 19.5 TFLOPS",
                  **_AMPERE, **_nvlink("NVLink 3", 600, "A100 data sheet, SXM: NVLink 600 GB/s",
-                          "HGX A100 8-GPU board; the 16-GPU HGX A100 is not modelled")),
+                          "HGX A100 8-GPU board; the 16-GPU HGX A100 is not modelled"),
+                 **_network(200, "NVIDIA DGX A100 data sheet: 8x single-port Mellanox ConnectX-6 VPI 200 Gb/s HDR "
+                            "InfiniBand")),
         Hardware("H800", 989.5 * _TERA, 3350 * _GIGA, 80 * _GIGA,
                  "NVIDIA H800 SXM5 data sheet: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
                  "FP8 3,958 with sparsity (1,979 dense), FP32 67 TFLOPS, HBM3 3.35 TB/s, 80 GB",
                  **_HOPPER, **_nvlink("NVLink", 400, "H800 SXM5 data sheet: NVLink 400 GB/s",
-                          "HGX H800 8-GPU board")),
+                          "HGX H800 8-GPU board"),
+                 **_network(400, "DeepEP's README: each H800 connected to a CX7 InfiniBand 400 Gb/s RDMA network "
+                            "card")),
         Hardware("H20", 148 * _TERA, 4000 * _GIGA, 96 * _GIGA,
                  "NVIDIA HGX H20 specifications as published by resellers (no NVIDIA data sheet online): "
                  "BF16 tensor 148 TFLOPS dense, FP8 296 dense, FP32 44 TFLOPS, HBM3 4.0 TB/s, 96 GB",
@@ -193,12 +229,14 @@ HARDWARE = {
                  "NVIDIA H100 data sheet, SXM5: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
                  "FP8 3,958 with sparsity (1,979 dense), FP32 67 TFLOPS, HBM3 3.35 TB/s, 80 GB",
                  **_HOPPER, **_nvlink("NVLink 4", 900, "H100 data sheet, SXM: NVLink 900 GB/s",
-                          "HGX H100 8-GPU board")),
+                          "HGX H100 8-GPU board"),
+                 **_network(400, _BASEPOD + ", DGX H100: eight single-port ConnectX-7, up to 400 Gb/s")),
         Hardware("H200", 989.5 * _TERA, 4800 * _GIGA, 141 * _GIGA,
                  "NVIDIA H200 data sheet, SXM: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
                  "FP8 3,958 with sparsity (1,979 dense), FP32 67 TFLOPS, HBM3e 4.8 TB/s, 141 GB",
                  **_HOPPER, **_nvlink("NVLink 4", 900, "H200 data sheet, SXM: NVLink 900 GB/s",
-                          "HGX H200 8-GPU board")),
+                          "HGX H200 8-GPU board"),
+                 **_network(400, _BASEPOD + ", DGX H200: eight single-port ConnectX-7, up to 400 Gb/s")),
         Hardware("L40", 181.05 * _TERA, 864 * _GIGA, 48 * _GIGA,
                  "NVIDIA L40 data sheet: BF16 tensor 362.1 TFLOPS with sparsity (181.05 dense), "
                  "FP8 724 with sparsity (362 dense), FP32 90.5 TFLOPS, GDDR6 864 GB/s, 48 GB",
@@ -219,7 +257,8 @@ HARDWARE = {
                  efficiency_source=_MAMF + "B200 SXM 1,745 of 2,250 TFLOPS (0.78); bandwidth fraction "
                  "assumed equal to the H200's (no B200 measurement found): " + _HOPPER_BANDWIDTH,
                  **_nvlink("NVLink 5", 1800, "HGX B200 specifications: NVLink 1.8 TB/s per GPU",
-                          "HGX B200 8-GPU board")),
+                          "HGX B200 8-GPU board"),
+                 **_network(400, _BASEPOD + ", DGX B200: 8x single-port ConnectX-7, up to 400 Gb/s")),
         Hardware("MI300X", 1307.4 * _TERA, 5300 * _GIGA, 192 * _GIGA,
                  "AMD Instinct MI300X data sheet: BF16 dense matrix 1,307.4 TFLOPS, FP8 2,614.9, "
                  "FP32 vector 163.4 TFLOPS, HBM3 5.3 TB/s, 192 GB",
