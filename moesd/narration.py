@@ -354,9 +354,13 @@ def engine_range(engine: str, recommendation) -> str:
 def predict_notes(recommendation, tp: int, draft_tp: int) -> list:
     """Notes on the pair: vocabularies that differ, or a draft of the target's shape on GPUs of its own."""
     target_vocab, draft_vocab = recommendation.vocabularies
-    if recommendation.frame.attrs.get("draft_head"):
-        return [f"note: the draft is an EAGLE-3 head; its {draft_vocab}-token vocabulary maps onto the target's "
-                f"{target_vocab} tokens, and engines run it on the target's GPUs (--draft-tp {tp})"]
+    if recommendation.frame.attrs.get("draft_head"):  # its own vocabulary, by design: no tokenizer note
+        note = (f"note: the draft is an EAGLE-3 head; its {draft_vocab}-token vocabulary maps onto the target's "
+                f"{target_vocab} tokens")
+        if draft_tp < tp:
+            note += (f"; engines run it on the target's GPUs: --draft-tp {tp} times that, --draft-tp {draft_tp} "
+                     f"times it on {draft_tp} GPU(s)")
+        return [note]
     if target_vocab != draft_vocab:
         return [f"note: the vocabularies differ ({target_vocab} against {draft_vocab} tokens); SD needs a "
                 "draft that shares the target's tokenizer"]

@@ -76,7 +76,8 @@ class EngineProfile:
     extend_graphs : bool
         The extend pass replays a CUDA graph (else its kernels pay launch costs).
     expert_tile_rows : dict
-        Rows the grouped-GEMM kernel pads each expert's tokens to, per weight dtype (missing: no padding).
+        Rows the grouped-GEMM kernel pads each expert's tokens to, per weight dtype, as ``(rows while a pass's
+        tokens are at most the routed experts, rows above)`` (missing: no padding).
     expert_flops_fraction : dict
         Achieved fraction of the tensor peak in grouped expert GEMMs, per weight dtype, as a
         :class:`Cost` (missing: the hardware record's fraction).
@@ -137,15 +138,22 @@ _SGLANG_OVERLAP = ("LMSYS blog 'Accelerating SGLang with Multiple Token Predicti
 _DEEPGEMM_MASKED = ("deepseek-ai/DeepGEMM README (H800): masked grouped GEMM 4 groups x 256 rows, 932 and 815 "
                     "TFLOPS of the 1,979 fp8 dense peak (0.41-0.47); none published below 256 rows")
 _TILES = ("DeepGEMM deep_gemm/jit_kernels config: masked layout block_m 64 up to 64 expected rows; vLLM/SGLang "
-          "fused_moe get_default_config: bf16 BLOCK_SIZE_M 16 when tokens <= experts, fp8 block-quantised 64")
+          "fused_moe get_default_config: bf16 BLOCK_SIZE_M 16 when tokens <= experts, else 64; fp8 "
+          "block-quantised 64")
 _FLASH_MLA = ("deepseek-ai/FlashMLA README: the dense MLA decoding kernel reaches 3000 GB/s memory-bound (0.90 of "
               "the H800's 3350) and 660 TFLOPS compute-bound (0.67 of 989.5) on H800 SXM5 with CUDA 12.8; 580 TFLOPS "
               "(0.59) with CUDA 12.6; FlashMLA's figures taken for every GPU (no MI300X or B200 figure found)")
 _MLA = {"mla": (Cost(3000 / 3350, 3000 / 3350, 3000 / 3350, _FLASH_MLA), Cost(660 / 989.5, 580 / 989.5, 660 / 989.5,
                                                                             _FLASH_MLA))}
-_VLLM_DRAFTER = ("vllm-project/vllm issue #45258 (vLLM 0.22, Gemma-4 26B-A4B, gamma 3, concurrency 1): the "
-                 "drafter chain's sampling 2.1 ms for 3 steps, 0.7 ms each, with eager attention between "
-                 "piecewise graphs; vllm PR #21477: a full-graph drafter on par (low end 0)")
+_VLLM_DRAFTER = ("vllm-project/vllm issue #45258 (vLLM 0.22 on a GB10, sm_121; Gemma-4 26B-A4B, gamma 3, "
+                 "concurrency 1): sampling 2.1 ms and the whole drafter chain 4.9 ms for 3 steps, 0.7 and 1.6 ms "
+                 "a step, with eager attention between piecewise graphs; vllm PR #21477: a full-graph drafter on "
+                 "par (low end 0)")
+_KERNELS = dict(expert_tile_rows={"fp8": (64, 64), "bf16": (16, 64)}, tiles_source=_TILES, attention_fractions=_MLA,
+                expert_flops_fraction={"fp8": Cost(0.41, 0.41, 0.47, _DEEPGEMM_MASKED)})
+"""The kernels SGLang, vLLM and TensorRT-LLM share for MoE decoding: fused_moe or DeepGEMM, FlashMLA."""
+_GRAPHED_DRAFT = Cost(0.0, 0.0, 0.0, "draft steps replay CUDA graphs (sgl-project/sglang EAGLE draft CUDA graph "
+                      "runner)")
 
 ENGINES = {profile.name: profile for profile in [
     EngineProfile(
@@ -155,33 +163,25 @@ ENGINES = {profile.name: profile for profile in [
         "sglang", "SGLang 0.4-0.5 with EAGLE/MTP ('spec v1'): overlap scheduling in plain decoding only, "
         "draft steps and verification replayed from CUDA graphs, an eager draft-extend pass (graphed from "
         "PR #6606 on some attention backends)",
-        Cost(6.1e-3, 0.0, 6.1e-3, _SGLANG_OVERLAP),
-        Cost(0.0, 0.0, 0.0, "draft steps replay CUDA graphs (sgl-project/sglang EAGLE draft CUDA graph runner)"),
-        draft_extend=True, extend_graphs=False, expert_tile_rows={"fp8": 64, "bf16": 16}, tiles_source=_TILES, attention_fractions=_MLA,
-        expert_flops_fraction={"fp8": Cost(0.41, 0.41, 0.47, _DEEPGEMM_MASKED)}),
+        Cost(6.1e-3, 0.0, 6.1e-3, _SGLANG_OVERLAP), _GRAPHED_DRAFT, extend_graphs=False, **_KERNELS),
     EngineProfile(
         "sglang-no-overlap", "SGLang as 'sglang', run with --disable-overlap-schedule: plain decoding exposes its "
         "host time as SD rounds do, so SD rounds expose none beyond it",
-        Cost(0.0, 0.0, 0.0, "no overlap in either mode (--disable-overlap-schedule)"),
-        Cost(0.0, 0.0, 0.0, "draft steps replay CUDA graphs (sgl-project/sglang EAGLE draft CUDA graph runner)"),
-        draft_extend=True, extend_graphs=False, expert_tile_rows={"fp8": 64, "bf16": 16}, tiles_source=_TILES,
-        attention_fractions=_MLA, expert_flops_fraction={"fp8": Cost(0.41, 0.41, 0.47, _DEEPGEMM_MASKED)}),
+        Cost(0.0, 0.0, 0.0, "no overlap in either mode (--disable-overlap-schedule)"), _GRAPHED_DRAFT,
+        extend_graphs=False, **_KERNELS),
     EngineProfile(
         "vllm-v1", "vLLM V1 with EAGLE/MTP, async scheduling off (its default): the host's step cost in "
         "plain decoding and SD alike, the drafter's attention eager between piecewise graphs",
         Cost(0.0, 0.0, 0.0, "no overlap in either mode (async scheduling off by default)"),
-        Cost(0.7e-3, 0.0, 0.7e-3, _VLLM_DRAFTER),
-        draft_extend=True, extend_graphs=False, expert_tile_rows={"fp8": 64, "bf16": 16}, tiles_source=_TILES, attention_fractions=_MLA,
-        expert_flops_fraction={"fp8": Cost(0.41, 0.41, 0.47, _DEEPGEMM_MASKED)}),
+        Cost(0.7e-3, 0.0, 1.6e-3, _VLLM_DRAFTER), extend_graphs=False, **_KERNELS),
     EngineProfile(
         "tensorrt-llm", "TensorRT-LLM (PyTorch back end) with MTP: verification and drafting captured in "
         "one CUDA graph, overlap scheduler in both modes",
         Cost(0.0, 0.0, 0.27e-3, "TensorRT-LLM tech blog 2 (DeepSeek-R1 MTP, 8 B200): 'both the verification "
              "and draft stages can be captured in one graph'; the overlap scheduler 1.03x at minimum latency, "
              "3 % of tech blog 1's 9.0 ms step (111 tokens/s per user): 0.27 ms at most"),
-        Cost(0.0, 0.0, 0.0, "drafting inside the CUDA graph (TensorRT-LLM tech blog 2)"),
-        draft_extend=True, extend_graphs=True, expert_tile_rows={"fp8": 64, "bf16": 16}, tiles_source=_TILES, attention_fractions=_MLA,
-        expert_flops_fraction={"fp8": Cost(0.41, 0.41, 0.47, _DEEPGEMM_MASKED)}),
+        Cost(0.0, 0.0, 0.0, "drafting inside the CUDA graph (TensorRT-LLM tech blog 2)"), extend_graphs=True,
+        **_KERNELS),
 ]}
 """Engine presets by name; each constant's ``source`` cites where it comes from."""
 

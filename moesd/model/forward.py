@@ -28,8 +28,8 @@ import pandas as pd
 from moesd._checks import as_array
 from moesd.model.kernels import (KERNELS, Efficiency, achieved_rates, grouped_gemm_roofline, per_expert_seconds,
                                  per_kernel_seconds)
-from moesd.model.layout import (DTYPE_BYTES, activation_bytes, attention_per_gpu, check_dtype, check_parallelism,
-                                dense_dtype, kept_dtype, resolve_model)
+from moesd.model.layout import (DTYPE_BYTES, activation_bytes, attention_dtype, attention_per_gpu, check_dtype,
+                                check_parallelism, ffn_dtype, kept_dtype, resolve_model)
 from moesd.routing.loads import activated_experts
 from moesd.routing.traces import RoutingTrace
 from moesd.theory.experts import expected_active_experts, most_loaded_share
@@ -165,7 +165,10 @@ def _routed_experts(arch: Architecture, hardware: Hardware, active, tokens, K, t
     width = arch.expert_intermediate / (tp // ep)
     local = most_loaded_share(active, arch.num_experts, ep)  # the step waits for the most loaded GPU
     per_expert = tokens * K / np.maximum(active, 1e-12)
-    gemm_seconds = sum(grouped_gemm_roofline(hardware, local, per_expert, i, o, dtype, efficiency)
+    above = efficiency.expert_tile_rows_above
+    tile = efficiency.expert_tile_rows if above is None else np.where(tokens > arch.num_experts, above,
+                                                                      efficiency.expert_tile_rows)
+    gemm_seconds = sum(grouped_gemm_roofline(hardware, local, per_expert, i, o, dtype, efficiency, tile)
                        for i, o in ((d, 2 * width), (width, d)))
     fixed = ((2 + KERNELS["routed"]) * grouped_kernel_seconds if grouped_kernel_seconds is not None
              else np.ceil(local) * per_expert_seconds(efficiency, cuda_graphs))
@@ -277,6 +280,26 @@ def _kv_cache(arch: Architecture, B, tokens, context, kv_share: float, tp: int, 
     return np.maximum(kv_bytes / bandwidth, kv_flops / flops_rate), kv_bytes, kv_flops
 
 
+def _moe_layers(arch: Architecture, hardware: Hardware, gemm, split: int, dtype: str, B, s, K, tp: int, ep: int,
+                efficiency: Efficiency, routing, routing_model: str, grouped_kernel_seconds, cuda_graphs: bool) -> dict:
+    """Seconds, bytes and FLOPs per GPU of the MoE layers' router, shared experts and routed experts.
+
+    ``gemm`` prices a dense product over one GPU's tokens (:func:`step_time`'s); the router runs on every
+    GPU, the shared experts are split over ``split`` GPUs, the routed experts over ``tp`` (``ep`` of them
+    dealing whole experts).
+    """
+    d = arch.hidden_size
+    parts = {"router": gemm(arch.router_params, KERNELS["router"], arch.moe_layers, d, kept_dtype(dtype))}
+    if arch.shared_params:
+        kernels = KERNELS["shared"] + (KERNELS["shared_gate"] if arch.model_type == "qwen2_moe" else 0)
+        parts["shared_experts"] = gemm(arch.shared_params / split, kernels + KERNELS["moe_norm"], arch.moe_layers,
+                                       2 * d, ffn_dtype(dtype))
+    active = _active_experts(arch, B, s, K, routing, routing_model)  # (layers or 1, ...)
+    parts["routed_experts"] = _routed_experts(arch, hardware, active, s * B, K, tp, ep, dtype, efficiency,
+                                              grouped_kernel_seconds, cuda_graphs)
+    return parts
+
+
 def _attention_rates(hardware: Hardware, efficiency: Efficiency, bandwidth: float, flops_rate: float,
                      dtype: str) -> tuple[float, float]:
     """Bytes/s and FLOP/s of the decode attention kernel: ``Efficiency.attention_*_fraction`` of the data sheet's
@@ -336,7 +359,8 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
         expert-parallel degree (``ep`` divides ``tp``; with ``dp_attention`` 1 or ``tp``, taken as ``tp``).
     dtype : {"bf16", "fp8", "fp32", "w4a8", "mxfp4", "nvfp4"}
         Weight dtype; the 4-bit ones quantise the routed experts only
-        (:func:`~moesd.model.layout.dense_dtype` gives the other weights').
+        (:func:`~moesd.model.layout.attention_dtype` and :func:`~moesd.model.layout.ffn_dtype` give
+        the other weights').
     routing : array_like, callable or RoutingTrace, optional
         Expert popularity, shape ``(E,)`` or ``(moe_layers, E)``, each row summing to ``K`` (uses
         :func:`moesd.theory.experts.expected_active_experts_from_popularity`); a function of the token
@@ -383,20 +407,20 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     # the GPUs the weights besides the routed experts are split over, and one GPU's sequences and tokens
     split, seqs = (1, -(-B // tp)) if dp_attention else (tp, B)
     local = s * seqs
-    bandwidth, flops_rate = achieved_rates(hardware, dense_dtype(dtype), efficiency)
-    w_bytes, a_bytes = DTYPE_BYTES[dense_dtype(dtype)], activation_bytes(dtype)
+    a_bytes = activation_bytes(dtype)
     # fp8 checkpoints (DeepSeek-V3's, vLLM's fp8 quantisation) keep the router, the embeddings, the LM head
     # and the norms in bf16, and attention over the bf16 KV cache runs at the bf16 rate
     kept = kept_dtype(dtype)
-    kept_bytes, kept_rate = DTYPE_BYTES[kept], achieved_rates(hardware, kept, efficiency)[1]
+    bandwidth = achieved_rates(hardware, kept, efficiency)[0]
     per_kernel = per_kernel_seconds(efficiency, cuda_graphs)
     d = arch.hidden_size
 
-    def gemm(params, kernels, layers, in_out, bytes_per_weight=w_bytes, rate=flops_rate):
+    def gemm(params, kernels, layers, in_out, weights_dtype):
         """Roofline of ``layers`` matrix products of ``params`` weights per GPU over the GPU's tokens."""
-        weight_bytes = params * bytes_per_weight
+        weight_bytes = params * DTYPE_BYTES[weights_dtype]
         activation = local * in_out * a_bytes
         flops = 2.0 * params * local
+        rate = achieved_rates(hardware, weights_dtype, efficiency)[1]
         seconds = np.maximum((weight_bytes + activation) / bandwidth, flops / rate) + kernels * per_kernel
         return layers * seconds, layers * (weight_bytes + activation), layers * flops
 
@@ -404,36 +428,27 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
 
     attention_params, kv_share = attention_per_gpu(arch, split)
     seconds["attention"], traffic["attention"], flops["attention"] = gemm(
-        attention_params, KERNELS[arch.attention], arch.num_layers, 2 * d)
+        attention_params, KERNELS[arch.attention], arch.num_layers, 2 * d, attention_dtype(dtype))
 
     seconds["kv_cache"], traffic["kv_cache"], flops["kv_cache"] = _kv_cache(
-        arch, seqs, local, context, kv_share, split, a_bytes, *_attention_rates(hardware, efficiency, bandwidth,
-                                                                                kept_rate, kept))
+        arch, seqs, local, context, kv_share, split, a_bytes, *_attention_rates(
+            hardware, efficiency, bandwidth, achieved_rates(hardware, kept, efficiency)[1], kept))
 
-    # Mixture-of-experts layers.
     zero = np.zeros_like(tokens)
-    for name in ("router", "shared_experts", "routed_experts"):
+    for name in ("router", "shared_experts", "routed_experts", "dense_ffn"):
         seconds[name], traffic[name], flops[name] = zero, zero, zero
     if arch.moe_layers:
-        seconds["router"], traffic["router"], flops["router"] = gemm(
-            arch.router_params, KERNELS["router"], arch.moe_layers, d, kept_bytes, kept_rate)  # on every GPU
-        if arch.shared_params:
-            kernels = KERNELS["shared"] + (KERNELS["shared_gate"] if arch.model_type == "qwen2_moe" else 0)
-            seconds["shared_experts"], traffic["shared_experts"], flops["shared_experts"] = gemm(
-                arch.shared_params / split, kernels + KERNELS["moe_norm"], arch.moe_layers, 2 * d)
-        active = _active_experts(arch, B, s, K, routing, routing_model)  # (layers or 1, ...)
-        seconds["routed_experts"], traffic["routed_experts"], flops["routed_experts"] = _routed_experts(
-            arch, hardware, active, tokens, K, tp, ep, dtype, efficiency, per_kernel if grouped_experts
-            else None, cuda_graphs)
-
-    seconds["dense_ffn"], traffic["dense_ffn"], flops["dense_ffn"] = (zero, zero, zero)
+        moe = _moe_layers(arch, hardware, gemm, split, dtype, B, s, K, tp, ep, efficiency, routing, routing_model,
+                          per_kernel if grouped_experts else None, cuda_graphs)
+        for name, (time, moved, work) in moe.items():
+            seconds[name], traffic[name], flops[name] = time, moved, work
     if arch.dense_layers:
         seconds["dense_ffn"], traffic["dense_ffn"], flops["dense_ffn"] = gemm(
-            arch.dense_ffn_params / split, KERNELS["dense_ffn"], arch.dense_layers, 2 * d)
+            arch.dense_ffn_params / split, KERNELS["dense_ffn"], arch.dense_layers, 2 * d, ffn_dtype(dtype))
 
     # LM head over every new token (vocabulary split over tp, unless dp_attention).
     seconds["lm_head"], traffic["lm_head"], flops["lm_head"] = gemm(
-        arch.head_params / split, KERNELS["head"], 1, d + arch.vocab_size / split, kept_bytes, kept_rate)
+        arch.head_params / split, KERNELS["head"], 1, d + arch.vocab_size / split, kept)
 
     latency = (hardware.interconnect_latency if efficiency.collective_seconds is None
                else efficiency.collective_seconds)
@@ -443,7 +458,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     flops["communication"] = zero
 
     # Per pass: the engine's own step, the embedding lookup and the norms' weights.
-    norms = (arch.num_layers * arch.norm_params + arch.final_norm_params) * kept_bytes
+    norms = (arch.num_layers * arch.norm_params + arch.final_norm_params) * DTYPE_BYTES[kept]
     traffic["fixed"] = norms + local * d * a_bytes
     seconds["fixed"] = efficiency.step_seconds + traffic["fixed"] / bandwidth + per_kernel
     flops["fixed"] = zero

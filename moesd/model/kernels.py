@@ -58,7 +58,12 @@ class Efficiency:
         in the serving engine), seconds. Default 0: the model times the device's work only.
     expert_tile_rows : int
         Rows a grouped-GEMM kernel pads each expert's tokens to (its tile, ``BLOCK_M``): an expert with
-        ``t`` tokens costs the FLOPs of ``ceil(t / tile) x tile`` rows. Default 1: no padding.
+        ``t`` tokens costs the FLOPs of ``ceil(t / tile) x tile`` rows. Default 1: no padding. Applied to the
+        mean tokens per expert (``t K / N``), an approximation: the tokens of single experts scatter around
+        the mean, and a tile boundary inside that scatter is priced as a step.
+    expert_tile_rows_above : int or None
+        The tile when a pass's tokens exceed the routed experts (Triton fused_moe's default configuration
+        switches there); None: ``expert_tile_rows`` throughout.
     expert_flops_fraction : float or None
         Achieved fraction of the tensor peak in the routed experts' grouped GEMMs, which reach less
         than a large dense GEMM at tens of tokens per expert; None: ``flops_fraction``'s.
@@ -78,14 +83,17 @@ class Efficiency:
     step_seconds: float = 0.0
     expert_seconds: float | None = None
     expert_tile_rows: int = 1
+    expert_tile_rows_above: int | None = None
     expert_flops_fraction: float | None = None
     collective_seconds: float | None = None
     attention_bandwidth_fraction: float | None = None
     attention_flops_fraction: float | None = None
 
     def __post_init__(self):
-        if not (isinstance(self.expert_tile_rows, (int, np.integer)) and 1 <= self.expert_tile_rows <= 4096):
-            raise ValueError(f"expert_tile_rows must be a whole number in [1, 4096], got {self.expert_tile_rows!r}")
+        for name in ("expert_tile_rows", "expert_tile_rows_above"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, np.integer)) and 1 <= value <= 4096):
+                raise ValueError(f"{name} must be a whole number in [1, 4096], got {value!r}")
         for name in ("bandwidth_fraction", "flops_fraction", "expert_flops_fraction", "attention_bandwidth_fraction",
                      "attention_flops_fraction"):
             value = getattr(self, name)
@@ -190,18 +198,19 @@ def expert_gemm_time(hardware, experts, tokens_per_expert, in_features, out_feat
     return grouped_gemm_roofline(hardware, experts, tokens, in_features, out_features, dtype, efficiency) + fixed
 
 
-def grouped_gemm_roofline(hardware, experts, tokens, in_features, out_features, dtype, efficiency):
+def grouped_gemm_roofline(hardware, experts, tokens, in_features, out_features, dtype, efficiency, tile_rows=None):
     """The roofline part of :func:`expert_gemm_time` in seconds, without its fixed cost or input checks.
 
     Widths may be fractional (an expert's intermediate size split over tensor-parallel GPUs); ``experts``
     and ``tokens`` (tokens per expert) broadcast; ``dtype`` must already be a key of
-    :data:`~moesd.model.layout.DTYPE_BYTES`.
+    :data:`~moesd.model.layout.DTYPE_BYTES`; ``tile_rows`` (broadcast with them) replaces
+    ``efficiency.expert_tile_rows``.
     """
     bandwidth, flops_rate = achieved_rates(hardware, dtype, efficiency)
     if efficiency.expert_flops_fraction is not None:
         flops_rate *= efficiency.expert_flops_fraction / (efficiency.flops_fraction or hardware.flops_fraction)
-    tile = efficiency.expert_tile_rows
-    rows = np.ceil(np.asarray(tokens) / tile - 1e-9) * tile if tile > 1 else tokens  # padded to whole tiles
+    tile = np.asarray(efficiency.expert_tile_rows if tile_rows is None else tile_rows)
+    rows = np.ceil(np.asarray(tokens) / tile - 1e-9) * tile if (tile > 1).any() else tokens  # padded to whole tiles
     weights = experts * in_features * out_features * DTYPE_BYTES[dtype]
     activations = experts * tokens * (in_features + out_features) * activation_bytes(dtype)
     flops = 2.0 * experts * rows * in_features * out_features

@@ -23,16 +23,20 @@ from moesd.theory.roofline import Hardware, hardware_record
 from moesd.architecture import Architecture
 from moesd.zoo import DRAFT_HEADS, MODELS, ModelSpec, get_model
 
-__all__ = ["DTYPE_BYTES", "check_dtype", "dense_dtype", "kept_dtype", "activation_bytes", "resolve_model", "hardware_record",
+__all__ = ["DTYPE_BYTES", "check_dtype", "attention_dtype", "ffn_dtype", "kept_dtype", "activation_bytes", "resolve_model", "hardware_record",
            "one_layer_draft", "eagle3_head", "attention_per_gpu", "weights_per_gpu", "check_parallelism", "tensor_parallel_sizes"]
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1, "w4a8": 0.5 + 2 / 128, "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
 """Bytes per weight of each supported weight dtype, block scales included: W4A8, 4-bit integers with a bf16
 scale per 128 weights, multiplied as fp8; MXFP4 (OCP microscaling), 4-bit floats with an 8-bit scale per 32;
 NVFP4, 4-bit floats with an fp8 scale per 16."""
-_ROUTED_ONLY = {"w4a8": "fp8", "mxfp4": "bf16", "nvfp4": "bf16"}
-"""The 4-bit dtypes quantise the routed experts only; the other weights keep this dtype (gpt-oss's MXFP4
-checkpoint keeps attention in bf16, DeepSeek-R1's W4AFP8 checkpoint the rest in fp8)."""
+_OTHER_WEIGHTS = {"w4a8": ("fp8", "fp8"), "mxfp4": ("bf16", "bf16"), "nvfp4": ("bf16", "nvfp4")}
+"""The 4-bit dtypes quantise the routed experts; ``(attention, other FFNs)`` keep these dtypes: DeepSeek-R1's
+W4AFP8 checkpoint keeps the rest in fp8, gpt-oss's MXFP4 checkpoint keeps attention in bf16 (it has no other
+FFNs), and DeepSeek-R1's NVFP4 deployment on B200 keeps attention in bf16 and its dense and shared FFNs in
+NVFP4 (TensorRT-LLM tech blog 1)."""
+
+
 _DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float8_e4m3fn": "fp8"}
 """torch's names of the weight dtypes (as sweep sidecars record them)."""
 
@@ -52,9 +56,14 @@ def check_dtype(dtype: str) -> str:
     return dtype
 
 
-def dense_dtype(dtype: str) -> str:
-    """The dtype of the weights besides the routed experts (attention, shared experts, dense FFNs) under ``dtype``."""
-    return _ROUTED_ONLY.get(dtype, dtype)
+def attention_dtype(dtype: str) -> str:
+    """The dtype of the attention projections under weight dtype ``dtype``."""
+    return _OTHER_WEIGHTS.get(dtype, (dtype, dtype))[0]
+
+
+def ffn_dtype(dtype: str) -> str:
+    """The dtype of the FFNs besides the routed experts (shared experts, dense FFNs) under ``dtype``."""
+    return _OTHER_WEIGHTS.get(dtype, (dtype, dtype))[1]
 
 
 def kept_dtype(dtype: str) -> str:
@@ -152,12 +161,12 @@ def weights_per_gpu(model, dtype="bf16", tp=1, dp_attention=False) -> float:
     split_over = 1 if dp_attention else tp  # the GPUs the weights besides the routed experts are split over
     attention, _ = attention_per_gpu(arch, split_over)
     routed = arch.moe_layers * arch.num_experts * arch.expert_params / tp
-    split = (arch.moe_layers * arch.shared_params + arch.dense_layers * arch.dense_ffn_params) / split_over
+    ffns = (arch.moe_layers * arch.shared_params + arch.dense_layers * arch.dense_ffn_params) / split_over
     vocabulary = (arch.embedding_params + (0 if arch.tied_embeddings else arch.head_params)) / split_over
     kept = arch.moe_layers * arch.router_params + vocabulary + arch.num_layers * arch.norm_params \
         + arch.final_norm_params
-    return (routed * DTYPE_BYTES[dtype] + (arch.num_layers * attention + split) * DTYPE_BYTES[dense_dtype(dtype)]
-            + kept * DTYPE_BYTES[kept_dtype(dtype)])
+    return (routed * DTYPE_BYTES[dtype] + arch.num_layers * attention * DTYPE_BYTES[attention_dtype(dtype)]
+            + ffns * DTYPE_BYTES[ffn_dtype(dtype)] + kept * DTYPE_BYTES[kept_dtype(dtype)])
 
 
 def check_parallelism(arch: Architecture, hardware: Hardware, tp, ep, dp_attention=False) -> tuple[int, int]:

@@ -29,7 +29,7 @@ from moesd._checks import as_array
 from moesd.model.engine import engine_profile
 from moesd.model.forward import step_time
 from moesd.model.kernels import Efficiency, rejection_time
-from moesd.model.layout import resolve_model, weights_per_gpu
+from moesd.model.layout import check_dtype, resolve_model, weights_per_gpu
 from moesd.theory.acceptance import position_acceptance, tokens_per_round
 from moesd.theory.speedup import sigma as emitted_fraction
 from moesd.theory.speedup import speedup_terms
@@ -203,9 +203,12 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
     target_arch, draft_arch = resolve_model(target), resolve_model(draft)
     hardware = hardware_record(hardware)
     draft_hardware = hardware_record(draft_hardware) if draft_hardware is not None else hardware
-    draft_dtype = dtype if draft_dtype is None else draft_dtype
+    dtype = check_dtype(dtype)
+    draft_dtype = dtype if draft_dtype is None else check_dtype(draft_dtype)
     if (sigma is None) == (alpha is None):
         raise ValueError("sigma: give either sigma or alpha (not both)")
+    if alpha is None and alpha_decay != 1:
+        raise ValueError("alpha_decay: a decay applies to alpha, not to sigma")
     axes = dict(batch_size=as_array("batch_size", batch_size, low=1, whole=True),
                 gamma=as_array("gamma", gamma, low=1, whole=True))
     if alpha is None:
@@ -223,34 +226,44 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
         efficiency = _engine_efficiency(profile, efficiency, dtype, target_arch.attention)
         draft_efficiency = _engine_efficiency(profile, draft_efficiency, draft_dtype, draft_arch.attention)
     k = grid.get("num_experts_per_tok")
-    common = dict(routing=routing, routing_model=routing_model, cuda_graphs=cuda_graphs, efficiency=efficiency,
+    common = dict(routing=routing, routing_model=routing_model, efficiency=efficiency,
                   grouped_experts=grouped_experts, dp_attention=dp_attention)
+    # a MoE draft on the target's GPUs (an MTP head) runs data-parallel as the target does
+    draft_dp = dp_attention and draft_tp == tp and bool(draft_arch.num_experts)
+
+    def target_pass(tokens, batch, context, top_k=None):
+        """Seconds of one target pass of ``tokens`` new tokens per sequence."""
+        return step_time(target_arch, hardware, tokens, batch, context, tp, ep, dtype, top_k=top_k,
+                         cuda_graphs=cuda_graphs, **common).total
+
+    def draft_pass(tokens, batch, context, graphs=cuda_graphs):
+        """Seconds of one draft pass of ``tokens`` new tokens per sequence."""
+        try:
+            return step_time(draft_arch, draft_hardware, tokens, batch, context, draft_tp,
+                             draft_tp if draft_dp else 1, draft_dtype, cuda_graphs=graphs,
+                             efficiency=draft_efficiency or efficiency, grouped_experts=grouped_experts,
+                             dp_attention=draft_dp).total
+        except ValueError as error:  # the draft's parallelism is draft_tp's
+            message = str(error)
+            raise ValueError("draft_" + message if message.startswith("tp") else message) from None
+
     verify = (np.full_like(grid["gamma"], tree_tokens) if tree_tokens is not None
               else grid["gamma"] + (1 if verify_tokens == "gamma+1" else 0))
     # Time each distinct (B, s, context, K) once: sigma does not change a step.
     key = np.stack([grid["batch_size"], grid["context"], k if k is not None else np.zeros_like(grid["gamma"])])
     unique, inverse = np.unique(key, axis=1, return_inverse=True)
     inverse = inverse.ravel()
-    kk = unique[2] if k is not None else None
-    t1 = step_time(target_arch, hardware, 1, unique[0], unique[1], tp, ep, dtype, top_k=kk, **common).total
-    try:
-        draft_step = step_time(draft_arch, draft_hardware, draft_topk, unique[0], unique[1], draft_tp, 1, draft_dtype,
-                               cuda_graphs=cuda_graphs, efficiency=draft_efficiency or efficiency,
-                               grouped_experts=grouped_experts).total
-    except ValueError as error:  # the draft's parallelism is draft_tp's
-        message = str(error)
-        raise ValueError("draft_" + message if message.startswith("tp") else message) from None
-    t_verify = step_time(target_arch, hardware, verify, grid["batch_size"], grid["context"], tp, ep, dtype,
-                         top_k=k, **common).total
+    t1 = target_pass(1, unique[0], unique[1], unique[2] if k is not None else None)[inverse]
+    draft_step = draft_pass(draft_topk, unique[0], unique[1])[inverse]
+    t_verify = target_pass(verify, grid["batch_size"], grid["context"], k)
     t_reject = rejection_time(hardware, grid["batch_size"], grid["gamma"], target_arch.vocab_size, efficiency,
                               cuda_graphs)
-    t1, draft_step = t1[inverse], draft_step[inverse]
     engine_columns = {}
     if profile is not None or step_seconds is not None:
-        engine_columns = _engine_round(profile or engine_profile("device"), step_seconds, target_arch, draft_arch,
-                                       hardware, draft_hardware, grid, t1, draft_step, tp, ep, draft_tp, dtype,
-                                       draft_dtype, efficiency, draft_efficiency, cuda_graphs, grouped_experts,
-                                       dp_attention, step_batch_size)
+        head = draft_arch.num_layers == 1 and draft_arch.hidden_size == target_arch.hidden_size
+        engine_columns = _engine_round(profile or engine_profile("device"), grid, t1, draft_step,
+                                       target_arch.num_layers, draft_arch.num_layers, head, target_pass, draft_pass,
+                                       step_seconds, step_batch_size)
         t1, t_verify = t1 + engine_columns["fixed_seconds"], t_verify + engine_columns.pop("verify_extra")
         draft_step = engine_columns.pop("draft_per_token")
     terms = speedup_terms(grid["sigma"], grid["gamma"], t1, t_verify, draft_step, t_reject)
@@ -282,41 +295,58 @@ def _engine_efficiency(profile, efficiency: Efficiency | None, dtype: str, atten
     attention kernel's fractions for the ``attention`` kind."""
     fraction = profile.expert_flops_fraction.get(dtype)
     bandwidth, flops = profile.attention_fractions.get(attention, (None, None))
-    return dataclasses.replace(efficiency or Efficiency(), expert_tile_rows=profile.expert_tile_rows.get(dtype, 1),
+    rows, above = profile.expert_tile_rows.get(dtype, (1, None))
+    return dataclasses.replace(efficiency or Efficiency(), expert_tile_rows=rows, expert_tile_rows_above=above,
                                expert_flops_fraction=None if fraction is None else fraction.value,
                                attention_bandwidth_fraction=None if bandwidth is None else bandwidth.value,
                                attention_flops_fraction=None if flops is None else flops.value)
 
 
-def _engine_round(profile, step_seconds, target, draft, hardware, draft_hardware, grid, t1, draft_step, tp, ep,
-                  draft_tp, dtype, draft_dtype, efficiency, draft_efficiency, cuda_graphs, grouped_experts,
-                  dp_attention=False, step_batch_size=1) -> dict:
-    """Seconds an engine adds to the round (see :func:`predict_sd`'s ``engine`` and ``step_seconds``).
+def _engine_round(profile, grid: dict, t1, draft_step, target_layers: int, draft_layers: int, head: bool,
+                  target_pass, draft_pass, step_seconds=None, step_batch_size=1) -> dict:
+    """Seconds an engine adds to a round (see :func:`predict_sd`'s ``engine`` and ``step_seconds``).
 
-    Returns the columns ``fixed_seconds`` (per target pass), ``exposed_host_seconds`` (per round),
-    ``t_draft_extend``, and ``verify_extra`` (what verification adds) and ``draft_per_token`` (the round's
-    drafting over ``gamma``), seconds per row.
+    Parameters
+    ----------
+    profile : EngineProfile
+        The engine.
+    grid : dict
+        :func:`predict_sd`'s rows (``batch_size``, ``gamma``, ``context``, ``num_experts_per_tok`` if given).
+    t1, draft_step : numpy.ndarray
+        The target's plain step and one draft step per row, from the GPUs' work, seconds.
+    target_layers, draft_layers : int
+        Decoder layers of target and draft, over which a fixed cost per pass is spread.
+    head : bool
+        The draft is a head of the target's width (one layer), which engines run with an extend pass.
+    target_pass, draft_pass : callable
+        ``(tokens per sequence, batch size, context[, top_k or graphs])`` to seconds of one pass.
+    step_seconds : float, optional
+        A measured plain step at ``step_batch_size`` sequences, seconds.
+
+    Returns
+    -------
+    dict
+        Per row, seconds: ``fixed_seconds`` (per target pass), ``exposed_host_seconds`` (per round: the
+        profile's, at most the plain step it is hidden behind), ``t_draft_extend``, ``verify_extra`` (what
+        verification adds) and ``draft_per_token`` (the round's drafting over ``gamma``).
     """
     B, gamma, context = grid["batch_size"], grid["gamma"], grid["context"]
     fixed = np.zeros(B.shape)
     if step_seconds is not None:
         measured = float(as_array("step_seconds", step_seconds, low=0, low_open=True))
         anchor = int(as_array("step_batch_size", step_batch_size, low=1, whole=True))
-        alone = step_time(target, hardware, 1, anchor, context, tp, ep, dtype, efficiency=efficiency,
-                          cuda_graphs=cuda_graphs, grouped_experts=grouped_experts, dp_attention=dp_attention).total
+        alone = target_pass(1, anchor, context, grid.get("num_experts_per_tok"))
         if (alone > measured).any():
             raise ValueError(f"step_seconds must be at least the predicted step at batch size {anchor}, "
                              f"{float(alone.max()) * 1e3:.3g} ms, got {measured * 1e3:.3g} ms")
         fixed = measured - alone
-    per_layer = fixed / target.num_layers
-    draft_fixed = per_layer * draft.num_layers + profile.draft_host_seconds.value
-    exposed = np.full(B.shape, profile.exposed_host_seconds.value)
-    head = profile.draft_extend and draft.num_layers == 1 and draft.hidden_size == target.hidden_size
+    draft_fixed = fixed / target_layers * draft_layers + profile.draft_host_seconds.value
+    # overlap scheduling hides host time behind the GPU's step: never more than the plain step itself
+    exposed = np.minimum(profile.exposed_host_seconds.value, t1 + fixed)
     extend = np.zeros(B.shape)
+    head = head and profile.draft_extend
     if head:
-        extend = step_time(draft, draft_hardware, gamma + 1, B, context, draft_tp, 1, draft_dtype,
-                           efficiency=draft_efficiency, cuda_graphs=profile.extend_graphs,
-                           grouped_experts=grouped_experts).total + draft_fixed
+        extend = draft_pass(gamma + 1, B, context, profile.extend_graphs) + draft_fixed
     drafting = extend + (gamma - head) * (draft_step + draft_fixed)
     return {"fixed_seconds": fixed, "exposed_host_seconds": exposed, "t_draft_extend": extend,
             "verify_extra": fixed + exposed, "draft_per_token": drafting / gamma}

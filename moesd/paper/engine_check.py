@@ -27,6 +27,8 @@ from moesd.paper.tables import DATA_DIR
 __all__ = ["VARIANTS", "published_speedups", "EngineCheck", "check_engines"]
 
 _NONE = Cost(0.0, 0.0, 0.0, "left out")
+_SETUP = ["source", "model", "draft", "hardware", "tp", "gamma", "draft_topk", "verify_tokens"]
+"""The columns one setup shares across batch sizes (a trend is judged within one setup)."""
 
 VARIANTS = {
     "device": "the GPUs' work only (the predictor before engine profiles)",
@@ -83,12 +85,15 @@ class EngineCheck:
     scores : pandas.DataFrame
         One row per variant: ``mape`` (mean absolute percentage error of the speedup, %), ``signs_right``
         and ``points`` (points where predicted and published speedup fall on the same side of 1, of all),
-        ``trends_right`` and ``trends`` (sources with several batch sizes whose speedup changes from the
-        smallest to the largest batch size in the published direction, of all such sources).
+        ``trends_right`` and ``trends`` (setups published at several batch sizes whose speedup changes from
+        the smallest to the largest batch size in the published direction, of all such setups).
+    by_source : pandas.DataFrame
+        The MAPE (%) of each variant (columns) over each source's points (rows).
     """
 
     points: pd.DataFrame
     scores: pd.DataFrame
+    by_source: pd.DataFrame
 
 
 def check_engines(points: pd.DataFrame | None = None) -> EngineCheck:
@@ -101,8 +106,10 @@ def check_engines(points: pd.DataFrame | None = None) -> EngineCheck:
     for variant in VARIANTS:
         predicted, published = points[variant].to_numpy(), points["speedup"].to_numpy()
         trends = [np.sign(np.diff(group.sort_values("batch_size")[[variant, "speedup"]].iloc[[0, -1]].to_numpy(),
-                                  axis=0)) for _, group in points.groupby("source") if group.batch_size.nunique() > 1]
+                                  axis=0)) for _, group in points.groupby(_SETUP) if group.batch_size.nunique() > 1]
         scores.append({"variant": variant, "mape": float(np.mean(np.abs(predicted / published - 1)) * 100),
                        "signs_right": int(((predicted > 1) == (published > 1)).sum()), "points": len(points),
                        "trends_right": sum(int(t[0, 0] == t[0, 1]) for t in trends), "trends": len(trends)})
-    return EngineCheck(points, pd.DataFrame(scores))
+    errors = pd.DataFrame({variant: (points[variant] / points["speedup"] - 1).abs() * 100 for variant in VARIANTS})
+    by_source = errors.groupby(points["source"], sort=False).mean()
+    return EngineCheck(points, pd.DataFrame(scores), by_source)
