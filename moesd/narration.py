@@ -354,7 +354,7 @@ def engine_range(engine: str, recommendation) -> str:
 def predict_notes(recommendation, tp: int, draft_tp: int) -> list:
     """Notes on the pair: vocabularies that differ, or a draft of the target's shape on GPUs of its own."""
     target_vocab, draft_vocab = recommendation.vocabularies
-    if recommendation.frame.attrs.get("draft_head"):  # its own vocabulary, by design: no tokenizer note
+    if recommendation.draft_head:  # its own vocabulary, by design: no tokenizer note
         note = (f"note: the draft is an EAGLE-3 head; its {draft_vocab}-token vocabulary maps onto the target's "
                 f"{target_vocab} tokens")
         if draft_tp < tp:

@@ -244,6 +244,19 @@ def test_a_tree_scores_its_tokens_and_drafts_topk_per_step():
         predict_sd("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", 4, 4, sigma=0.5, draft_topk=0)
 
 
+def test_check_engines_names_the_wrong_signs_and_the_best_draft_lengths():
+    check = check_engines()
+    points = check.points.set_index("point")
+    for point in check.wrong_sign:
+        assert (points.loc[point, "anchored"] > 1) != (points.loc[point, "speedup"] > 1)
+    np.testing.assert_allclose(points["error"], points["anchored"] / points["speedup"] - 1)
+    for row in check.gamma_peaks.itertuples():
+        rows = check.points[(check.points["source"] == row.source) & (check.points["batch_size"] == row.batch_size)
+                            & (check.points["draft_topk"] == 1)]
+        assert rows.loc[rows["speedup"].idxmax(), "gamma"] == row.published
+        assert rows.loc[rows["anchored"].idxmax(), "gamma"] == row.anchored
+
+
 def _predict(*extra):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -27,7 +27,7 @@ import pandas as pd
 
 from moesd._checks import as_array
 from moesd.model.kernels import (KERNELS, Efficiency, achieved_rates, grouped_gemm_roofline, per_expert_seconds,
-                                 per_kernel_seconds)
+                                 per_kernel_seconds, tensor_peak)
 from moesd.model.layout import (DTYPE_BYTES, activation_bytes, attention_dtype, attention_per_gpu, check_dtype,
                                 check_parallelism, ffn_dtype, kept_dtype, resolve_model)
 from moesd.routing.loads import activated_experts
@@ -307,8 +307,7 @@ def _attention_rates(hardware: Hardware, efficiency: Efficiency, bandwidth: floa
     if efficiency.attention_bandwidth_fraction is not None:
         bandwidth = hardware.memory_bandwidth * efficiency.attention_bandwidth_fraction
     if efficiency.attention_flops_fraction is not None:
-        peak = achieved_rates(hardware, dtype, Efficiency(flops_fraction=1.0))[1]
-        flops_rate = peak * efficiency.attention_flops_fraction
+        flops_rate = tensor_peak(hardware, dtype) * efficiency.attention_flops_fraction
     return bandwidth, flops_rate
 
 

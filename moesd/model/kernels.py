@@ -20,7 +20,7 @@ from moesd._checks import as_array
 from moesd.model.layout import DTYPE_BYTES, activation_bytes, check_dtype
 from moesd.theory.roofline import Hardware, hardware_record
 
-__all__ = ["KERNELS", "Efficiency", "achieved_rates", "per_kernel_seconds", "per_expert_seconds",
+__all__ = ["KERNELS", "Efficiency", "tensor_peak", "achieved_rates", "per_kernel_seconds", "per_expert_seconds",
            "expert_gemm_time", "grouped_gemm_roofline", "rejection_time"]
 
 #: Kernels per block as inference engines fuse them, each adding ``Efficiency.kernel_seconds``: GQA attention
@@ -105,6 +105,24 @@ class Efficiency:
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
 
 
+def tensor_peak(hardware: Hardware, dtype: str) -> float:
+    """The data sheet's tensor throughput of ``hardware`` for weights of ``dtype`` (FLOP/s).
+
+    fp8 and W4A8 run at the fp8 peak, MXFP4 and NVFP4 at the fp4 peak, each at the bf16 peak on devices
+    without those tensor cores; fp32 at the fp32 peak (a ValueError where the record has none).
+    """
+    dtype = check_dtype(dtype)
+    if dtype == "fp32":
+        if hardware.fp32_flops is None:
+            raise ValueError(f"dtype 'fp32': hardware {hardware.name} has no fp32 peak on record")
+        return hardware.fp32_flops
+    if dtype in ("fp8", "w4a8"):
+        return hardware.fp8_flops or hardware.peak_flops  # no fp8 tensor cores: multiplied at bf16 rate
+    if dtype in ("mxfp4", "nvfp4"):
+        return hardware.fp4_flops or hardware.peak_flops  # no fp4 tensor cores: dequantised to bf16
+    return hardware.peak_flops
+
+
 def achieved_rates(hardware: Hardware, dtype: str, efficiency: Efficiency) -> tuple[float, float]:
     """Achieved memory bandwidth and tensor throughput of ``hardware`` for weights of ``dtype``.
 
@@ -113,8 +131,7 @@ def achieved_rates(hardware: Hardware, dtype: str, efficiency: Efficiency) -> tu
     hardware : Hardware
         The device record.
     dtype : {"bf16", "fp8", "fp32", "w4a8", "mxfp4", "nvfp4"}
-        Weight dtype (torch's names accepted); fp8 and W4A8 run at the fp8 peak, MXFP4 and NVFP4 at the fp4
-        peak, each at the bf16 peak on devices without those tensor cores.
+        Weight dtype (torch's names accepted); its peak is :func:`tensor_peak`'s.
     efficiency : Efficiency
         Achieved fractions (None takes the hardware record's).
 
@@ -123,20 +140,9 @@ def achieved_rates(hardware: Hardware, dtype: str, efficiency: Efficiency) -> tu
     tuple of float
         ``(bytes/s, FLOP/s)``.
     """
-    dtype = check_dtype(dtype)
-    if dtype == "fp32":
-        if hardware.fp32_flops is None:
-            raise ValueError(f"dtype 'fp32': hardware {hardware.name} has no fp32 peak on record")
-        peak = hardware.fp32_flops
-    elif dtype in ("fp8", "w4a8"):
-        peak = hardware.fp8_flops or hardware.peak_flops  # no fp8 tensor cores: multiplied at bf16 rate
-    elif dtype in ("mxfp4", "nvfp4"):
-        peak = hardware.fp4_flops or hardware.peak_flops  # no fp4 tensor cores: dequantised to bf16
-    else:
-        peak = hardware.peak_flops
     bandwidth = efficiency.bandwidth_fraction or hardware.bandwidth_fraction
     flops = efficiency.flops_fraction or hardware.flops_fraction
-    return hardware.memory_bandwidth * bandwidth, peak * flops
+    return hardware.memory_bandwidth * bandwidth, tensor_peak(hardware, dtype) * flops
 
 
 def per_kernel_seconds(efficiency: Efficiency, cuda_graphs: bool) -> float:
@@ -208,7 +214,7 @@ def grouped_gemm_roofline(hardware, experts, tokens, in_features, out_features, 
     """
     bandwidth, flops_rate = achieved_rates(hardware, dtype, efficiency)
     if efficiency.expert_flops_fraction is not None:
-        flops_rate *= efficiency.expert_flops_fraction / (efficiency.flops_fraction or hardware.flops_fraction)
+        flops_rate = tensor_peak(hardware, dtype) * efficiency.expert_flops_fraction
     tile = np.asarray(efficiency.expert_tile_rows if tile_rows is None else tile_rows)
     rows = np.ceil(np.asarray(tokens) / tile - 1e-9) * tile if (tile > 1).any() else tokens  # padded to whole tiles
     weights = experts * in_features * out_features * DTYPE_BYTES[dtype]

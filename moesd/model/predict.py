@@ -34,7 +34,6 @@ from moesd.theory.acceptance import position_acceptance, tokens_per_round
 from moesd.theory.speedup import sigma as emitted_fraction
 from moesd.theory.speedup import speedup_terms
 from moesd.theory.roofline import hardware_record
-from moesd.zoo import DRAFT_HEADS
 
 __all__ = ["PAPER_BATCH_SIZES", "memory_per_gpu", "memory_fit", "predict_sd", "best_gamma", "batch_range"]
 
@@ -267,15 +266,13 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
         t1, t_verify = t1 + engine_columns["fixed_seconds"], t_verify + engine_columns.pop("verify_extra")
         draft_step = engine_columns.pop("draft_per_token")
     terms = speedup_terms(grid["sigma"], grid["gamma"], t1, t_verify, draft_step, t_reject)
-    frame = pd.DataFrame({
+    return pd.DataFrame({
         **{name: values for name, values in grid.items()},
         "t_target_1": t1, "t_target_gamma": t_verify, "t_draft": draft_step,
         "t_reject": t_reject, "tokens_per_round": terms.tokens_per_round, "verify_term": terms.verify,
         "draft_term": terms.draft, "reject_term": terms.reject, "target_efficiency": 1.0 / terms.verify,
         "speedup": terms.speedup, **engine_columns,
     }).astype({"batch_size": int, "gamma": int, "context": int})
-    frame.attrs["draft_head"] = isinstance(draft, str) and draft.lower() in DRAFT_HEADS
-    return frame
 
 
 def _emitted(alpha: np.ndarray, gamma: np.ndarray, decay) -> np.ndarray:

@@ -22,6 +22,7 @@ from moesd.model.kernels import Efficiency
 from moesd.model.layout import DTYPE_BYTES, check_dtype, resolve_model, tensor_parallel_sizes
 from moesd.model.predict import batch_range, best_gamma, memory_fit, predict_sd
 from moesd.theory.roofline import hardware_record
+from moesd.zoo import DRAFT_HEADS
 
 SD_MARGIN = 0.05
 """SD is 'on' only where the best speedup exceeds 1 by more than this fraction, and 'marginal' above 1
@@ -129,6 +130,8 @@ class Recommendation:
         With an engine profile: for ``"low"`` and ``"high"`` (its costs at the end of their published
         ranges that favours and that disfavours SD, :meth:`~moesd.model.engine.EngineProfile.at`), the batch
         sizes where SD is on, one array per acceptance value; empty without a profile.
+    draft_head : bool
+        The draft is an EAGLE-3 head of :data:`moesd.zoo.DRAFT_HEADS` (its own vocabulary, by design).
     """
 
     frame: pd.DataFrame
@@ -140,6 +143,7 @@ class Recommendation:
     shares_target_shape: bool
     advice: list
     engine_ends: dict = dataclasses.field(default_factory=dict)
+    draft_head: bool = False
 
 
 def _shortfalls(fit: pd.DataFrame, models: dict, hardware, dtype: str) -> list:
@@ -239,4 +243,5 @@ def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values,
                                             "draft": (draft_shape, draft_tp, False)}, hardware, dtype),
                           (target_shape.vocab_size, draft_shape.vocab_size),
                           target_shape.hidden_size == draft_shape.hidden_size
-                          and target_shape.vocab_size == draft_shape.vocab_size, advice, ends)
+                          and target_shape.vocab_size == draft_shape.vocab_size, advice, ends,
+                          isinstance(draft, str) and draft.lower() in DRAFT_HEADS)

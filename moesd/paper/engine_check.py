@@ -81,7 +81,8 @@ class EngineCheck:
     Attributes
     ----------
     points : pandas.DataFrame
-        The published points with one column of predicted speedup per variant (:data:`VARIANTS`).
+        The published points with one column of predicted speedup per variant (:data:`VARIANTS`) and
+        ``error``, the anchored prediction's relative error (``anchored / speedup - 1``).
     scores : pandas.DataFrame
         One row per variant: ``mape`` (mean absolute percentage error of the speedup, %), ``signs_right``
         and ``points`` (points where predicted and published speedup fall on the same side of 1, of all),
@@ -89,11 +90,18 @@ class EngineCheck:
         the smallest to the largest batch size in the published direction, of all such setups).
     by_source : pandas.DataFrame
         The MAPE (%) of each variant (columns) over each source's points (rows).
+    wrong_sign : list of str
+        The points where the anchored prediction and the publication fall on opposite sides of 1.
+    gamma_peaks : pandas.DataFrame
+        One row per source, GPU and batch size published at several draft lengths (one candidate per position):
+        ``published`` and ``anchored``, the draft length of the highest speedup in each.
     """
 
     points: pd.DataFrame
     scores: pd.DataFrame
     by_source: pd.DataFrame
+    wrong_sign: list
+    gamma_peaks: pd.DataFrame
 
 
 def check_engines(points: pd.DataFrame | None = None) -> EngineCheck:
@@ -112,4 +120,11 @@ def check_engines(points: pd.DataFrame | None = None) -> EngineCheck:
                        "trends_right": sum(int(t[0, 0] == t[0, 1]) for t in trends), "trends": len(trends)})
     errors = pd.DataFrame({variant: (points[variant] / points["speedup"] - 1).abs() * 100 for variant in VARIANTS})
     by_source = errors.groupby(points["source"], sort=False).mean()
-    return EngineCheck(points, pd.DataFrame(scores), by_source)
+    points["error"] = points["anchored"] / points["speedup"] - 1
+    wrong = points.loc[(points["anchored"] > 1) != (points["speedup"] > 1), "point"].tolist()
+    chains = points[points["draft_topk"] == 1].groupby(["source", "hardware", "batch_size"], sort=False)
+    peaks = pd.DataFrame([(*setup, int(group.loc[group["speedup"].idxmax(), "gamma"]),
+                           int(group.loc[group["anchored"].idxmax(), "gamma"]))
+                          for setup, group in chains if group["gamma"].nunique() > 1],
+                         columns=["source", "hardware", "batch_size", "published", "anchored"])
+    return EngineCheck(points, pd.DataFrame(scores), by_source, wrong, peaks)

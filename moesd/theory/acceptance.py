@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from moesd._checks import as_array
+from moesd._numeric import increasing_root
 
 __all__ = ["position_acceptance", "tokens_per_round", "alpha_for_acceptance_length"]
 
@@ -72,7 +73,7 @@ def alpha_for_acceptance_length(length, gamma: int, decay=1.0) -> np.ndarray:
     """The first position's acceptance ``alpha`` at which a round of ``gamma`` drafts emits ``length`` tokens.
 
     Inverts :func:`tokens_per_round` of :func:`position_acceptance` (``alpha_i = alpha decay**(i - 1)``),
-    which rises strictly with ``alpha``; the root is found by bisection to 1e-12.
+    which rises strictly with ``alpha``, by bisection (:func:`moesd._numeric.increasing_root`).
 
     Parameters
     ----------
@@ -102,9 +103,4 @@ def alpha_for_acceptance_length(length, gamma: int, decay=1.0) -> np.ndarray:
     if (length > longest + 1e-12).any():
         raise ValueError(f"length must be at most {float(np.min(longest)):.6g} tokens for gamma {gamma} "
                          f"(every draft accepted), got {float(np.max(length)):.6g}")
-    low, high = np.zeros(length.shape), np.ones(length.shape)
-    for _ in range(45):  # 2**-45 < 1e-13
-        middle = (low + high) / 2
-        short = tokens_per_round(position_acceptance(middle, gamma, decay)) < length
-        low, high = np.where(short, middle, low), np.where(short, high, middle)
-    return (low + high) / 2
+    return increasing_root(lambda alpha: tokens_per_round(position_acceptance(alpha, gamma, decay)), length)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moesd._checks import UsageError, as_array, broadcast
+from moesd._numeric import increasing_root
 
 
 def _draft_length(gamma) -> np.ndarray:
@@ -126,12 +127,7 @@ def _inverse_power_sum_table(gamma: int, size: int = 4097) -> np.ndarray:
 
 def _bisect_power_sum(wanted: np.ndarray, gamma: np.ndarray) -> np.ndarray:
     """``alpha`` in [0, 1] with ``sum_{i=0..gamma} alpha**i = wanted``, by 64 halvings (any ``gamma``)."""
-    low, high = np.zeros_like(wanted), np.ones_like(wanted)
-    for _ in range(64):  # 2**-64 is below the spacing of float64 in [0.5, 1]
-        middle = 0.5 * (low + high)
-        below = _power_sum_closed(middle, gamma) < wanted
-        low, high = np.where(below, middle, low), np.where(below, high, middle)
-    return 0.5 * (low + high)
+    return increasing_root(lambda alpha: _power_sum_closed(alpha, gamma), wanted)
 
 
 def alpha_from_sigma(sigma, gamma):
