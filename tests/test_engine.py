@@ -214,6 +214,14 @@ def test_published_points_are_sourced():
     assert (points["acceptance_length"] <= points["gamma"] + 1).all()
     # a speedup of nearly the acceptance length would need a free round: a sign of a mismatched setup
     assert (points["speedup"] < 0.97 * points["acceptance_length"]).all()
+    # the speedup is the ratio of the two published measurements, to the two decimals sources print
+    both = points.dropna(subset=["published_baseline", "published_sd"])
+    latency = both["published_unit"].str.startswith("ms")
+    ratio = np.where(latency, both["published_baseline"] / both["published_sd"],
+                     both["published_sd"] / both["published_baseline"])
+    assert len(both) >= len(points) - 1 and set(points["published_unit"]) <= {
+        "tok/s", "tok/s per user", "tok/s per rank", "ms per request"}
+    np.testing.assert_allclose(both["speedup"], ratio, atol=0.005)
 
 
 def test_check_engines_scores_every_variant():

@@ -43,7 +43,16 @@ VARIANTS = {
 
 
 def published_speedups() -> pd.DataFrame:
-    """The published points (``data/engines/published_speedups.csv``), one row each."""
+    """The published points (``data/engines/published_speedups.csv``), one row each.
+
+    Besides the setup (model, draft, GPUs, engine, dtypes, ``gamma``, ``draft_topk``, ``verify_tokens``,
+    ``batch_size``, ``context``), each row holds the published ``speedup``; the two measurements it is the
+    ratio of as published, ``published_baseline`` and ``published_sd`` in ``published_unit`` (a throughput,
+    ``tok/s`` total, per user or per rank, or a latency, ``ms per request``; the baseline is empty where the
+    source gives only the speedup); the mean ``acceptance_length`` (tokens per round, the bonus token
+    included) and the plain step ``baseline_step_ms`` at ``baseline_batch_size``, each with where it is
+    from; and the ``url`` and ``quote`` of the source.
+    """
     return pd.read_csv(DATA_DIR / "engines" / "published_speedups.csv")
 
 
