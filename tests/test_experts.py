@@ -32,6 +32,8 @@ def test_two_tokens_by_hand():
     assert expected_active_experts(2, 8, 2) == pytest.approx(3.5, rel=1e-14)
     # 0.25 / 0.234375
     assert tokens_per_expert(2, 0.125) == pytest.approx(0.25 / 0.234375, rel=1e-14)
+    # Half a token: 64 (1 - sqrt(7/8)) = 4.13348, above the chord t K = 4.
+    assert expected_active_experts(0.5, 64, 8) == pytest.approx(4.133481811616939, rel=1e-12)
 
 
 def test_worked_table_of_the_specification():
@@ -164,12 +166,21 @@ def test_skewed_popularity_never_beats_uniform(ek, t, seed):
 
 # Properties -------------------------------------------------------------------------------
 
-@given(token_counts, experts_and_k)
-def test_active_experts_bounded(t, ek):
+@given(st.floats(1, 1e5), experts_and_k)
+def test_active_experts_bounded_from_one_token(t, ek):
+    """t >= 1: at least the K experts of one token, at most t K (every pick a new expert) and E."""
     E, K = ek
     n = expected_active_experts(t, E, K)
-    assert n <= min(t * K, E) * (1 + 1e-12) + 1e-12
-    assert n >= min(t, 1.0) * K * (1 - 1e-12)
+    assert K * (1 - 1e-12) <= n <= min(t * K, E) * (1 + 1e-12)
+
+
+@given(st.floats(0, 1), experts_and_k)
+def test_active_experts_bounded_below_one_token(t, ek):
+    """0 <= t <= 1: N is concave in t with N(0) = 0 and N(1) = K, so it lies between the chord t K and K
+    (above t K, not below it)."""
+    E, K = ek
+    n = expected_active_experts(t, E, K)
+    assert t * K * (1 - 1e-12) <= n <= K * (1 + 1e-12)
 
 
 @given(token_counts, st.floats(0, 100), experts_and_k)

@@ -10,7 +10,7 @@ from moesd.model.algorithm1 import (PARAMETERS, TIME_PARAMETERS, SpeedupInputs, 
                                     parameter_bounds, stage_times, target_time)
 from moesd.model.diagnostics import (best_model_variant, compare_stage_times, held_out_errors, model_variant_errors,
                                      residual_table, robustness_study)
-from moesd.model.fit import SOLVERS, fit_speedup_model
+from moesd.model.fit import SOLVERS, FitResult, fit_speedup_model
 from moesd.model.measurements import from_sweep, mean_over_repeats
 from moesd.model.samples import PAPER_CURVES, PAPER_STRIDES, spread_sample, stride_coverage, stride_sample
 from moesd.theory.roofline import G, unchecked_G
@@ -32,6 +32,20 @@ def test_hand_worked_values():
     # gamma + 1 = 4 verified tokens per sequence: N(8) = 4 (1 - 1/2**8) = 3.984375.
     times = stage_times(HAND, B=2, gamma=3, K=2, E=4, rp=100, verify_tokens="gamma+1")
     assert times["verify"] == pytest.approx(1.7 + 0.1 * 3.984375)
+
+
+def test_dense_limit_by_hand():
+    """K = E: every forward activates all E experts and each expert sees every token, so the expert terms
+    are a constant k2 E and k3 G(tokens). With s = 1.1 and the transition at lam RP = 50 tokens (G = 1.1**t),
+    B = 2, gamma = 3: ar = 1 + 0.5 x 1.21 + 0.1 E + 0.2 x 1.21, verify = 1 + 0.7 x 1.1**6 + 0.1 E,
+    draft = 0.3 + 0.1 x 1.21, reject = 0.07. E = K = 1 is a dense FFN: the same with 0.1 x 1."""
+    params = {**HAND, "s": 1.1}
+    for experts in (4, 1):
+        ar, verify = 1 + 0.7 * 1.21 + 0.1 * experts, 1 + 0.7 * 1.1**6 + 0.1 * experts
+        times = stage_times(params, B=2, gamma=3, K=experts, E=experts, rp=100)
+        assert times["ar"] == pytest.approx(ar, rel=1e-12) and times["verify"] == pytest.approx(verify, rel=1e-12)
+        assert compute_speedup(params, 2, 3, experts, experts, 0.8, 100, "eq4") == pytest.approx(
+            0.8 * 4 * ar / (3 * 0.421 + verify + 0.07), rel=1e-12)
 
 
 def test_named_parameters():
@@ -69,6 +83,12 @@ def test_matches_the_reference_sketch_across_the_roofline(variant):
 
 
 def test_growth_is_eq_11():
+    """Eq. 11 by hand at L = lam RP = 50, s = 1.05: below L, 1.05**10 = 1.628895; above it,
+    1.05**50 (1 + ln 1.05 x 50) = 11.46740 x 3.439511 = 39.44222. Then the unchecked G the fit calls
+    agrees with the checked one everywhere."""
+    assert unchecked_G(np.array([10.0, 100.0]), 50.0, 1.05) == pytest.approx([1.628895, 39.44222], rel=1e-6)
+    _, d_transition, _ = unchecked_G(np.array([100.0]), 50.0, 1.05, derivatives=True)
+    assert d_transition[0] == pytest.approx(1.05**50 * np.log(1.05)**2 * 50, rel=1e-12)  # s**L (ln s)**2 (t - L)
     t = np.array([0.0, 1.0, 2.5, 10.0, 10.000001, 37.0, 400.0])
     for transition, s in ((10.0, 1.0), (10.0, 1.3), (3.7, 2.0)):
         np.testing.assert_allclose(unchecked_G(t, transition, s), G(t, transition, s), rtol=1e-15)
@@ -189,15 +209,29 @@ def test_robustness_study_with_sizes_fits_spread_samples():
         robustness_study(frame, 200, sizes=[12], m=12)
 
 
+#: Qwen2-57B-A14B per MoE layer, from its config (d 3584; 28 query and 4 KV heads of 128 with q, k, v biases;
+#: 64 routed experts; a shared expert of 20480 with a one-output gate; two RMSNorms), typed here by hand.
+QWEN2_57B_D, QWEN2_VOCAB = 3584, 151936
+QWEN2_57B_LAYER = ((3584 * 3584 + 3584) + 2 * (3584 * 512 + 512) + 3584 * 3584  # q, k, v, o
+                   + 3584 * 64 + 3 * 3584 * 20480 + 3584 + 2 * 3584)  # router, shared expert and gate, norms
+
+
 def test_fit_respects_bounds_from_model_and_hardware():
+    """bias reads the dense part less the untied input embedding (its B rows are gathered; the LM head is
+    read whole), k2 one routed expert of each of the 28 layers (3 x 3584 x 2560 values), draft_bias all of
+    Qwen2-0.5B (tied: its table is its head), each at H200's 4.8 TB/s, 2 bytes per weight."""
     from moesd.zoo import get_model
 
     pytest.importorskip("torch")
     target, draft = get_model("qwen2-57b-a14b"), get_model("qwen2-0.5b")
     lower, upper = parameter_bounds(target, "H200", draft, t_reject=1e-3)
-    counts = target.parameter_counts()
-    assert lower[0] == pytest.approx(counts["dense"] * 2 / 4.8e12) and upper[0] == pytest.approx(5 * lower[0])
-    assert lower[2] == pytest.approx(counts["experts"] / 64 * 2 / 4.8e12)
+    seconds = 2 / 4.8e12
+    read = 28 * QWEN2_57B_LAYER + QWEN2_57B_D + QWEN2_VOCAB * QWEN2_57B_D  # layers, final norm, LM head
+    assert read == 7_539_105_280
+    assert target.parameter_counts()["dense"] - read == QWEN2_VOCAB * QWEN2_57B_D  # all but the input table
+    assert lower[0] == pytest.approx(read * seconds, rel=1e-12) and upper[0] == pytest.approx(5 * lower[0])
+    assert lower[2] == pytest.approx(28 * 3 * 3584 * 2560 * seconds, rel=1e-12)
+    assert lower[4] == pytest.approx(draft.parameter_counts()["total"] * seconds, rel=1e-12)
     assert upper[6] == upper[7] == 1e-3 and (lower[8], upper[8], lower[9], upper[9]) == (0.2, 1.0, 1.0, 2.0)
     frame, _ = synthetic()
     result = fit_speedup_model(frame, 200, model=target, hardware="H200", draft=draft, t_reject=1e-3)
@@ -205,10 +239,35 @@ def test_fit_respects_bounds_from_model_and_hardware():
     assert np.all(values >= lower - 1e-15) and np.all(values <= upper + 1e-15)
 
 
+def test_tensor_parallelism_splits_each_models_volume():
+    """On tp GPUs each reads 1/tp of the target's dense part and of every expert at once; the draft runs on its
+    own draft_tp GPUs. tp = 2 halves the target's bounds and leaves the draft's; draft_tp = 4 quarters the
+    draft's only."""
+    from moesd.zoo import get_model
+
+    pytest.importorskip("torch")
+    target, draft = get_model("qwen2-57b-a14b"), get_model("qwen2-0.5b")
+    one = parameter_bounds(target, "H200", draft)
+    two = parameter_bounds(target, "H200", draft, tp=2)
+    assert two[0][[0, 2]] == pytest.approx(one[0][[0, 2]] / 2, rel=1e-12)
+    assert two[1][[0, 2]] == pytest.approx(one[1][[0, 2]] / 2, rel=1e-12)
+    assert two[0][4] == one[0][4] and two[1][4] == one[1][4]
+    split_draft = parameter_bounds(target, "H200", draft, draft_tp=4)[0]
+    assert split_draft[4] == pytest.approx(one[0][4] / 4, rel=1e-12) and split_draft[0] == one[0][0]
+    result = fit_speedup_model(synthetic()[0], 200, model=target, hardware="H200", draft=draft, tp=2)
+    assert np.array_equal(result.lower, two[0]) and np.array_equal(result.upper, two[1])
+    for call, match in ((lambda: parameter_bounds(tp=2), "tp and draft_tp apply"),
+                        (lambda: parameter_bounds(target, "H200", tp=0), "tp must"),
+                        (lambda: parameter_bounds(target, "H200", draft_tp=1.5), "draft_tp must"),
+                        (lambda: fit_speedup_model(synthetic()[0], 200, tp=2, bounds=one), "not both")):
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
 def test_bounds_count_a_cut_vocabulary():
-    """A sweep cuts the vocabulary (151936 -> 5440 tokens for one of Qwen2-57B's 28 layers): the dense and draft
-    volumes lose the embedding rows and LM head columns it drops, two matrices for Qwen2-57B, one (tied) for
-    Qwen2-0.5B; the experts' volume is unchanged."""
+    """A sweep cuts the vocabulary (151936 -> 5440 tokens for one of Qwen2-57B's 28 layers). Qwen2-57B is
+    untied: its input table is never read, so of the cut only the LM head's columns move its bound; Qwen2-0.5B
+    is tied, its one table is the head and loses the rows; the experts' volume is unchanged."""
     from moesd.zoo import get_model
 
     pytest.importorskip("torch")
@@ -216,11 +275,29 @@ def test_bounds_count_a_cut_vocabulary():
     whole = parameter_bounds(target, "H200", draft, layers=1, draft_layers=1)[0]
     cut = parameter_bounds(target, "H200", draft, layers=1, draft_layers=1, vocab_size=5440)[0]
     seconds, dropped = 2 / 4.8e12, 151936 - 5440
-    assert whole[0] - cut[0] == pytest.approx(2 * dropped * 3584 * seconds)
+    assert whole[0] - cut[0] == pytest.approx(dropped * 3584 * seconds)
     assert whole[4] - cut[4] == pytest.approx(dropped * 896 * seconds)
-    assert cut[2] == whole[2] and cut[0] > 0 and cut[4] > 0
+    # One layer, the final norm and a head of 5440 x 3584: by hand.
+    assert cut[0] == pytest.approx((QWEN2_57B_LAYER + 3584 + 5440 * 3584) * seconds, rel=1e-12)
+    assert cut[2] == whole[2] and cut[4] > 0
     with pytest.raises(ValueError, match="vocab_size applies"):
         parameter_bounds(vocab_size=5440)
+
+
+@pytest.mark.parametrize("variant, overhead", [("eq4", (3 * 0.4 + 0.07) / 2.0), ("printed", (0.4 + 2.0 + 0.07) / 2.0)])
+def test_compare_stage_times_takes_each_variants_overhead(variant, overhead):
+    """A hand-made fit of HAND (s = 1, G = 1) at B = 2, gamma = 3, K = 2, E = 4: ar = 2, draft = 0.4, reject = 0.07
+    (test_hand_worked_values). Its overhead is its denominator less verify: 3 x 0.4 + 0.07 under Eq. 4,
+    0.4 + 2 + 0.07 as line 11 prints it. The measured one is a round's, 3 x 0.1 + 0.02 over 1, for both."""
+    lower, upper = parameter_bounds()
+    result = FitResult(SpeedupParams(**HAND), variant, 100.0, 0.0, np.zeros(0), 0.0, pd.DataFrame(), "gamma",
+                       lower, upper, 1, "hand-made", 0, 0)
+    measured = pd.DataFrame({"B": [2], "gamma": [3], "K": [2], "E": [4], "t_draft": [0.1], "t_reject": [0.02],
+                             "t_target_1": [1.0]})
+    row = compare_stage_times(result, measured).iloc[0]
+    assert row["overhead_fitted"] == pytest.approx(overhead, rel=1e-12)
+    assert row["overhead_measured"] == pytest.approx(0.32, rel=1e-12)
+    assert row["draft_fitted"] == pytest.approx(0.2) and row["reject_fitted"] == pytest.approx(0.035)
 
 
 def test_on_bounds_names_the_parameters_at_a_bound():

@@ -7,7 +7,7 @@ import pytest
 
 from moesd.theory.experts import expected_active_experts
 from moesd.paper.tables import paper_table
-from moesd.theory.speedup import alpha_from_sigma
+from moesd.theory.speedup import alpha_from_sigma, sigma
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,8 @@ def test_speedup_is_t_ar_over_t_sd(tables):
 def test_every_sigma_implies_an_acceptance_rate(tables):
     alpha = alpha_from_sigma(tables["sigma"], tables["gamma"])
     assert ((alpha > 0) & (alpha < 1)).all()
+    # and that rate gives the printed sigma back through Eq. 5
+    np.testing.assert_allclose(sigma(alpha, tables["gamma"]), tables["sigma"], rtol=1e-12)
 
 
 def test_table_3_strides_give_m():

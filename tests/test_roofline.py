@@ -1,10 +1,12 @@
-"""Eq. 1 (ridge points, arithmetic intensity, time floors) and Eq. 11 (G)."""
+"""Eq. 1 (ridge points, arithmetic intensity, time floors, compute-bound token counts), Eq. 11 (G) and the
+rejection kernel's traffic."""
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from moesd.model.kernels import Efficiency, rejection_time
 from moesd.theory.experts import tokens_per_expert
 from moesd.theory.roofline import (
     HARDWARE,
@@ -84,6 +86,32 @@ def test_sparse_experts_turn_compute_bound_later():
     assert dense >= hw.ridge_point  # activations only lower the intensity
     assert moe > 7 * dense  # T_exp ~ rho t for large t: rho = 1/8
     assert compute_bound_tokens(hw, 3584, 2560, E=64, K=8, max_tokens=100) is None
+
+
+def test_compute_bound_tokens_by_hand():
+    """H100 (RP = 989.5 / 3.35 = 295.37 FLOP/byte), d = 3584, bf16. Dense SwiGLU of w = 3 d 20480 weights:
+    AI = 2 w t / (2 (w + 2 t d)) >= RP from t = RP w / (w - 2 RP d) = 298.24, so 299 tokens. 64 experts of
+    w = 3 d 2560, K = 8, all activated long before: AI = 8 t / (64 + 16 t d / w) >= RP from
+    t = 64 RP / (8 - 16 RP d / w) = 2559.88, so 2560 tokens."""
+    hw = HARDWARE["H100"]
+    rp, d = 989.5 / 3.35, 3584
+    dense_w, expert_w = 3 * d * 20480, 3 * d * 2560
+    assert np.ceil(rp * dense_w / (dense_w - 2 * rp * d)) == 299
+    assert np.ceil(64 * rp / (8 - 16 * rp * d / expert_w)) == 2560
+    assert compute_bound_tokens(hw, d, 20480) == 299
+    assert compute_bound_tokens(hw, d, 2560, E=64, K=8) == 2560
+
+
+def test_rejection_reads_the_targets_and_the_drafts_distributions():
+    """B = 4 sequences, gamma = 3, V = 32000: the target's 4 distributions and the draft's 3 per sequence,
+    4 x 7 x 32000 fp32 values = 3,584,000 bytes at H100's 3.35 TB/s (fraction 1, no kernel cost), then 3
+    kernels of 2 us, 7 us each without CUDA graphs."""
+    ideal = Efficiency(bandwidth_fraction=1.0, kernel_seconds=0.0)
+    assert rejection_time("H100", 4, 3, 32000, ideal) == pytest.approx(3_584_000 / 3.35e12, rel=1e-12)
+    assert rejection_time("H100", 4, 3, 32000, Efficiency(bandwidth_fraction=1.0)) == pytest.approx(
+        3_584_000 / 3.35e12 + 3 * 2e-6, rel=1e-12)
+    assert rejection_time("H100", 4, 3, 32000, Efficiency(bandwidth_fraction=1.0), cuda_graphs=False) == \
+        pytest.approx(3_584_000 / 3.35e12 + 3 * 7e-6, rel=1e-12)
 
 
 def test_ffn_target_efficiency_limits():

@@ -79,6 +79,13 @@ def test_min_target_efficiency_is_reached_with_free_drafting():
     assert min_target_efficiency(speedup(0.8, 3, 1.0, 1 / efficiency, 0.02), 0.8, 3) < efficiency
 
 
+def test_leviathan_by_hand():
+    # alpha 0.8, gamma 4, c 0.05: (1 - 0.8**5) / ((1 - 0.8) (4 x 0.05 + 1)) = 0.67232 / 0.24 = 2.80133
+    assert leviathan_speedup(0.8, 4, 0.05) == pytest.approx(0.67232 / 0.24, rel=1e-12)
+    assert leviathan_speedup(0.8, 4, 0.05) == pytest.approx(2.801333, rel=1e-6)
+    assert leviathan_speedup(1.0, 4, 0.0) == pytest.approx(5.0)  # every draft accepted, free drafting
+
+
 @given(alphas, gammas, st.floats(0, 1))
 def test_leviathan_is_eq4_with_unit_target_efficiency(alpha, gamma, c):
     ours = speedup(sigma(alpha, gamma), gamma, 1.0, 1.0, c, 0.0)

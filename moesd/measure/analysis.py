@@ -265,8 +265,11 @@ def appendix_c2_bounds(rows: pd.DataFrame, sidecar: dict) -> tuple[np.ndarray, n
     ``bias``, ``k2`` and ``draft_bias`` lie between the time to read the dense parameters, one
     expert of every MoE layer and the whole draft at the machine's measured bandwidth
     (:func:`measuring_hardware`) and 5 times that, counting the parameters of the models as the sweep
-    built them (its layers, width and vocabulary, ``settings``) at the bytes of its dtype; ``reject_bias`` and
-    ``reject_k`` lie below the largest measured rejection time (``rows["t_reject"]``, seconds). See
+    built them (its layers, width and vocabulary, ``settings``) at the bytes of its dtype, each model's
+    volume split over its tensor-parallel GPUs as the sidecar records them (a vLLM file's
+    ``tensor_parallel_size`` and ``draft_tensor_parallel_size``; files without them, as
+    :mod:`moesd.measure.bench` writes on one device, ran on one); ``reject_bias`` and ``reject_k`` lie below
+    the largest measured rejection time (``rows["t_reject"]``, seconds). See
     :func:`moesd.model.algorithm1.parameter_bounds`.
 
     Returns
@@ -288,4 +291,6 @@ def appendix_c2_bounds(rows: pd.DataFrame, sidecar: dict) -> tuple[np.ndarray, n
     return parameter_bounds(get_model(settings["target"]), measuring_hardware(sidecar), get_model(settings["draft"]),
                             _bytes_per_weight(sidecar, "the volume bounds"), float(rows["t_reject"].max()),
                             layers=settings.get("layers"), draft_layers=settings.get("draft_layers"),
-                            width=settings.get("width") or 1.0, vocab_size=settings.get("vocab_size"))
+                            width=settings.get("width") or 1.0, vocab_size=settings.get("vocab_size"),
+                            tp=sidecar.get("tensor_parallel_size") or 1,
+                            draft_tp=sidecar.get("draft_tensor_parallel_size") or 1)

@@ -141,9 +141,15 @@ def compare_stage_times(result: FitResult, measured: pd.DataFrame, num_experts: 
     is of ``draft_time / ar_time`` with ``t_draft / t_target_1`` and ``reject_time / ar_time`` with
     ``t_reject / t_target_1`` (and, when ``t_target_gamma`` is there, ``verify_time / ar_time`` with
     ``t_target_gamma / t_target_1``; :mod:`moesd.measure.sd` verifies ``gamma + 1`` positions, the fitted term
-    the fit's ``verify_tokens``). The round's cost outside the verification, ``gamma draft + reject``
-    (Eq. 4's denominator less ``verify``), is compared too (``overhead``): a speedup fit sees the draft
-    and rejection terms only through it, and can trade one for the other.
+    the fit's ``verify_tokens``). The round's cost outside the verification is compared too
+    (``overhead``): a speedup fit sees the draft and rejection terms only through it, and can trade one
+    for the other. Fitted, it is the fit's denominator less ``verify_time``, per ``result.variant``:
+    ``gamma draft + reject`` for ``"eq4"``, ``draft + ar + reject`` for ``"printed"`` (line 11 of
+    Algorithm 1 as printed, see :func:`moesd.model.algorithm1.compute_speedup`). Measured, it is what a
+    round costs outside the verification, ``gamma t_draft + t_reject``, whatever the variant: the
+    quantity either variant's overhead stands for, since a fit that reproduces the measured speedups
+    (``sigma (gamma + 1) t_target_1 / (gamma t_draft + t_target_gamma + t_reject)``, Eq. 4) with the
+    right ``verify_time`` must have it.
 
     Parameters
     ----------
@@ -159,7 +165,8 @@ def compare_stage_times(result: FitResult, measured: pd.DataFrame, num_experts: 
     -------
     pandas.DataFrame
         ``B``, ``gamma``, ``K`` and, for each of ``draft``, ``reject``, ``overhead`` (and ``verify``),
-        ``<stage>_fitted`` and ``<stage>_measured`` (dimensionless ratios to the decode step).
+        ``<stage>_fitted`` and ``<stage>_measured`` (dimensionless ratios to the decode step:
+        ``ar_time`` fitted, ``t_target_1`` measured).
     """
     if not isinstance(result, FitResult):
         raise ValueError(f"result must be a FitResult, got {type(result).__name__}")
@@ -175,12 +182,16 @@ def compare_stage_times(result: FitResult, measured: pd.DataFrame, num_experts: 
         as_array(column, frame[column], low=0, low_open=column != "t_reject")
     times = stage_times(result.parameters, frame["B"].to_numpy(float), frame["gamma"].to_numpy(float),
                         frame["K"].to_numpy(float), frame["E"].to_numpy(float), result.rp, result.verify_tokens)
+    if result.variant == "printed":  # the denominator less verify, as each variant writes it
+        overhead = times["draft"] + times["ar"] + times["reject"]
+    else:
+        overhead = frame["gamma"].to_numpy(float) * times["draft"] + times["reject"]
     table = pd.DataFrame({"B": frame["B"], "gamma": frame["gamma"], "K": frame["K"],
                           "draft_fitted": times["draft"] / times["ar"],
                           "draft_measured": frame["t_draft"] / frame["t_target_1"],
                           "reject_fitted": times["reject"] / times["ar"],
                           "reject_measured": frame["t_reject"] / frame["t_target_1"],
-                          "overhead_fitted": (frame["gamma"] * times["draft"] + times["reject"]) / times["ar"],
+                          "overhead_fitted": overhead / times["ar"],
                           "overhead_measured": (frame["gamma"] * frame["t_draft"] + frame["t_reject"])
                           / frame["t_target_1"]}, index=frame.index)
     if "t_target_gamma" in frame.columns:

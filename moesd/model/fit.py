@@ -215,7 +215,8 @@ def _minimise(residual, jacobian, residual_and_jacobian, start: np.ndarray, lowe
 def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None, variant: str = "eq4",
                       stride: int | None = None, x0=None, begin: int = 0, draft=None,
                       bytes_per_parameter: float = 2.0, t_reject: float | None = None,
-                      verify_tokens: str = "gamma", bounds=None, m: int | None = None) -> FitResult:
+                      verify_tokens: str = "gamma", bounds=None, m: int | None = None, tp: int = 1,
+                      draft_tp: int = 1) -> FitResult:
     """Fit Algorithm 1 to measured speedups with ``least_squares(method="trf")`` and Appendix C.2's bounds.
 
     Parameters
@@ -226,8 +227,9 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
         Ridge point of the hardware measured, in tokens (> 0): G turns linear at ``lam * rp`` tokens. From
         a result file, :func:`moesd.measure.analysis.ridge_tokens_for` of its sidecar; for bf16 weights it
         equals the ridge point in FLOP/byte, for float32 twice that.
-    model, hardware, draft, bytes_per_parameter, t_reject
-        Passed to :func:`parameter_bounds`.
+    model, hardware, draft, bytes_per_parameter, t_reject, tp, draft_tp
+        Passed to :func:`parameter_bounds`: ``tp`` and ``draft_tp`` are the tensor-parallel GPUs of the
+        target and of the draft (default 1), each reading its share of the weights.
     variant : {"eq4", "printed"}
         The denominator (see :func:`moesd.model.algorithm1.compute_speedup`).
     stride : int, optional
@@ -241,7 +243,7 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
     bounds : (numpy.ndarray, numpy.ndarray), optional
         ``(lower, upper)`` in :data:`PARAMETERS` order, as :func:`parameter_bounds` returns them (for a
         result file: :func:`moesd.measure.analysis.appendix_c2_bounds`), instead of ``model``, ``hardware``,
-        ``draft``, ``bytes_per_parameter`` and ``t_reject``.
+        ``draft``, ``bytes_per_parameter``, ``t_reject``, ``tp`` and ``draft_tp``.
     m : int, optional
         Fit only :func:`spread_sample` ``(frame, m, begin)``: ``m`` rows at a fractional stride (not
         with ``stride``).
@@ -252,8 +254,8 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
     """
     check_measurements(frame)
     if bounds is not None and (model is not None or hardware is not None or draft is not None
-                               or t_reject is not None):
-        raise ValueError("give either bounds or model, hardware, draft and t_reject, not both")
+                               or t_reject is not None or (tp, draft_tp) != (1, 1)):
+        raise ValueError("give either bounds or model, hardware, draft, t_reject, tp and draft_tp, not both")
     rp = float(as_array("rp", rp, low=0, low_open=True))
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
@@ -275,7 +277,8 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
     if len(data) < len(PARAMETERS):
         raise ValueError(f"{len(data)} measurements cannot determine {len(PARAMETERS)} parameters")
     if bounds is None:
-        lower, upper = parameter_bounds(model, hardware, draft, bytes_per_parameter, t_reject)
+        lower, upper = parameter_bounds(model, hardware, draft, bytes_per_parameter, t_reject, tp=tp,
+                                        draft_tp=draft_tp)
     else:
         lower, upper = (np.array(side, dtype=float) for side in bounds)
         if lower.shape != (len(PARAMETERS),) or upper.shape != lower.shape or (lower > upper).any():

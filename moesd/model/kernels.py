@@ -225,10 +225,32 @@ def grouped_gemm_roofline(hardware, experts, tokens, in_features, out_features, 
 
 def rejection_time(hardware, batch_size, gamma, vocab_size, efficiency: Efficiency | None = None,
                    cuda_graphs=True):
-    """Seconds of rejection sampling: reading target and draft probabilities of ``B (gamma + 1)`` positions.
+    """Seconds of rejection sampling: reading the target's and the draft's probabilities of a round.
 
-    A memory-bound pass over two fp32 tensors of ``batch_size x (gamma + 1) x vocab_size`` values plus a
-    few kernels. Returns seconds (broadcast over the arguments).
+    A memory-bound pass over fp32 probabilities plus ``KERNELS["reject"]`` kernels: per sequence the
+    target's ``gamma + 1`` distributions (the ``gamma`` drafted positions and the bonus token's) and the
+    draft's ``gamma`` (one per drafted token), ``batch_size x (2 gamma + 1) x vocab_size`` values of 4
+    bytes, at the achieved memory bandwidth (:func:`achieved_rates`).
+
+    Parameters
+    ----------
+    hardware : Hardware or str
+        The device, or its name in :data:`moesd.theory.roofline.HARDWARE`.
+    batch_size : array_like
+        Sequences B (whole number >= 1).
+    gamma : array_like
+        Draft length (whole number >= 1).
+    vocab_size : array_like
+        Vocabulary V of the distributions (whole number >= 1).
+    efficiency : Efficiency, optional
+        Achieved fractions and the fixed cost per kernel (default :class:`Efficiency`).
+    cuda_graphs : bool, default True
+        Whether the kernels launch from a CUDA graph (else each adds ``Efficiency.launch_seconds``).
+
+    Returns
+    -------
+    numpy.ndarray or float
+        Seconds, broadcast over the arguments.
     """
     hardware = hardware_record(hardware)
     efficiency = efficiency or Efficiency()
@@ -236,4 +258,5 @@ def rejection_time(hardware, batch_size, gamma, vocab_size, efficiency: Efficien
     gamma = as_array("gamma", gamma, low=1, whole=True)
     vocab_size = as_array("vocab_size", vocab_size, low=1, whole=True)
     bandwidth, _ = achieved_rates(hardware, "bf16", efficiency)
-    return 2 * B * (gamma + 1) * vocab_size * 4 / bandwidth + KERNELS["reject"] * per_kernel_seconds(efficiency, cuda_graphs)
+    values = B * (2 * gamma + 1) * vocab_size  # target: gamma + 1 distributions per sequence; draft: gamma
+    return values * 4 / bandwidth + KERNELS["reject"] * per_kernel_seconds(efficiency, cuda_graphs)

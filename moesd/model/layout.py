@@ -100,11 +100,12 @@ def one_layer_draft(model) -> Architecture:
 
     The size of a multi-token-prediction module (DeepSeek-V3's is one such layer) or of a one-layer
     EAGLE-style head with the target's FFN; for a cost estimate only (its acceptance is not modelled).
+    Its layer attends to the full context, even where the target has sliding-window layers.
     """
     arch = resolve_model(model)
     return dataclasses.replace(arch, name=f"{arch.name} (one-layer draft)", num_layers=1,
                                moe_layers=1 if arch.moe_layers else 0,
-                               sliding_layers=min(arch.sliding_layers, 0))
+                               sliding_layers=0)  # its one layer attends to the full context
 
 
 def eagle3_head(model, draft_vocab_size: int = 32000, intermediate_size: int | None = None) -> Architecture:

@@ -88,7 +88,9 @@ def expected_active_experts(t, E, K):
     Returns
     -------
     numpy.ndarray or float
-        Expected activated experts, between ``min(t, 1) K`` and ``min(t K, E)``.
+        Expected activated experts. For ``t >= 1`` between ``K`` and ``min(t K, E)``; for
+        ``0 <= t <= 1`` between ``t K`` and ``K``: N is concave in t with ``N(0) = 0`` and
+        ``N(1) = K``, so it lies above that chord (``N(0.5; E=64, K=8) = 4.1335 > 4``).
 
     Examples
     --------
