@@ -50,6 +50,9 @@ class ModelSpec:
         What the paper (or this project) uses it for.
     source : str
         Where the numbers come from.
+    head_of : str, optional
+        The :data:`MODELS` name of the target this record is a draft head of (an MTP module, built from
+        its target and trained on its hidden states); None for a model of its own.
 
     Raises
     ------
@@ -65,6 +68,7 @@ class ModelSpec:
     config: dict = field(repr=False)
     role: str = ""
     source: str = ""
+    head_of: str | None = None
 
     def __post_init__(self) -> None:
         as_array(f"{self.name}: num_hidden_layers", self.config.get("num_hidden_layers"), low=1, whole=True)
@@ -357,7 +361,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
               "draft of DeepSeek-V3: one decoder layer of its shape, the size of its multi-token-prediction "
               "module", HF.format("deepseek-ai/DeepSeek-V3") + "; README_WEIGHTS.md of "
               "deepseek-ai/DeepSeek-V3 (the MTP module is one transformer layer identical to the main "
-              "layers, sharing embedding and head; its eh_proj, 7168 x 14336, is left out)"),
+              "layers, sharing embedding and head; its eh_proj, 7168 x 14336, is left out)", head_of="deepseek-v3"),
     _spec("kimi-k2", "moonshotai/Kimi-K2-Instruct", "deepseek_v3", "modern MoE (beyond the paper); its "
           "config says model_type kimi_k2 with the DeepseekV3ForCausalLM architecture, built here as deepseek_v3",
           **{**_DEEPSEEK_V3, "num_attention_heads": 64, "num_key_value_heads": 64, "n_routed_experts": 384,

@@ -742,7 +742,7 @@ MEASUREMENTS = [
          "the forward study has no target pass of 1 and 6 tokens per sequence"),
 ]
 
-_PREDICT = dict(target="mixtral-8x7b", draft="qwen3-0.6b", hardware="H100", batch_size=[1, 8], gamma=[2, 4],
+_PREDICT = dict(target="qwen3-30b-a3b", draft="qwen3-0.6b", hardware="H100", batch_size=[1, 8], gamma=[2, 4],
                 sigma=0.8)
 
 PREDICT = [
@@ -925,7 +925,7 @@ def _fit_argv(*changes, **file_changes):
 
 
 def _predict_argv(*changes):
-    return ["predict", "--target", "mixtral-8x7b", "--draft", "qwen3-0.6b", "--hardware", "H100", *changes]
+    return ["predict", "--target", "qwen3-30b-a3b", "--draft", "qwen3-0.6b", "--hardware", "H100", *changes]
 
 
 def _fit_failing_inside(tmp: Path):
@@ -1113,7 +1113,7 @@ CLI_COMMANDS = [
                                                        "--hardware", "H100", "--tp", "2", "--dp-attention"],
         "--dp-attention: dp_attention: qwen2-0.5b is dense, it has no experts to deal over the GPUs"),
     cli("predict with a tp the heads refuse", _predict_argv("--tp", "3"),
-        "--tp: tp must divide the attention heads of mixtral-8x7b (32), got 3; on H100: 1, 2, 4, 8"),
+        "--tp: tp must divide the attention heads of qwen3-30b-a3b (32), got 3; on H100: 1, 2, 4, 8"),
 ]
 
 
@@ -1275,7 +1275,7 @@ NUMBERS = [
     Case("numbers", "gamma of 1e17 as a float", lambda: speedup.sigma(0.5, 1e17), UsageError,
          f"gamma must be a whole number >= 1 {EXACT_WHOLE} (beyond, a float does not hold every whole number), got 1e+17"),
     Case("numbers", "batch sizes beyond 2**53 in an int64 array",
-         lambda: predict.predict_sd("mixtral-8x7b", "qwen3-0.6b", "H100", np.array([1, 2**53 + 1]), 2, alpha=0.8),
+         lambda: predict.predict_sd("qwen3-30b-a3b", "qwen3-0.6b", "H100", np.array([1, 2**53 + 1]), 2, alpha=0.8),
          UsageError, f"batch_size must be a whole number >= 1 {EXACT_WHOLE} (beyond, a float does not hold every whole "
          f"number), got {BEYOND_FLOAT_WHOLE}"),
     cli("predict with gamma 10**20 (printed -9223372036854775808)", _predict_argv("--gamma", BEYOND_INT64),

@@ -13,10 +13,13 @@ from moesd.model.calibrate import calibrate, measured_device
 from moesd.theory.experts import expected_active_experts, most_loaded_share
 from moesd.model.forward import COMPONENTS, step_time, zipf_popularity
 from moesd.model.kernels import Efficiency, expert_gemm_time, rejection_time
-from moesd.model.layout import DTYPE_BYTES, one_layer_draft, tensor_parallel_sizes, weights_per_gpu
+from moesd.model.engine import engine_profile
+from moesd.model.layout import (DTYPE_BYTES, eagle3_head, one_layer_draft, resolve_model, tensor_parallel_sizes,
+                                weights_per_gpu)
 from moesd.model.predict import (
     batch_range,
     best_gamma,
+    check_pair,
     memory_fit,
     memory_per_gpu,
     predict_sd,
@@ -478,7 +481,8 @@ def test_memory_per_gpu_is_weights_and_the_kv_cache_by_hand():
 def test_cli_says_when_a_setup_does_not_fit(capsys):
     from moesd.cli import main
 
-    deepseek = ["predict", "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200", "--tp", "8"]
+    deepseek = ["predict", "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200", "--tp", "8",
+                "--draft-tp", "1"]
     main(deepseek)  # bf16: 671e9 x 2 bytes / 8 GPUs = 168 GB of weights alone against 141 GB
     assert "No batch size fits" in capsys.readouterr().out
     main([*deepseek, "--dtype", "fp8"])  # 85 GB of weights: every B up to 256 fits with 1024 tokens each
@@ -487,11 +491,11 @@ def test_cli_says_when_a_setup_does_not_fit(capsys):
     largest = int(re.search(r"Only B <= (\d+) fits", capsys.readouterr().out).group(1))
     held = memory_per_gpu("deepseek-v3", "H200", [largest, largest + 1], 1024, tp=8, dtype="fp8")
     assert held[0] <= HARDWARE["H200"].memory_bytes < held[1]  # the MTP draft, on a GPU of its own, fits there
-    main(["predict", "--target", "qwen3-30b-a3b", "--draft", "deepseek-v3", "--hardware", "H100", "--batch", "1"])
-    printed = capsys.readouterr().out  # the target alone (61 GB in bf16) fits; a 671B draft beside it does not
+    main(["predict", "--target", "qwen3-30b-a3b", "--draft", "qwen3-235b-a22b", "--hardware", "H100", "--batch", "1"])
+    printed = capsys.readouterr().out  # the target alone (61 GB in bf16) fits; a 235B draft beside it does not
     assert memory_per_gpu("qwen3-30b-a3b", "H100", 1, 1024) < HARDWARE["H100"].memory_bytes
     assert "the draft's weights and KV cache need" in printed and "the target's weights" not in printed
-    assert "No batch size fits" in printed and "vocabularies differ (151936 against 129280 tokens)" in printed
+    assert "No batch size fits" in printed
 
 
 def test_cli_default_acceptance_is_alpha_so_the_best_gamma_is_a_choice(capsys, tmp_path):
@@ -514,13 +518,13 @@ def test_cli_host_cost_adds_to_every_forward_and_sd_off_is_said(capsys, tmp_path
     runs = {}
     for host_ms in (0, 5):
         out = tmp_path / f"host{host_ms}.csv"
-        main(["predict", "--target", "mixtral-8x7b", "--draft", "qwen3-0.6b", "--hardware", "A800", "--tp", "2",
+        main(["predict", "--target", "qwen2-57b-a14b", "--draft", "qwen2-0.5b", "--hardware", "A800", "--tp", "2",
               "--batch", "1,32", "--host-ms", str(host_ms), "--csv", str(out)])
         runs[host_ms] = pd.read_csv(out)
     for column in ("t_target_1", "t_target_gamma", "t_draft"):
         np.testing.assert_allclose(runs[5][column] - runs[0][column], 5e-3, rtol=1e-9)
     capsys.readouterr()
-    main(["predict", "--target", "mixtral-8x7b", "--draft", "qwen3-0.6b", "--hardware", "A800", "--tp", "2",
+    main(["predict", "--target", "qwen2-57b-a14b", "--draft", "qwen2-0.5b", "--hardware", "A800", "--tp", "2",
           "--batch", "1,32", "--alpha", "0"])  # nothing accepted: a round emits one token and costs more
     printed = capsys.readouterr().out
     assert "SD does not pay at any of these batch sizes: leave it off" in printed
@@ -614,8 +618,8 @@ def test_cli_lists_where_sd_is_on_and_marginal_as_unbroken_runs(capsys, tmp_path
     from moesd.model.recommend import SD_MARGIN
 
     out = tmp_path / "p.csv"
-    main(["predict", "--target", "deepseek-v2-lite", "--draft", "qwen2-0.5b", "--hardware", "H100", "--alpha", "0.6",
-          "--batch", "1-24", "--csv", str(out)])  # 24 rows: the table shows every one
+    main(["predict", "--target", "qwen1.5-moe-a2.7b", "--draft", "qwen2-0.5b", "--hardware", "H100", "--alpha",
+          "0.55", "--batch", "1-24", "--csv", str(out)])  # 24 rows: the table shows every one
     printed = capsys.readouterr().out
     best = best_gamma(pd.read_csv(out))
 
@@ -676,15 +680,90 @@ def test_memory_fit_places_target_and_draft_as_predict_sd_does():
     np.testing.assert_array_equal(fit["draft_bytes"], draft)
     capacity = HARDWARE["H200"].memory_bytes
     assert fit["fits"].tolist() == ((target <= capacity) & (draft <= capacity)).tolist() == [True, True, False]
-    together = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", [1, 100, 1000], 4096, tp=8, draft_tp=8,
-                          dtype="fp8", shared=True)
-    alone = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", [1, 100, 1000], 4096, tp=8, draft_tp=8, dtype="fp8")
-    assert together["fits"].tolist() == (together["target_bytes"] + together["draft_bytes"] <= capacity).tolist()
-    assert (together["fits"] <= alone["fits"]).all()  # sharing the GPUs' memory never fits more
     with pytest.raises(ValueError, match="^draft_tp must equal tp"):
         memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", 1, 4096, tp=8, draft_tp=1, shared=True)
     # a draft too large for its one GPU fails every batch size, whatever the target
-    assert not memory_fit("qwen3-30b-a3b", "deepseek-v3", "H100", [1, 2], 1024)["fits"].any()
+    assert not memory_fit("qwen3-30b-a3b", "qwen3-235b-a22b", "H100", [1, 2], 1024)["fits"].any()
+
+
+def test_memory_fit_adds_a_head_on_the_target_gpus_to_their_memory():
+    """An MTP head at draft_tp = tp (its default) on the target's hardware shares the target's GPUs; a separate
+    draft shares them only with shared; on other hardware the draft is checked against that hardware's memory."""
+    sizes, capacity = [1, 100, 1000], HARDWARE["H200"].memory_bytes
+    target = memory_per_gpu("deepseek-v3", "H200", sizes, 4096, tp=8, dtype="fp8")
+    head = memory_per_gpu("deepseek-v3-mtp", "H200", sizes, 4096, tp=8, dtype="fp8")
+    together = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", sizes, 4096, tp=8, dtype="fp8")
+    np.testing.assert_array_equal(together["target_bytes"], target + head)
+    np.testing.assert_array_equal(together["draft_bytes"], head)
+    assert together["fits"].tolist() == (target + head <= capacity).tolist()
+    explicit = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", sizes, 4096, tp=8, draft_tp=8, dtype="fp8",
+                          shared=True)
+    pd.testing.assert_frame_equal(explicit, together)
+    apart = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", sizes, 4096, tp=8, dtype="fp8", draft_hardware="H100")
+    np.testing.assert_array_equal(apart["target_bytes"], target)  # its own 8 H100s: not on the target's GPUs
+    separate = memory_fit("qwen3-235b-a22b", "qwen3-0.6b", "H200", 64, 4096, tp=8)
+    shared = memory_fit("qwen3-235b-a22b", "qwen3-0.6b", "H200", 64, 4096, tp=8, shared=True)
+    assert shared["draft_bytes"].item() == pytest.approx(memory_per_gpu("qwen3-0.6b", "H200", 64, 4096, tp=8).item())
+    assert shared["target_bytes"].item() == separate["target_bytes"].item() + shared["draft_bytes"].item()
+    with pytest.raises(ValueError, match="^draft_hardware: a draft on the target's GPUs"):
+        memory_fit("qwen3-235b-a22b", "qwen3-0.6b", "H200", 64, 4096, tp=8, shared=True, draft_hardware="H100")
+    # a 30B draft (61 GB in bf16) fits one H200 (141 GB) but not the L40 (48 GB) it is given
+    assert memory_fit("qwen3-235b-a22b", "qwen3-30b-a3b", "H200", 1, 1024, tp=8)["fits"].item()
+    on_l40 = memory_fit("qwen3-235b-a22b", "qwen3-30b-a3b", "H200", 1, 1024, tp=8, draft_hardware="L40")
+    assert not on_l40["fits"].item() and on_l40["draft_bytes"].item() > HARDWARE["L40"].memory_bytes
+
+
+def test_a_draft_that_cannot_serve_the_target_is_refused():
+    """A head of another target (its own named, and both widths), a head as the target, a separate draft of another
+    vocabulary; predict_sd and memory_fit refuse what check_pair refuses, and the paper's pairs pass."""
+    with pytest.raises(ValueError, match=r"^draft: qwen3-30b-a3b-eagle3 is a draft head of qwen3-30b-a3b and cannot "
+                                         r"draft for deepseek-v3 \(hidden size 2048 against deepseek-v3's 7168\)"):
+        predict_sd("deepseek-v3", "qwen3-30b-a3b-eagle3", "H200", 8, 2, 0.8, tp=8)
+    kimi = "^draft: deepseek-v3-mtp is a draft head of deepseek-v3 and cannot draft for kimi-k2: "  # same width
+    with pytest.raises(ValueError, match=kimi):
+        predict_sd("kimi-k2", "deepseek-v3-mtp", "H200", 8, 2, 0.8, tp=8, dtype="fp8")
+    with pytest.raises(ValueError, match=kimi):
+        memory_fit("kimi-k2", "deepseek-v3-mtp", "H200", 8, 1024, tp=8, dtype="fp8")
+    for head, owner in (("qwen3-30b-a3b-eagle3", "qwen3-30b-a3b"), ("deepseek-v3-mtp", "deepseek-v3")):
+        with pytest.raises(ValueError, match=f"^target: {head} is a draft head of {owner}, not a model to serve"):
+            predict_sd(head, "qwen3-0.6b", "H100", 8, 2, 0.8)
+    vocabulary = r"^draft: qwen3-0.6b's vocabulary has 151936 tokens, mixtral-8x7b's 32000: "
+    with pytest.raises(ValueError, match=vocabulary):
+        predict_sd("mixtral-8x7b", "qwen3-0.6b", "H100", 8, 2, 0.8)
+    with pytest.raises(ValueError, match=vocabulary):
+        memory_fit("mixtral-8x7b", "qwen3-0.6b", "H100", 8, 1024)
+    # heads of the target's own, by zoo name or by shape (an EAGLE-3 head keeps its own vocabulary)
+    assert check_pair("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3") and check_pair("deepseek-v3", "deepseek-v3-mtp")
+    assert check_pair("qwen3-30b-a3b", eagle3_head("qwen3-30b-a3b")) and check_pair("kimi-k2", one_layer_draft("kimi-k2"))
+    assert not check_pair("qwen2-57b-a14b", "qwen2-0.5b") and not check_pair("opt-30b", "opt-350m")
+
+
+def test_draft_tp_defaults_to_the_target_gpus_for_a_head_and_one_gpu_for_a_separate_draft():
+    head = dict(target="deepseek-v3", draft="deepseek-v3-mtp", hardware="H200", batch_size=[1, 64], gamma=2,
+                sigma=0.8, tp=8, dtype="fp8")
+    pd.testing.assert_frame_equal(predict_sd(**head), predict_sd(**head, draft_tp=8))
+    assert (predict_sd(**head, draft_tp=1)["t_draft"] > predict_sd(**head)["t_draft"]).all()  # integers as given
+    separate = dict(target="qwen2-57b-a14b", draft="qwen2-0.5b", hardware="H800", batch_size=[1, 64], gamma=2,
+                    sigma=0.8, tp=2)
+    pd.testing.assert_frame_equal(predict_sd(**separate), predict_sd(**separate, draft_tp=1))
+    assert not predict_sd(**separate).equals(predict_sd(**separate, draft_tp=2))
+    pd.testing.assert_frame_equal(memory_fit("qwen2-57b-a14b", "qwen2-0.5b", "H800", [1, 64], 256, tp=2),
+                                  memory_fit("qwen2-57b-a14b", "qwen2-0.5b", "H800", [1, 64], 256, tp=2, draft_tp=1))
+
+
+def test_draft_topk_prices_every_draft_step_but_a_head_s_extend_pass():
+    """Each of the gamma draft steps is a pass of draft_topk tokens per sequence; with an engine that runs a head's
+    extend pass, that pass gives the first position and the other gamma - 1 steps score draft_topk tokens each."""
+    pair = ("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", 4, 3)
+    options = dict(sigma=0.5, tp=4, draft_topk=4)
+    plain = predict_sd(*pair, **options)
+    head = resolve_model("qwen3-30b-a3b-eagle3")
+    assert plain["t_draft"].item() == pytest.approx(step_time(head, "H100", 4, 4, 512, 4).total.item())
+    sglang = engine_profile("sglang")
+    extend = predict_sd(*pair, engine=sglang, **options)
+    steps = predict_sd(*pair, engine=dataclasses.replace(sglang, draft_extend=False), **options)
+    assert extend["t_draft_extend"].item() > 0 == steps["t_draft_extend"].item()
+    assert 3 * extend["t_draft"].item() - extend["t_draft_extend"].item() == pytest.approx(2 * steps["t_draft"].item())
 
 
 def _predict_cli(capsys, *args):
@@ -698,18 +777,20 @@ def test_cli_suggests_only_what_exists_when_a_setup_does_not_fit(capsys):
     printed = _predict_cli(capsys, "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200",
                            "--tp", "8", "--draft-tp", "8", "--dtype", "fp8", "--batch", "1", "--context", "2000000")
     line = next(line for line in printed.splitlines() if line.startswith("does not fit"))
-    assert "GB per GPU at B = 1 on 8 GPU(s); one H200 holds 141 GB (try --tp 16 or 32 or 64 or 128; --dtype w4a8 " \
-        "or mxfp4 or nvfp4; a shorter --context)." in line  # B said once; a full node: more nodes, 4-bit experts
-    assert line.endswith("GB (try --tp 16 or 32 or 64 or 128; --dtype w4a8 or mxfp4 or nvfp4; a shorter --context).")
+    # MLA's latent KV cache is copied to every GPU: at 2M tokens neither more GPUs nor 4-bit experts help
+    assert line.endswith("GB per GPU at B = 1 on 8 GPU(s); one H200 holds 141 GB (try a shorter --context).")
+    assert "(with the draft head's on the same GPUs)" in line
     printed = _predict_cli(capsys, "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H100",
                            "--tp", "8", "--draft-tp", "8", "--dtype", "fp8", "--batch", "1", "--context", "0")
     line = next(line for line in printed.splitlines() if line.startswith("does not fit"))
-    assert line.endswith(" on 8 GPU(s); one H100 holds 80 GB (try --tp 16 or 32 or 64 or 128; --dtype w4a8 or mxfp4 "
-                         "or nvfp4).")  # two nodes, or 4-bit experts
+    # two nodes or more; DP-attention only where it fits more than tensor parallelism alone; no FP4 cores on H100
+    assert line.endswith(" on 8 GPU(s); one H100 holds 80 GB (try --tp 16 or 32 or 64 or 128; --dp-attention at "
+                         "--tp 256; --dtype w4a8).")
     printed = _predict_cli(capsys, "--target", "qwen3-30b-a3b", "--draft", "qwen3-0.6b", "--hardware", "H100",
                            "--batch", "1,256")
     line = next(line for line in printed.splitlines() if line.startswith("does not fit"))
-    assert line.endswith(" on 1 GPU(s); one H100 holds 80 GB (try --tp 2 or 4 or 8; --dtype fp8 or w4a8 or mxfp4 or nvfp4; a shorter --context).")
+    assert line.endswith(" on 1 GPU(s); one H100 holds 80 GB (try --tp 2 or 4 or 8; --dtype fp8 or w4a8; "
+                         "a shorter --context).")
     assert "Only B <= 1 fits (1 of 2 batch sizes;" in printed
 
 
@@ -726,15 +807,15 @@ def test_cli_says_where_sd_is_marginal_and_when_the_host_cost_decides(capsys):
 
 
 def test_cli_draws_no_band_where_sd_never_pays(capsys):
-    printed = _predict_cli(capsys, "--target", "mixtral-8x7b", "--draft", "qwen3-0.6b", "--hardware", "A800", "--tp",
-                           "2", "--batch", "1,32", "--alpha", "0")
+    printed = _predict_cli(capsys, "--target", "qwen2-57b-a14b", "--draft", "qwen2-0.5b", "--hardware", "A800",
+                           "--tp", "2", "--batch", "1,32", "--alpha", "0")
     assert "sqrt(2)" not in printed and "leave it off" in printed
 
 
 def test_cli_notes_an_mtp_draft_placed_off_the_target_gpus(capsys):
     deepseek = ["--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200", "--tp", "8",
                 "--dtype", "fp8", "--batch", "1,64"]
-    assert "--draft-tp 8 times that" in _predict_cli(capsys, *deepseek)
+    assert "--draft-tp 8 prices that" in _predict_cli(capsys, *deepseek, "--draft-tp", "1")
     assert "note:" not in _predict_cli(capsys, *deepseek, "--draft-tp", "8")
 
 
@@ -854,8 +935,14 @@ def test_dp_attention_reaches_memory_predict_sd_and_the_cli(capsys):
     held = memory_per_gpu("deepseek-v3", "H200", [8, 9], 1024, tp=8, dtype="fp8", dp_attention=True)
     np.testing.assert_allclose(held - weights_per_gpu("deepseek-v3", "fp8", 8, dp_attention=True),
                                [1, 2] * np.array(61 * 1024 * 576 * 2.0), rtol=1e-12)
-    fit = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", [8, 9], 1024, tp=8, dtype="fp8", dp_attention=True)
+    fit = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", [8, 9], 1024, tp=8, draft_tp=1, dtype="fp8",
+                     dp_attention=True)
     np.testing.assert_array_equal(fit["target_bytes"], held)
+    # the MTP head on the target's GPUs runs as the target does (predict_sd's draft_dp), and adds to their memory
+    head = memory_per_gpu("deepseek-v3-mtp", "H200", [8, 9], 1024, tp=8, ep=8, dtype="fp8", dp_attention=True)
+    fit = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", [8, 9], 1024, tp=8, dtype="fp8", dp_attention=True)
+    np.testing.assert_array_equal(fit["draft_bytes"], head)
+    np.testing.assert_array_equal(fit["target_bytes"], held + head)
     frame = predict_sd("deepseek-v3", "deepseek-v3-mtp", "H200", [1, 64], 2, alpha=0.7, tp=16, dtype="fp8",
                        dp_attention=True)
     t1 = step_time("deepseek-v3", "H200", 1, [1, 64], 512, tp=16, dtype="fp8", dp_attention=True).total

@@ -8,7 +8,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from moesd.paper.tables import paper_table  # noqa: E402
-from moesd.zoo import MODELS, get_model  # noqa: E402
+from moesd.model.layout import resolve_model  # noqa: E402
+from moesd.zoo import DRAFT_HEADS, MODELS, get_model  # noqa: E402
 
 PAPER_MODELS = paper_table("models")
 
@@ -79,6 +80,16 @@ def test_analytic_counts_equal_the_meta_device_model(name):
     for layers, width in ((min(spec.num_layers, 4), 1.0), (min(spec.num_layers, 2), 1 / 16)):
         meta, analytic = spec.parameter_counts(layers, width=width), spec.weight_counts(layers, width=width)
         assert {k: analytic[k] for k in meta} == meta
+
+
+def test_draft_heads_name_a_target_of_the_zoo_of_their_width():
+    """An MTP module and an EAGLE-3 head draft from their own target's hidden states: the zoo says which target."""
+    heads = {name: spec.head_of for name, spec in MODELS.items() if spec.head_of is not None}
+    heads.update({name: head.target for name, head in DRAFT_HEADS.items()})
+    assert heads["deepseek-v3-mtp"] == "deepseek-v3" and heads["qwen3-30b-a3b-eagle3"] == "qwen3-30b-a3b"
+    for name, target in heads.items():
+        assert MODELS[target].head_of is None, name  # a head of a head serves nothing
+        assert resolve_model(name).hidden_size == MODELS[target].config["hidden_size"], name
 
 
 def test_a_record_without_a_config_class_serves_predict_only():

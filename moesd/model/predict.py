@@ -6,9 +6,11 @@ The paper fits Algorithm 1 to measurements; this module predicts the same quanti
 
 * :func:`predict_sd`: ``T_T(B, 1)``, ``T_T(B, gamma + 1)``, ``T_D(B, 1)`` and the rejection step, and
   from them target efficiency and the speedup of Eq. 4 with its decomposition, over a grid of batch
-  sizes, draft lengths, acceptance and contexts. The draft runs on GPUs of its own, as in the paper.
+  sizes, draft lengths, acceptance and contexts. A separate draft model runs on a GPU of its own, as in the
+  paper; a draft head (an MTP module, an EAGLE head) on the target's GPUs, as serving engines run it.
   :func:`best_gamma` and :func:`batch_range` read the best draft length and the band of batch sizes
   where SD pays.
+* :func:`check_pair`: refuses a draft that cannot serve the target, and says whether it is a head.
 * :func:`memory_per_gpu` and :func:`memory_fit`: whether target and draft, weights and KV cache, fit
   their GPUs' memory.
 
@@ -34,11 +36,88 @@ from moesd.theory.acceptance import position_acceptance, tokens_per_round
 from moesd.theory.speedup import sigma as emitted_fraction
 from moesd.theory.speedup import speedup_terms
 from moesd.theory.roofline import hardware_record
+from moesd.zoo import DRAFT_HEADS, get_model
 
-__all__ = ["PAPER_BATCH_SIZES", "memory_per_gpu", "memory_fit", "predict_sd", "best_gamma", "batch_range"]
+__all__ = ["PAPER_BATCH_SIZES", "check_pair", "memory_per_gpu", "memory_fit", "predict_sd", "best_gamma",
+           "batch_range"]
 
 PAPER_BATCH_SIZES = (1, 2, 4, *range(8, 61, 4), 80, 100)
 """The paper's batch sizes (Sec. 7): 19 values from 1 to 100; ``moesd.measure.sweeps.BATCH_SIZES`` is this tuple."""
+
+
+def _head_of(model) -> str | None:
+    """The :data:`moesd.zoo.MODELS` name of the target ``model`` is a draft head of, by its zoo name: the target of
+    an EAGLE-3 head of :data:`~moesd.zoo.DRAFT_HEADS` or a record's ``head_of`` (an MTP module); None for any
+    other model."""
+    name = model if isinstance(model, str) else model.name
+    head = DRAFT_HEADS.get(name.lower())
+    if head is not None:
+        return head.target
+    try:
+        return get_model(name).head_of
+    except KeyError:
+        return None
+
+
+def check_pair(target, draft) -> bool:
+    """Whether ``draft`` is a draft head of ``target``, after refusing a pair that cannot run SD.
+
+    A draft head is one decoder layer that drafts from the target's hidden states: a zoo record that names its
+    target (an EAGLE-3 head of :data:`moesd.zoo.DRAFT_HEADS`, an MTP module such as ``deepseek-v3-mtp``), or an
+    Architecture of one layer of the target's hidden size (:func:`~moesd.model.layout.one_layer_draft`,
+    :func:`~moesd.model.layout.eagle3_head`). Refused:
+
+    * a head as the target: it serves no tokens of its own;
+    * a zoo head with another target than ``target`` (by zoo name): it was trained on its own target's hidden
+      states (and reads vectors of that target's width);
+    * a separate draft model whose vocabulary differs from the target's. Standard SD checks the draft's tokens
+      by their ids in the target's distribution, so the two need one tokenizer; the rule is equal
+      ``vocab_size`` (the rows of the LM heads), as :mod:`moesd.measure.sd` and vLLM require. Vocabularies
+      padded to different sizes around one tokenizer (Qwen2.5-72B's 152064 against Qwen2.5-0.5B's 151936) are
+      refused as well: a tolerance would also pass unrelated tokenizers (OLMoE's 50304 against OPT's 50272).
+      Price such a pair with the draft's Architecture at the target's ``vocab_size``. A head keeps its own
+      vocabulary (an EAGLE-3 head maps a smaller one onto the target's).
+
+    Parameters
+    ----------
+    target, draft : str, ModelSpec or Architecture
+        The models.
+
+    Returns
+    -------
+    bool
+        Whether the draft is a head of the target (serving engines run it on the target's GPUs).
+
+    Raises
+    ------
+    ValueError
+        Naming ``target`` or ``draft``, and the models.
+    """
+    target_arch, draft_arch = resolve_model(target), resolve_model(draft)
+    target_name = target if isinstance(target, str) else target_arch.name
+    draft_name = draft if isinstance(draft, str) else draft_arch.name
+    owner = _head_of(target)
+    if owner is not None:
+        raise ValueError(f"target: {target_name} is a draft head of {owner}, not a model to serve; give {owner} as "
+                         f"the target and {target_name} as the draft")
+    owner = _head_of(draft)
+    if owner is not None and owner != target_arch.name:
+        widths = (f" (hidden size {draft_arch.hidden_size} against {target_arch.name}'s {target_arch.hidden_size})"
+                  if draft_arch.hidden_size != target_arch.hidden_size else "")
+        raise ValueError(f"draft: {draft_name} is a draft head of {owner} and cannot draft for {target_name}{widths}: "
+                         f"a head drafts from its own target's hidden states")
+    head = owner is not None or (draft_arch.num_layers == 1 and draft_arch.hidden_size == target_arch.hidden_size)
+    if not head and draft_arch.vocab_size != target_arch.vocab_size:
+        raise ValueError(f"draft: {draft_name}'s vocabulary has {draft_arch.vocab_size} tokens, {target_name}'s "
+                         f"{target_arch.vocab_size}: SD checks the draft's tokens by their ids in the target's "
+                         f"vocabulary, so it needs a draft with the target's tokenizer")
+    return head
+
+
+def _draft_data_parallel(dp_attention: bool, tp: int, draft_tp: int, draft_arch) -> bool:
+    """Whether the draft runs attention data-parallel: a MoE draft on the target's ``tp`` GPUs (an MTP head) under
+    ``dp_attention`` runs as the target does."""
+    return dp_attention and draft_tp == tp and bool(draft_arch.num_experts)
 
 
 def memory_per_gpu(model, hardware, batch_size, context, tp=1, ep=1, dtype="bf16", dp_attention=False) -> np.ndarray:
@@ -59,56 +138,70 @@ def memory_per_gpu(model, hardware, batch_size, context, tp=1, ep=1, dtype="bf16
     return weights_per_gpu(model, dtype, tp, dp_attention) + step.bytes["kv_cache"]
 
 
-def memory_fit(target, draft, hardware, batch_size, context, tp=1, draft_tp=1, ep=1, dtype="bf16",
-               draft_dtype=None, shared=False, dp_attention=False) -> pd.DataFrame:
+def memory_fit(target, draft, hardware, batch_size, context, tp=1, draft_tp=None, ep=1, dtype="bf16",
+               draft_dtype=None, shared=False, dp_attention=False, draft_hardware=None) -> pd.DataFrame:
     """Whether target and draft fit their GPUs' memory at each batch size.
 
     The target's weights and KV cache on each of its ``tp`` GPUs, and the draft's on each of its
-    ``draft_tp`` GPUs (:func:`memory_per_gpu`), against ``hardware.memory_bytes``: on GPUs of its own, as
-    :func:`predict_sd` places it, or with ``shared`` on the target's, whose memory the two then share.
-    Activations and the serving engine's workspace are not counted, so a setup that fits here may
-    still not fit.
+    ``draft_tp`` GPUs (:func:`memory_per_gpu`), each against its own GPU's memory, as :func:`predict_sd` places
+    them. A draft on the target's GPUs adds its weights and KV cache to theirs: a draft head
+    (:func:`check_pair`) with ``draft_tp`` equal to ``tp`` on the target's hardware always is there, as serving
+    engines run MTP modules and EAGLE heads; any other draft is with ``shared``. Activations and the serving
+    engine's workspace are not counted, so a setup that fits here may still not fit.
 
     Parameters
     ----------
     target, draft : str, ModelSpec or Architecture
-        The models.
+        The models; a pair :func:`check_pair` refuses raises its ValueError.
     hardware : str or Hardware
-        The GPU of both.
+        The target's GPU (and the draft's, unless ``draft_hardware``).
     batch_size : array_like
         Sequences ``B`` (>= 1).
     context : array_like
         Tokens in each sequence's KV cache (>= 0), broadcast against ``batch_size``.
-    tp, draft_tp, ep : int
-        GPUs of the target, of the draft, and the target's expert-parallel degree.
+    tp, ep : int
+        GPUs of the target and its expert-parallel degree.
+    draft_tp : int, optional
+        GPUs of the draft; default ``tp`` for a draft head or with ``shared``, else 1 (as :func:`predict_sd`).
     dtype, draft_dtype : str
         Weight dtypes (the draft's defaults to ``dtype``).
     shared : bool, default False
-        The draft on the target's GPUs (``draft_tp`` must equal ``tp``), as serving engines run an MTP
-        head or a small draft.
+        A draft that is not a head on the target's GPUs too (``draft_tp`` must equal ``tp``, and
+        ``draft_hardware`` be the target's), as serving engines may run a small draft.
     dp_attention : bool, default False
         The target's attention data-parallel and its routed experts expert-parallel over its ``tp`` GPUs
-        (:func:`memory_per_gpu`).
+        (:func:`memory_per_gpu`); a MoE draft on ``tp`` GPUs runs so too, as in :func:`predict_sd`.
+    draft_hardware : str or Hardware, optional
+        The draft's GPU when it differs from the target's: the draft is checked against its memory.
 
     Returns
     -------
     pandas.DataFrame
-        One row per broadcast ``(batch_size, context)``: ``target_bytes`` and ``draft_bytes`` per GPU
-        (bytes) and ``fits``: each at most the GPU's memory, or with ``shared`` their sum.
+        One row per broadcast ``(batch_size, context)``: ``target_bytes``, what each of the target's GPUs
+        holds (a draft on them included), and ``draft_bytes``, the draft's weights and KV cache per GPU of its
+        own (bytes), and ``fits``: each at most its GPU's memory.
     """
     hardware = hardware_record(hardware)
-    if shared and draft_tp != tp:
-        raise ValueError(f"draft_tp must equal tp for a draft on the target's GPUs (shared), got {draft_tp} and {tp}")
+    draft_hardware = hardware if draft_hardware is None else hardware_record(draft_hardware)
     B, context = np.broadcast_arrays(as_array("batch_size", batch_size, low=1, whole=True),
                                      as_array("context", context, low=0, whole=True))
-    held = {"target_bytes": memory_per_gpu(target, hardware, B, context, tp, ep, dtype, dp_attention),
-            "draft_bytes": memory_per_gpu(draft, hardware, B, context, draft_tp, 1,
-                                          dtype if draft_dtype is None else draft_dtype)}
-    capacity = hardware.memory_bytes
-    fits = (held["target_bytes"] + held["draft_bytes"] <= capacity if shared
-            else (held["target_bytes"] <= capacity) & (held["draft_bytes"] <= capacity))
-    return pd.DataFrame({"batch_size": B.ravel(), "context": context.ravel(),
-                         **{name: np.ravel(value) for name, value in held.items()}, "fits": np.ravel(fits)}
+    head = check_pair(target, draft)
+    if draft_tp is None:
+        draft_tp = tp if head or shared else 1
+    if shared and draft_tp != tp:
+        raise ValueError(f"draft_tp must equal tp for a draft on the target's GPUs (shared), got {draft_tp} and {tp}")
+    if shared and draft_hardware != hardware:
+        raise ValueError(f"draft_hardware: a draft on the target's GPUs (shared) runs on the target's {hardware.name}, "
+                         f"got {draft_hardware.name}")
+    draft_dp = _draft_data_parallel(dp_attention, tp, draft_tp, resolve_model(draft))
+    target_bytes = memory_per_gpu(target, hardware, B, context, tp, ep, dtype, dp_attention)
+    draft_bytes = memory_per_gpu(draft, draft_hardware, B, context, draft_tp, draft_tp if draft_dp else 1,
+                                 dtype if draft_dtype is None else draft_dtype, draft_dp)
+    if shared or (head and draft_tp == tp and draft_hardware == hardware):
+        target_bytes = target_bytes + draft_bytes
+    fits = (target_bytes <= hardware.memory_bytes) & (draft_bytes <= draft_hardware.memory_bytes)
+    return pd.DataFrame({"batch_size": B.ravel(), "context": context.ravel(), "target_bytes": np.ravel(target_bytes),
+                         "draft_bytes": np.ravel(draft_bytes), "fits": np.ravel(fits)}
                         ).astype({"batch_size": int, "context": int})
 
 
@@ -119,7 +212,7 @@ def _grid(**arrays) -> dict:
     return {n: m.ravel() for n, m in zip(names, mesh)}
 
 
-def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, draft_tp=1, context=512, *, alpha=None,
+def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, draft_tp=None, context=512, *, alpha=None,
                ep=1, top_k=None, dtype="bf16", draft_dtype=None, draft_hardware=None, routing=None,
                routing_model="windows", verify_tokens="gamma+1", efficiency: Efficiency | None = None,
                draft_efficiency: Efficiency | None = None, cuda_graphs=True, grouped_experts=True,
@@ -127,15 +220,18 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
                dp_attention=False) -> pd.DataFrame:
     """Predicted speculative-decoding speedup (Eq. 4) and its terms over a grid of settings.
 
-    The target verifies on ``tp`` GPUs; the draft proposes on ``draft_tp`` GPUs of its own (the paper's
-    setup: the draft stays on one GPU). A round costs ``gamma T_D(B, 1) + T_T(B, gamma + 1) + T_reject``;
-    the verification pass scores ``gamma + 1`` positions per sequence (the drafts and the bonus token,
-    as vLLM and :mod:`moesd.measure.sd` do; ``verify_tokens="gamma"`` scores ``gamma``, as Algorithm 1 writes).
+    The target verifies on ``tp`` GPUs; the draft proposes on ``draft_tp`` GPUs (by default one GPU for a separate
+    draft model, the paper's setup, and the target's ``tp`` for a draft head). A round costs
+    ``gamma T_D(B, 1) + T_T(B, gamma + 1) + T_reject``; the verification pass scores ``gamma + 1`` positions
+    per sequence (the drafts and the bonus token, as vLLM and :mod:`moesd.measure.sd` do;
+    ``verify_tokens="gamma"`` scores ``gamma``, as Algorithm 1 writes).
 
     Parameters
     ----------
     target, draft : str, ModelSpec or Architecture
-        The models (:data:`moesd.zoo.MODELS` names such as ``"qwen2-57b-a14b"``, or records).
+        The models (:data:`moesd.zoo.MODELS` names such as ``"qwen2-57b-a14b"``, or records); a pair
+        :func:`check_pair` refuses (a head as the target, a head of another target, a separate draft of another
+        vocabulary) raises its ValueError.
     hardware : str or Hardware
         The target's GPUs (and the draft's, unless ``draft_hardware``), e.g. ``"H800"``.
     batch_size, gamma, sigma : array_like
@@ -144,8 +240,11 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
     alpha : array_like, optional
         Per-token acceptance probabilities instead of ``sigma``: each row then has
         ``sigma = sigma(alpha, gamma)`` of Eq. 5, so longer drafts emit a smaller fraction.
-    tp, draft_tp : int
-        GPUs of the target and of the draft.
+    tp : int
+        GPUs of the target.
+    draft_tp : int, optional
+        GPUs of the draft. Default: ``tp`` for a draft head (:func:`check_pair`: an MTP module or an EAGLE
+        head, which serving engines run on the target's GPUs), 1 for a separate draft model (the paper's).
     context : array_like, default 512
         Tokens in each sequence's KV cache (prompt and generated so far).
     ep, top_k, dtype, routing, routing_model, cuda_graphs, grouped_experts, efficiency, dp_attention
@@ -163,17 +262,18 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
         Positions per sequence in the verification pass; a number for a tree of drafts (SGLang's
         ``num_draft_tokens``, which counts the last verified token too).
     draft_topk : int, default 1
-        Candidates per position in each draft step (SGLang's ``eagle_topk``; 1: a chain): each draft step
-        after the first scores this many tokens per sequence. Give a tree's acceptance as ``sigma``
-        (its mean acceptance length over ``gamma + 1``).
+        Candidates per position in each draft step (SGLang's ``eagle_topk``; 1: a chain): every draft step
+        is priced as a pass of this many tokens per sequence, all ``gamma`` of them, or, for a draft head with
+        an ``engine`` whose profile runs an extend pass, the ``gamma - 1`` after that pass (which gives the
+        first position). Give a tree's acceptance as ``sigma`` (its mean acceptance length over ``gamma + 1``).
     alpha_decay : float, default 1.0
         With ``alpha``: the acceptance of draft position ``i`` is ``alpha alpha_decay**(i - 1)``
         (:func:`moesd.theory.acceptance.position_acceptance`), so ``alpha`` is the first position's; 1 is
         Eq. 5's constant acceptance.
     engine : str or EngineProfile, optional
         A serving engine's profile (:data:`moesd.model.engine.ENGINES`): the host time SD rounds expose, the
-        draft steps' fixed cost, a draft head's extend pass (for a draft of one layer of the target's width)
-        and grouped-GEMM tiles. Default: the GPUs' work only.
+        draft steps' fixed cost, a draft head's extend pass (:func:`check_pair`) and grouped-GEMM tiles.
+        Default: the GPUs' work only.
     step_seconds : float, optional
         A measured plain decoding step of the target at batch size ``step_batch_size`` (seconds, at each
         row's ``context``): what it exceeds the predicted step by is a fixed cost per forward pass, spread
@@ -218,6 +318,9 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
     if top_k is not None:
         axes["num_experts_per_tok"] = as_array("top_k", top_k, low=1, whole=True)
     grid = _grid(**axes)
+    head = check_pair(target, draft)
+    if draft_tp is None:
+        draft_tp = tp if head else 1
     if alpha is not None:
         grid = {**grid, "sigma": _emitted(grid["alpha"], grid["gamma"], alpha_decay)}
     profile = engine_profile(engine) if engine is not None else None
@@ -227,8 +330,7 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
     k = grid.get("num_experts_per_tok")
     common = dict(routing=routing, routing_model=routing_model, efficiency=efficiency,
                   grouped_experts=grouped_experts, dp_attention=dp_attention)
-    # a MoE draft on the target's GPUs (an MTP head) runs data-parallel as the target does
-    draft_dp = dp_attention and draft_tp == tp and bool(draft_arch.num_experts)
+    draft_dp = _draft_data_parallel(dp_attention, tp, draft_tp, draft_arch)
 
     def target_pass(tokens, batch, context, top_k=None):
         """Seconds of one target pass of ``tokens`` new tokens per sequence."""
@@ -259,7 +361,6 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
                               cuda_graphs)
     engine_columns = {}
     if profile is not None or step_seconds is not None:
-        head = draft_arch.num_layers == 1 and draft_arch.hidden_size == target_arch.hidden_size
         engine_columns = _engine_round(profile or engine_profile("device"), grid, t1, draft_step,
                                        target_arch.num_layers, draft_arch.num_layers, head, target_pass, draft_pass,
                                        step_seconds, step_batch_size)
@@ -314,7 +415,7 @@ def _engine_round(profile, grid: dict, t1, draft_step, target_layers: int, draft
     target_layers, draft_layers : int
         Decoder layers of target and draft, over which a fixed cost per pass is spread.
     head : bool
-        The draft is a head of the target's width (one layer), which engines run with an extend pass.
+        The draft is a head of the target (:func:`check_pair`), which engines run with an extend pass.
     target_pass, draft_pass : callable
         ``(tokens per sequence, batch size, context[, top_k or graphs])`` to seconds of one pass.
     step_seconds : float, optional
