@@ -279,8 +279,10 @@ def batch_runs(chosen, sizes) -> str:
 
 def where_sd_pays(advice, margin: float) -> str:
     """Where SD is on, marginal or off at one acceptance value (a :class:`moesd.model.recommend.Advice`),
-    and whether the host cost decides it."""
+    and whether the host cost decides it; not judged where nothing fits."""
     sizes = advice.best["batch_size"].to_numpy()
+    if not advice.judged:
+        return "not judged: nothing fits (the speedups below assume a batch size did)"
     if not len(advice.on) and not len(advice.marginal):
         text = "SD does not pay at any of these batch sizes: leave it off"
     else:
@@ -305,8 +307,25 @@ def _thinned(best: pd.DataFrame) -> pd.DataFrame:
     return best[best["batch_size"].isin(keep)]
 
 
-def advice_report(advice, margin: float) -> str:
-    """One acceptance value's headline and table of the best gamma per batch size."""
+def acceptance_label(advice, length: str | None = None) -> str:
+    """``alpha = 0.8``: the acceptance value of an advice; with ``length`` (``--acceptance-length``'s ``L@g``)
+    the first draft position's alpha it gave."""
+    if length is None:
+        return f"{advice.column} = {advice.value:g}"
+    return f"alpha = {advice.value:.3f} (the first draft position's, from --acceptance-length {length})"
+
+
+def peak_edge_phrase(advice) -> str:
+    """Where the peak lies at an end of the batch sizes asked for, and which way to look further."""
+    if advice.peak_edge is None:
+        return ""
+    return (f" (at the {advice.peak_edge} batch size asked; try "
+            f"{'larger' if advice.peak_edge == 'largest' else 'smaller'} --batch)")
+
+
+def advice_report(advice, margin: float, length: str | None = None) -> str:
+    """One acceptance value's headline and table of the best gamma per batch size (``length``: as
+    :func:`acceptance_label` takes it)."""
     shown = _thinned(advice.best)
     table = shown.assign(t_target_1=shown["t_target_1"] * 1e3, t_target_gamma=shown["t_target_gamma"] * 1e3,
                          t_draft=shown["t_draft"] * 1e3)[
@@ -317,75 +336,100 @@ def advice_report(advice, margin: float) -> str:
     band = (", the paper's x / sqrt(2) band (>= peak / sqrt(2) and > 1) "
             + (f"B = {advice.band[0]}" if advice.band[0] == advice.band[1] else f"B = {advice.band[0]}-{advice.band[1]}")
             if advice.band else "")
-    return (f"\n{advice.column} = {advice.value:g}: {where_sd_pays(advice, margin)}; peak speedup {advice.peak:.2f}x "
-            f"at B = {advice.peak_batch_size}{band}"
+    return (f"\n{acceptance_label(advice, length)}: {where_sd_pays(advice, margin)}; peak speedup {advice.peak:.2f}x "
+            f"at B = {advice.peak_batch_size}{peak_edge_phrase(advice)}{band}"
             + (" (rows shown: powers of two and the ends)" if len(shown) < len(advice.best) else "") + "\n"
             + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
 
 
 def predict_setup(target: str, draft: str, recommendation, tp: int, ep: int, draft_tp: int, dtype: str, context: int,
                   host_ms: float, other_host_ms: float, engine: str | None = None,
-                  step_ms: float | None = None, dp_attention: bool = False) -> str:
-    """The first line of ``moesd predict``: the setup and what the model prices."""
+                  step_ms: float | None = None, dp_attention: bool = False, draft_dtype: str | None = None,
+                  draft_topk: int = 1, verify_tokens: int | None = None, step_batch: int = 1) -> str:
+    """The first line of ``moesd predict``: the setup and what the model prices (the draft's dtype, a tree's
+    candidates and verified tokens where not the defaults; the nodes a ``tp`` beyond one node spans)."""
+    hardware = recommendation.hardware
+    nodes = (f"; --tp {tp} spans {-(-tp // hardware.gpus_per_node)} nodes of {hardware.gpus_per_node} "
+             f"{hardware.name} joined by their network" if tp > hardware.gpus_per_node else "")
     parallel = f"ep {ep}" + (", attention data-parallel" if dp_attention else "")
-    setup = (f"{target} on {tp} x {recommendation.hardware.name} ({parallel}), draft {draft} on {draft_tp} "
-             f"GPU(s), {dtype}, context {context} tokens; speedup of Eq. 4 predicted by moesd.model.predict ")
+    drafting = ", ".join(part for part in [
+        f"{draft_dtype} weights" if draft_dtype not in (None, dtype) else "",
+        f"{draft_topk} candidates per position" if draft_topk != 1 else "",
+        f"{verify_tokens} tokens verified per sequence" if verify_tokens is not None else ""] if part)
+    setup = (f"{target} on {tp} x {hardware.name} ({parallel}), draft {draft} on {draft_tp} GPU(s)"
+             + (f" ({drafting})" if drafting else "")
+             + f", {dtype}, context {context} tokens{nodes}; speedup of Eq. 4 predicted by moesd.model.predict ")
     if engine is not None or step_ms is not None:
         return setup + ("(roofline at achieved fractions of data-sheet peaks"
                         + (f", {engine}'s profile" if engine else "")
-                        + (f", a fixed cost per forward pass that makes the plain step at B = 1 your measured "
-                           f"{step_ms:g} ms" if step_ms is not None else "") + ")")
+                        + (f", a fixed cost per forward pass that makes the plain step at B = {step_batch} your "
+                           f"measured {step_ms:g} ms" if step_ms is not None else "") + ")")
     return (setup + f"(roofline at achieved fractions of data-sheet peaks, host cost {host_ms:g} ms per forward pass"
             + (f": where SD pays, an upper bound; --host-ms adds a serving engine's, e.g. {other_host_ms:.2g} ms from "
                "vLLM v0's own profile, moesd.paper.predictor_check" if host_ms == 0 else "") + ")")
 
 
-def engine_range(engine: str, recommendation) -> str:
-    """Where SD is on at both ends of an engine profile's published cost ranges."""
+def engine_range(engine: str, recommendation, length: str | None = None) -> str:
+    """Where SD is on at both ends of an engine profile's published cost ranges (``length``: as
+    :func:`acceptance_label` takes it)."""
     sizes = recommendation.judged
     lines = [f"\nacross {engine}'s published cost ranges (moesd.model.engine.ENGINES):"]
     for advice, low, high in zip(recommendation.advice, *(recommendation.engine_ends[e] for e in ("low", "high"))):
         runs = [batch_runs(on, sizes) if len(on) else "no batch size" for on in (low, high)]
-        lines.append(f"  {advice.column} = {advice.value:g}: SD is on at {runs[0]} with the costs that favour it, "
+        lines.append(f"  {acceptance_label(advice, length)}: SD is on at {runs[0]} with the costs that favour it, "
                      f"at {runs[1]} with those that disfavour it")
     return "\n".join(lines)
 
 
-def predict_notes(recommendation, tp: int, draft_tp: int) -> list:
-    """Notes on the pair: vocabularies that differ, or a draft of the target's shape on GPUs of its own."""
+STEP_NOTE = ("note: a measured plain step (--step-ms, at --step-batch sequences) makes the prediction clearly more "
+             "accurate against published engine measurements: the book's chapter \"Where SD pays\", section "
+             "\"Against serving engines\", scores the profile with and without one")
+"""What ``moesd predict --engine-profile`` without ``--step-ms`` notes."""
+
+
+def predict_notes(recommendation, tp: int, draft_tp: int, engine: str | None = None,
+                  step_ms: float | None = None) -> list:
+    """Notes on the pair (vocabularies that differ, or a draft of the target's shape on GPUs of its own), and
+    :data:`STEP_NOTE` for an engine profile without a measured step."""
+    notes = [STEP_NOTE] if engine is not None and step_ms is None else []
     target_vocab, draft_vocab = recommendation.vocabularies
     if recommendation.draft_head:  # its own vocabulary, by design: no tokenizer note
         note = (f"note: the draft is an EAGLE-3 head; its {draft_vocab}-token vocabulary maps onto the target's "
                 f"{target_vocab} tokens")
         if draft_tp < tp:
-            note += (f"; engines run it on the target's GPUs: --draft-tp {tp} times that, --draft-tp {draft_tp} "
-                     f"times it on {draft_tp} GPU(s)")
-        return [note]
+            note += (f"; engines run it on the target's GPUs: --draft-tp {tp} prices that, --draft-tp {draft_tp} "
+                     f"prices it on {draft_tp} GPU(s)")
+        return [note, *notes]
     if target_vocab != draft_vocab:
         return [f"note: the vocabularies differ ({target_vocab} against {draft_vocab} tokens); SD needs a "
-                "draft that shares the target's tokenizer"]
+                "draft that shares the target's tokenizer", *notes]
     if recommendation.shares_target_shape and draft_tp < tp:
         return [f"note: the draft shares the target's hidden size and vocabulary (an MTP head or a one-layer draft), "
-                f"which engines run on the target's GPUs: --draft-tp {tp} times that (its memory still "
-                f"checked on GPUs of its own), --draft-tp {draft_tp} times it on {draft_tp} GPU(s)"]
-    return []
+                f"which engines run on the target's GPUs: --draft-tp {tp} prices that (its memory still "
+                f"checked on GPUs of its own), --draft-tp {draft_tp} prices it on {draft_tp} GPU(s)", *notes]
+    return notes
 
 
-def memory_lines(recommendation, batch_sizes, context: int) -> list:
-    """What does not fit, with the options that would make it fit, and which batch sizes the advice covers."""
+def memory_lines(recommendation, batch_sizes) -> list:
+    """What does not fit, with the changes that make more of ``batch_sizes`` fit
+    (:class:`moesd.model.recommend.Shortfall`), and which batch sizes the advice covers."""
     batch = np.asarray(batch_sizes)
     hardware = recommendation.hardware
     lines = []
     for short in recommendation.shortfalls:
-        flag = "--tp" if short.role == "target" else "--draft-tp"
+        flag, dtype = ("--tp", "--dtype") if short.role == "target" else ("--draft-tp", "--draft-dtype")
         remedies = ([f"{flag} {' or '.join(map(str, short.more_gpus))}"] if short.more_gpus else []) \
-            + ([f"--dtype {' or '.join(short.smaller_dtypes)}"] if short.smaller_dtypes else []) \
-            + (["a shorter --context"] if context else [])
-        lines.append(f"does not fit: the {short.role}'s weights and KV cache need {short.largest_bytes / 1e9:.0f} GB per "
-                     f"GPU at B = {batch.max()}"
+            + ([f"--dp-attention at --tp {' or '.join(map(str, short.dp_attention_gpus))}"]
+               if short.dp_attention_gpus else []) \
+            + ([f"{dtype} {' or '.join(short.smaller_dtypes)}"] if short.smaller_dtypes else []) \
+            + (["a shorter --context"] if short.shorter_context else [])
+        lines.append(f"does not fit: the {short.role}'s weights and KV cache"
+                     + (" (with the draft head's on the same GPUs)" if short.holds_draft else "")
+                     + f" need {short.largest_bytes / 1e9:.0f} GB per GPU at B = {batch.max()}"
                      + (f" ({short.smallest_bytes / 1e9:.0f} GB at B = {batch.min()})" if len(batch) > 1 else "")
                      + f" on {short.gpus} GPU(s); one {hardware.name} holds {short.capacity_bytes / 1e9:.0f} GB"
-                     + (f" (try {'; '.join(remedies)})." if remedies else "."))
+                     + (f" (try {'; '.join(remedies)})." if remedies else
+                        "; no other GPU count, dtype or context moesd prices makes more of them fit."))
     fits = recommendation.fits
     if not fits.all():
         lines.append(f"Only B <= {batch[fits].max()} fits ({fits.sum()} of {len(batch)} batch sizes; activations and "

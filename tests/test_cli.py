@@ -2,6 +2,8 @@
 
 import re
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from moesd.cli import main
@@ -133,3 +135,120 @@ def test_predict_writes_csv_and_plot_once_and_replaces_them_with_overwrite(tmp_p
     assert main([*argv, "--gamma", "2", "--overwrite"]) == 0
     assert csv.read_bytes() != written[csv] and sorted(p.name for p in tmp_path.iterdir()) == ["p.csv", "p.svg"]
 
+
+def _predict(capsys, *args):
+    assert main(["predict", *args]) == 0
+    return capsys.readouterr().out
+
+
+def _refused(capsys, *args):
+    with pytest.raises(SystemExit) as exit_:
+        main(["predict", *args])
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+QWEN3 = ["--target", "qwen3-30b-a3b", "--draft", "qwen3-0.6b", "--hardware", "H100"]
+DEEPSEEK = ["--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200", "--tp", "8",
+            "--dtype", "fp8"]
+
+
+def test_predict_host_cost_and_engine_profile_exclude_each_other(capsys):
+    """A profile leaves the draft's steps to the profile: --host-ms would charge the target alone. With a profile
+    the advice is not re-checked at vLLM v0's host cost, so no hint about --host-ms is printed."""
+    err = _refused(capsys, *QWEN3, "--engine-profile", "sglang", "--host-ms", "3.8")
+    assert "--host-ms and --engine-profile exclude each other" in err and "--step-ms" in err
+    out = _predict(capsys, *QWEN3, "--engine-profile", "sglang", "--batch", "1-64", "--alpha", "0.6,0.8")
+    assert "depends on the host cost" not in out and "--host-ms" not in out
+    assert "not the rejection sampling" in " ".join(_help(capsys).split())
+
+
+def _help(capsys):
+    with pytest.raises(SystemExit):
+        main(["predict", "--help"])
+    return capsys.readouterr().out
+
+
+def test_predict_judges_nothing_when_nothing_fits(tmp_path, capsys):
+    csv = tmp_path / "p.csv"
+    out = _predict(capsys, "--target", "qwen3-235b-a22b", "--draft", "qwen3-0.6b", "--hardware", "H100",
+                   "--batch", "1,8,64", "--csv", str(csv))
+    verdict = next(line for line in out.splitlines() if line.startswith("alpha = 0.8"))
+    assert "not judged: nothing fits" in verdict and "SD pays" not in verdict and "leave it off" not in verdict
+    rows = [line.split() for line in out.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)]
+    assert len(rows) == 3 and all(row[3:5] == ["not", "judged"] for row in rows)
+
+    assert pd.read_csv(csv)["fits"].eq(False).all()
+    _predict(capsys, *QWEN3, "--batch", "1,256", "--csv", str(csv), "--overwrite")
+    assert pd.read_csv(csv).groupby("batch_size")["fits"].all().to_dict() == {1: True, 256: False}
+
+
+def test_predict_runs_a_draft_head_on_the_target_gpus_by_default(capsys):
+    out = _predict(capsys, *DEEPSEEK, "--batch", "1,64")
+    assert "draft deepseek-v3-mtp on 8 GPU(s)" in out and "note:" not in out
+    out = _predict(capsys, *DEEPSEEK, "--batch", "1,64", "--draft-tp", "1")
+    assert "--draft-tp 8 prices that" in out and "--draft-tp 1 prices it on 1 GPU(s)" in out and "times" not in out
+    assert "draft qwen3-0.6b on 1 GPU(s)" in _predict(capsys, *QWEN3, "--tp", "2", "--batch", "8")
+
+
+def test_predict_takes_trees_draft_dtypes_and_the_batch_of_a_measured_step(tmp_path, capsys):
+    from moesd.model.predict import predict_sd
+
+    csv = tmp_path / "p.csv"
+    eagle = ["--target", "qwen3-30b-a3b", "--draft", "qwen3-30b-a3b-eagle3", "--hardware", "H100", "--tp", "2",
+             "--batch", "1,8", "--gamma", "4", "--alpha", "0.7", "--engine-profile", "sglang"]
+    out = _predict(capsys, *eagle, "--draft-topk", "4", "--verify-tokens", "16", "--draft-dtype", "fp8",
+                   "--step-ms", "12", "--step-batch", "8", "--csv", str(csv))
+    assert "(fp8 weights, 4 candidates per position, 16 tokens verified per sequence)" in out.splitlines()[0]
+    assert "plain step at B = 8 your measured 12 ms" in out.splitlines()[0]
+
+    expected = predict_sd("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", [1, 8], 4, alpha=0.7, tp=2,
+                          context=1024, engine="sglang", draft_topk=4, verify_tokens=16, draft_dtype="fp8",
+                          step_seconds=12e-3, step_batch_size=8)
+    np.testing.assert_allclose(pd.read_csv(csv)["speedup"], expected["speedup"], rtol=1e-9)
+    for flags, message in ((["--draft-topk", "0"], "--draft-topk must be >= 1, got 0"),
+                           (["--draft-topk", "2", "--verify-tokens", "1"], "--verify-tokens must be >= 2, got 1"),
+                           (["--verify-tokens", "8"], "--verify-tokens applies to a tree of drafts"),
+                           (["--draft-topk", "2", "--verify-tokens", "5000"], "--verify-tokens: verify_tokens must be"),
+                           (["--draft-dtype", "int3"], "--draft-dtype: dtype must be one of"),
+                           (["--step-batch", "8"], "--step-batch applies only with --step-ms"),
+                           (["--step-ms", "12", "--step-batch", "0"], "--step-batch must be >= 1, got 0")):
+        assert message in _refused(capsys, *eagle, *flags)
+
+
+def test_predict_suggests_only_changes_that_make_more_fit(capsys):
+    """DeepSeek-V3 at 2M tokens: its MLA cache is on every GPU, so no --tp helps, and H200 has no FP4 cores."""
+    out = _predict(capsys, *DEEPSEEK, "--batch", "1", "--context", "2000000")
+    line = next(line for line in out.splitlines() if line.startswith("does not fit"))
+    assert line.endswith("(try a shorter --context).")
+    out = _predict(capsys, *DEEPSEEK, "--batch", "1,64,256", "--context", "200000")
+    line = next(line for line in out.splitlines() if line.startswith("does not fit"))
+    assert "--dp-attention at --tp 16 or" in line and "try --tp" not in line and "--dtype" not in line
+    out = _predict(capsys, *QWEN3, "--batch", "1,256")
+    assert "(try --tp 2 or 4 or 8; --dtype fp8 or w4a8; a shorter --context)." in out
+
+
+def test_predict_says_how_to_anchor_an_engine_profile(capsys):
+    note = "a measured plain step (--step-ms"
+    assert note in _predict(capsys, *QWEN3, "--batch", "8", "--engine-profile", "sglang")
+    assert "Against serving engines" in _predict(capsys, *QWEN3, "--batch", "8", "--engine-profile", "sglang")
+    assert note not in _predict(capsys, *QWEN3, "--batch", "8", "--engine-profile", "sglang", "--step-ms", "20")
+
+
+def test_hardware_says_where_tensor_parallelism_crosses_nodes(capsys):
+    main(["hardware"])
+    out = capsys.readouterr().out
+    assert "NIC GB/s" in out and "nodes" in out and "the largest --tp moesd predict prices;" not in out
+    assert "Hardware.max_nodes" in " ".join(_help(capsys).split())
+    out = _predict(capsys, "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H100", "--tp",
+                   "16", "--dtype", "fp8", "--batch", "8")
+    assert "--tp 16 spans 2 nodes of 8 H100" in out.splitlines()[0]
+    assert "spans" not in _predict(capsys, *DEEPSEEK, "--batch", "8").splitlines()[0]
+
+
+def test_predict_wording_of_acceptance_data_parallel_and_the_batch_range(capsys):
+    out = _predict(capsys, *QWEN3, "--batch", "1,8", "--acceptance-length", "1@3")
+    assert "alpha = 0.000 (the first draft position's, from --acceptance-length 1@3)" in out and "e-20" not in out
+    assert "(at the largest batch size asked; try larger --batch)" in out
+    assert "try larger --batch" not in _predict(capsys, *QWEN3, "--batch", "1-128")
+    assert "--dp-attention needs --tp 2 or more" in _refused(capsys, *DEEPSEEK[:6], "--tp", "1", "--dp-attention")

@@ -30,3 +30,37 @@ def test_numbers_for_prose():
     assert narration.span([1.0, 1.004]) == "1.00" and narration.span([0.5, 2]) == "0.50-2.00"
     assert narration.span([-1.0, 2.0]) == "-1.00 to 2.00"
     assert narration.judged_from("claim", None) == "claim" and narration.judged_from("claim", 4).endswith("B = 4")
+
+
+def _advice(**changes):
+    """An Advice of three batch sizes, SD on at all of them, with ``changes``."""
+    import dataclasses
+
+    import pandas as pd
+
+    from moesd.model.recommend import Advice
+
+    best = pd.DataFrame({"batch_size": [1, 2, 4], "speedup": [1.5, 1.6, 1.7], "sd": ["on"] * 3})
+    advice = Advice("alpha", 0.8, best, np.array([1, 2, 4]), np.array([], dtype=int), 1.7, 4, (1, 4), 3.8,
+                    np.array([1, 2, 4]), False)
+    return dataclasses.replace(advice, **changes)
+
+
+def test_sd_not_judged_says_so_without_on_or_off():
+    from moesd.model.recommend import NOT_JUDGED
+
+    advice = _advice(judged=False, on=np.array([], dtype=int), host_decides=True,
+                     best=_advice().best.assign(sd=NOT_JUDGED))
+    text = narration.where_sd_pays(advice, 0.05)
+    assert text.startswith("not judged: nothing fits") and "pays" not in text and " on " not in text
+    assert "host cost" not in text  # nothing is decided where nothing is judged
+    assert "SD pays" in narration.where_sd_pays(_advice(), 0.05)
+
+
+def test_the_peak_at_an_end_and_an_alpha_from_an_acceptance_length():
+    assert narration.peak_edge_phrase(_advice(peak_edge="largest")).endswith("try larger --batch)")
+    assert narration.peak_edge_phrase(_advice(peak_edge="smallest")).endswith("try smaller --batch)")
+    assert narration.peak_edge_phrase(_advice()) == ""
+    label = narration.acceptance_label(_advice(value=2.71051e-20), "1@3")
+    assert label.startswith("alpha = 0.000 (") and label.endswith("--acceptance-length 1@3)")
+    assert narration.acceptance_label(_advice()) == "alpha = 0.8"

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from moesd.model.recommend import SD_MARGIN, recommend, sd_status
+from moesd.model.predict import memory_fit, predict_sd
+from moesd.model.recommend import NOT_JUDGED, SD_MARGIN, recommend, sd_status
 
 
 def test_sd_status_splits_at_one_and_at_the_margin():
@@ -13,7 +14,14 @@ def test_sd_status_splits_at_one_and_at_the_margin():
 
 @pytest.fixture(scope="module")
 def qwen3():
-    """Qwen3-235B on one H100 does not fit; with a 0.6B draft the advice covers all batch sizes anyway."""
+    """Qwen3-235B with a 0.6B draft on eight H100s: every batch size up to 64 fits."""
+    return recommend("qwen3-235b-a22b", "qwen3-0.6b", "H100", np.arange(1, 65), np.arange(1, 6), "alpha",
+                     [0.6, 0.9], tp=8, context=1024)
+
+
+@pytest.fixture(scope="module")
+def unfitting():
+    """Qwen3-235B on one H100 does not fit at any batch size."""
     return recommend("qwen3-235b-a22b", "qwen3-0.6b", "H100", np.arange(1, 65), np.arange(1, 6), "alpha",
                      [0.6, 0.9], context=1024)
 
@@ -30,11 +38,115 @@ def test_advice_partitions_the_judged_batch_sizes_by_the_best_speedup(qwen3):
     assert qwen3.advice[1].peak > qwen3.advice[0].peak  # more acceptance, more speedup
 
 
-def test_what_does_not_fit_is_named_with_what_would_make_it_fit(qwen3):
-    assert not qwen3.fits.any() and list(qwen3.judged) == list(range(1, 65))  # none fits: advice over all
-    (short,) = qwen3.shortfalls
+def test_what_does_not_fit_is_named_with_what_would_make_it_fit(unfitting):
+    (short,) = unfitting.shortfalls
     assert short.role == "target" and short.gpus == 1 and short.largest_bytes > short.capacity_bytes
-    assert short.largest_bytes >= short.smallest_bytes and 8 in short.more_gpus and "fp8" in short.smaller_dtypes
+    assert short.largest_bytes >= short.smallest_bytes
+    # 470 GB of bf16 weights: 8 GPUs of a node hold them, 2 or 4 do not, and no dtype or context fits one GPU
+    assert short.more_gpus == (8,) and short.smaller_dtypes == () and not short.shorter_context
+    assert short.dp_attention_gpus == () and not short.holds_draft  # GQA, and a draft on a GPU of its own
+
+
+def test_when_nothing_fits_sd_is_not_judged(unfitting):
+    """No batch size fits: the speedups stay (all batch sizes), but no status says on or off, nothing is on,
+    marginal or decided by the host cost, and every CSV row says it does not fit."""
+    assert not unfitting.fits.any() and list(unfitting.judged) == list(range(1, 65))
+    assert "fits" in unfitting.frame and not unfitting.frame["fits"].any()
+    for advice in unfitting.advice:
+        assert not advice.judged and set(advice.best["sd"]) == {NOT_JUDGED}
+        assert not len(advice.on) and not len(advice.marginal) and not len(advice.on_at_other_host)
+        assert not advice.host_decides and advice.peak > 1
+
+
+def test_the_frame_says_which_rows_fit(qwen3):
+    long = recommend("qwen3-30b-a3b", "qwen3-0.6b", "H100", [1, 256], [2], "alpha", [0.8])
+    assert long.fits.tolist() == [True, False] and all(advice.judged for advice in long.advice)
+    assert long.frame.groupby("batch_size")["fits"].all().to_dict() == {1: True, 256: False}
+    assert qwen3.frame["fits"].all()
+
+
+def _fitting_batch_sizes(recommendation, **change):
+    """How many batch sizes fit the target's GPUs once ``change`` is made to the setup of ``recommendation``."""
+    return int((memory_fit(**change)["target_bytes"] <= recommendation.hardware.memory_bytes).sum())
+
+
+def test_memory_advice_is_only_what_makes_more_batch_sizes_fit():
+    """DeepSeek-V3's MLA cache is copied to every GPU under tensor parallelism: at 200k tokens no --tp fits more,
+    attention data-parallel over two or more nodes does (each checked again), and H200 has no 4-bit tensor cores
+    for a 4-bit dtype to be suggested."""
+    setup = dict(target="deepseek-v3", draft="deepseek-v3-mtp", hardware="H200", batch_size=[1, 64, 256],
+                 context=200_000, tp=8, dtype="fp8")
+    answer = recommend(setup["target"], setup["draft"], "H200", setup["batch_size"], [1, 2], "alpha", [0.8], tp=8,
+                       dtype="fp8", context=200_000)
+    (short,) = answer.shortfalls
+    assert short.holds_draft and short.more_gpus == () and short.smaller_dtypes == () and short.shorter_context
+    assert short.dp_attention_gpus[0] == 16
+    now = int(answer.fits.sum())
+    for tp in short.dp_attention_gpus:
+        assert _fitting_batch_sizes(answer, **{**setup, "tp": tp, "dp_attention": True}) > now
+    assert _fitting_batch_sizes(answer, **{**setup, "tp": 16}) == now  # why no plain --tp is suggested
+    assert _fitting_batch_sizes(answer, **{**setup, "context": 0}) > now
+
+
+def test_a_4_bit_dtype_is_suggested_only_where_the_gpu_has_its_tensor_cores():
+    """Qwen3-235B on two GPUs: fp8 (235 GB) fits two B200s, not two H100s; MXFP4 and NVFP4 only where the GPU
+    has FP4 tensor cores (B200), W4A8 where it has fp8 ones."""
+    kept = {}
+    for hardware in ("H100", "B200"):
+        answer = recommend("qwen3-235b-a22b", "qwen3-0.6b", hardware, [1, 64], [2], "alpha", [0.8], tp=2,
+                           context=8192)
+        kept[hardware] = answer.shortfalls[0].smaller_dtypes
+    assert kept == {"H100": ("w4a8",), "B200": ("fp8", "w4a8", "mxfp4", "nvfp4")}
+
+
+def test_a_draft_head_runs_on_the_target_gpus_unless_told_otherwise():
+    """draft_tp None: the target's tp for an MTP or EAGLE head, 1 for a separate draft model, as predict_sd."""
+    head = recommend("deepseek-v3", "deepseek-v3-mtp", "H200", [1, 8], [2], "alpha", [0.8], tp=8, dtype="fp8")
+    alone = recommend("deepseek-v3", "deepseek-v3-mtp", "H200", [1, 8], [2], "alpha", [0.8], tp=8, dtype="fp8",
+                      draft_tp=1)
+    separate = recommend("qwen3-30b-a3b", "qwen3-0.6b", "H100", [1, 8], [2], "alpha", [0.8], tp=2)
+    eagle = recommend("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", [1, 8], [2], "alpha", [0.8], tp=2)
+    assert (head.draft_tp, alone.draft_tp, separate.draft_tp, eagle.draft_tp) == (8, 1, 1, 2)
+    expected = predict_sd("deepseek-v3", "deepseek-v3-mtp", "H200", [1, 8], 2, alpha=0.8, tp=8, draft_tp=8,
+                          dtype="fp8", context=1024)
+    np.testing.assert_allclose(head.frame["speedup"], expected["speedup"], rtol=1e-12)
+    assert not np.allclose(alone.frame["speedup"], head.frame["speedup"])
+
+
+def test_tree_dtype_and_step_options_reach_predict_sd():
+    options = dict(tp=2, dtype="bf16", draft_dtype="fp8", draft_topk=4, verify_tokens=16, context=512)
+    answer = recommend("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", [1, 8], [4], "alpha", [0.7],
+                       engine="sglang", step_ms=12.0, step_batch_size=8, **options)
+    expected = predict_sd("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", [1, 8], 4, alpha=0.7, engine="sglang",
+                          step_seconds=12e-3, step_batch_size=8, **options)
+    np.testing.assert_allclose(answer.frame["speedup"], expected["speedup"], rtol=1e-12)
+    chain = recommend("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", [1, 8], [4], "alpha", [0.7], tp=2,
+                      context=512, engine="sglang", step_ms=6.0)
+    assert not np.allclose(chain.frame["speedup"], answer.frame["speedup"])
+
+
+def test_an_engine_profile_holds_the_host_cost():
+    """With a profile the draft's steps are the profile's, so a host cost per forward pass would charge the target
+    alone: refused, and the advice is not re-checked at vLLM v0's host cost."""
+    with pytest.raises(ValueError, match="^host_ms: an engine profile holds"):
+        recommend("qwen3-30b-a3b", "qwen3-0.6b", "H100", [1, 8], [2], "alpha", [0.8], engine="sglang", host_ms=3.8)
+    answer = recommend("qwen3-30b-a3b", "qwen3-0.6b", "H100", np.arange(1, 65), np.arange(1, 6), "alpha",
+                       [0.6, 0.8], engine="sglang")
+    for advice in answer.advice:
+        assert advice.other_host_ms == 0 and not advice.host_decides
+        assert list(advice.on_at_other_host) == list(advice.on)
+
+
+def test_the_peak_at_an_end_of_the_batch_sizes_asked_is_flagged():
+    def edge(batch_sizes):
+        return recommend("qwen3-30b-a3b", "qwen3-0.6b", "H100", batch_sizes, [1, 2, 3], "alpha", [0.8],
+                         tp=2).advice[0]
+
+    largest, smallest = edge([2, 4, 8]), edge([64, 128, 256])
+    assert (largest.peak_batch_size, largest.peak_edge) == (8, "largest")
+    assert (smallest.peak_batch_size, smallest.peak_edge) == (64, "smallest")
+    assert edge([8]).peak_edge is None  # one batch size has no range to extend
+    assert edge(np.arange(1, 129)).peak_edge is None  # a peak inside the range asked
 
 
 def test_the_host_cost_is_checked_both_ways():
@@ -50,7 +162,7 @@ def test_the_host_cost_is_checked_both_ways():
 
 
 def test_the_host_cost_decides_where_sd_turns_on_at_the_margin(qwen3):
-    """At alpha 0.6, a serving engine's host cost moves where SD is on (B = 9 drops out); where SD is on at
+    """At alpha 0.6, a serving engine's host cost moves where SD is on (B = 1-11 drop out); where SD is on at
     every batch size either way, it does not decide."""
     decided = qwen3.advice[0]
     assert decided.host_decides and set(decided.on_at_other_host) < set(decided.on)

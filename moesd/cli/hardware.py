@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> None:
         "GB": hw.memory_bytes / 1e9,
         "ridge point": hw.ridge_point,
         "GPUs/node": hw.gpus_per_node,
+        "NIC GB/s": hw.internode_bandwidth / 1e9,
+        "nodes": hw.max_nodes if hw.internode_bandwidth else 1,
     } for hw in HARDWARE.values()])
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(HARDWARE_NOTE)
@@ -73,8 +75,11 @@ def _regime(args: argparse.Namespace) -> None:
 
 
 HARDWARE_NOTE = ("A100, A800, H100, H800, H200: the SXM parts (their data sheets' SXM figures); GPUs/node: the GPUs "
-                  "one NVLink or Infinity Fabric domain (L40: one PCIe server) joins, the largest --tp moesd "
-                  "predict prices; each record's sources: moesd.theory.roofline.HARDWARE")
+                 "one NVLink or Infinity Fabric domain (L40: one PCIe server) joins, the largest --tp moesd predict "
+                 "prices within one node; NIC GB/s: the inter-node network of each GPU, one direction "
+                 "(Hardware.internode_bandwidth), over which a --tp above GPUs/node spans whole nodes; nodes: the "
+                 "most nodes it spans (Hardware.max_nodes; 1 where no network is on record, so --tp stays within "
+                 "one node); each record's sources: moesd.theory.roofline.HARDWARE")
 
 
 def _measured_hardware(args: argparse.Namespace) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 from moesd._checks import UsageError, new_files
 from moesd._files import atomic_write
 from moesd.model.engine import ENGINES
+from moesd.model.layout import check_dtype
 from moesd.theory.roofline import HARDWARE
 from moesd.zoo import DRAFT_HEADS, MODELS
 from moesd.cli.arguments import integers, numbers
@@ -66,11 +67,27 @@ def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, 
         if (values[:, None] < 1 / (gammas[None, :] + 1)).any():
             raise UsageError(f"--sigma must be >= 1 / (gamma + 1) for every --gamma, got {args.sigma}")
     for flag, value, low in (("--tp", args.tp, 1), ("--ep", args.ep, 1), ("--draft-tp", args.draft_tp, 1),
-                             ("--context", args.context, 0)):
-        if value < low:
+                             ("--context", args.context, 0), ("--draft-topk", args.draft_topk, 1),
+                             ("--verify-tokens", args.verify_tokens, 2), ("--step-batch", args.step_batch, 1)):
+        if value is not None and value < low:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
+    if args.verify_tokens is not None and args.draft_topk == 1:
+        raise UsageError("--verify-tokens applies to a tree of drafts (--draft-topk 2 or more); a chain verifies "
+                         "gamma + 1 tokens")
+    if args.dp_attention and args.tp < 2:
+        raise UsageError("--dp-attention needs --tp 2 or more: on one GPU there is nothing to spread")
     if not (math.isfinite(args.host_ms) and args.host_ms >= 0):
         raise UsageError(f"--host-ms must be a finite number >= 0, got {args.host_ms}")
+    if args.host_ms and args.engine_profile:
+        raise UsageError("--host-ms and --engine-profile exclude each other: with a profile the engine's fixed "
+                         "costs come from the profile and from --step-ms (a measured plain step)")
+    if args.step_batch != 1 and args.step_ms is None:
+        raise UsageError("--step-batch applies only with --step-ms (the batch size that step was measured at)")
+    if args.draft_dtype is not None:
+        try:
+            check_dtype(args.draft_dtype)
+        except ValueError as error:
+            raise UsageError(f"--draft-dtype: {error}") from None
     rows = len(batch) * len(gammas) * len(values)
     if rows > MAX_ROWS:
         raise UsageError(f"--batch, --gamma and the acceptance values make {rows} predictions "
@@ -82,7 +99,10 @@ def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, 
         raise UsageError("--step-ms and --host-ms exclude each other: a measured step holds the host's cost")
     return batch, gammas, column, values, dict(tp=args.tp, draft_tp=args.draft_tp, context=args.context, ep=args.ep,
                                                dtype=args.dtype, engine=args.engine_profile, step_ms=args.step_ms,
-                                               alpha_decay=args.alpha_decay, dp_attention=args.dp_attention)
+                                               alpha_decay=args.alpha_decay, dp_attention=args.dp_attention,
+                                               draft_dtype=args.draft_dtype, draft_topk=args.draft_topk,
+                                               verify_tokens=args.verify_tokens or "gamma+1",
+                                               step_batch_size=args.step_batch)
 
 
 def _alpha_from_length(text: str, decay: float) -> np.ndarray:
@@ -120,9 +140,11 @@ def run(args: argparse.Namespace) -> None:
     except ValueError as error:  # name the command-line flag of the argument the package names
         message = str(error)
         first = message.split(" ", 1)[0].rstrip(":")
-        flag = {"model": "--target/--draft", "hardware": "--hardware", "tp": "--tp", "draft_tp": "--draft-tp",
-                "ep": "--ep", "dtype": "--dtype", "context": "--context", "batch_size": "--batch", "gamma": "--gamma",
-                "tokens_per_sequence": "--gamma", "dp_attention": "--dp-attention"}.get(first)
+        flag = {"model": "--target/--draft", "target": "--target", "draft": "--draft", "hardware": "--hardware",
+                "tp": "--tp", "draft_tp": "--draft-tp", "ep": "--ep", "dtype": "--dtype", "context": "--context",
+                "batch_size": "--batch", "gamma": "--gamma", "tokens_per_sequence": "--gamma",
+                "dp_attention": "--dp-attention", "draft_topk": "--draft-topk", "verify_tokens": "--verify-tokens",
+                "step_seconds": "--step-ms", "step_batch_size": "--step-batch"}.get(first)
         message = message.replace(" or a Hardware record", "")  # what a program, not the command line, may pass
         raise UsageError(f"{flag}: {message}" if flag else message) from None
     answer = recommend(args.target, args.draft, args.hardware, batch, gammas, column, values, **options,
@@ -132,15 +154,16 @@ def run(args: argparse.Namespace) -> None:
             answer.frame.to_csv(file, index=False)
     other_ms = answer.advice[0].other_host_ms
     print(narration.predict_setup(args.target, args.draft, answer, args.tp, args.tp if args.dp_attention else args.ep,
-                                  args.draft_tp, args.dtype, args.context, args.host_ms, other_ms, args.engine_profile,
-                                  args.step_ms, args.dp_attention))
-    for line in narration.predict_notes(answer, args.tp, args.draft_tp) + narration.memory_lines(answer, batch,
-                                                                                                 args.context):
+                                  answer.draft_tp, args.dtype, args.context, args.host_ms, other_ms,
+                                  args.engine_profile, args.step_ms, args.dp_attention, args.draft_dtype,
+                                  args.draft_topk, args.verify_tokens, args.step_batch))
+    for line in (narration.predict_notes(answer, args.tp, answer.draft_tp, args.engine_profile, args.step_ms)
+                 + narration.memory_lines(answer, batch)):
         print(line)
     for advice in answer.advice:
-        print(narration.advice_report(advice, SD_MARGIN))
+        print(narration.advice_report(advice, SD_MARGIN, args.acceptance_length))
     if answer.engine_ends:
-        print(narration.engine_range(args.engine_profile, answer))
+        print(narration.engine_range(args.engine_profile, answer, args.acceptance_length))
     print(narration.sd_legend(SD_MARGIN))
     if plot:
         _heatmaps(answer, column, values, plot, f"{args.target} on {args.tp} x {answer.hardware.name}")
@@ -175,14 +198,22 @@ def add_parser(commands) -> None:
     predict.add_argument("--target", required=True, help="moesd.zoo name of the target, e.g. deepseek-v3")
     predict.add_argument("--draft", required=True, help="moesd.zoo name of the draft, e.g. deepseek-v3-mtp")
     predict.add_argument("--hardware", required=True, help="moesd.theory.roofline.HARDWARE name, e.g. H200 (below)")
-    predict.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of the target (default 1)")
+    predict.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of the target: within one node, or "
+                         "whole nodes joined by their network where the hardware has one on record (below; default 1)")
     predict.add_argument("--ep", type=int, default=1, help="expert-parallel degree, dividing --tp (default 1)")
     predict.add_argument("--dp-attention", action="store_true", help="SGLang's --enable-dp-attention with expert "
                          "parallelism: each of the --tp GPUs runs attention and the dense weights on its share of "
                          "the sequences, the routed experts are dealt over all of them (ep = --tp), and every MoE "
-                         "layer dispatches and combines its tokens (all-to-alls) instead of all-reduces")
-    predict.add_argument("--draft-tp", type=int, default=1,
-                         help="tensor-parallel GPUs of the draft, its own beside the target's (default 1)")
+                         "layer dispatches and combines its tokens (all-to-alls) instead of all-reduces (--tp 2 or "
+                         "more)")
+    predict.add_argument("--draft-tp", type=int, help="tensor-parallel GPUs of the draft (default: --tp for a draft "
+                         "head, one layer of the target's width such as an MTP or EAGLE head, which engines run on "
+                         "the target's GPUs; 1 for a separate draft model)")
+    predict.add_argument("--draft-dtype", help="the draft's weight dtype, as --dtype takes them (default: --dtype)")
+    predict.add_argument("--draft-topk", type=int, default=1, help="candidates per draft position, a tree's "
+                         "branching (SGLang's eagle_topk; default 1: a chain)")
+    predict.add_argument("--verify-tokens", type=int, help="tokens verified per sequence for a tree of drafts, the "
+                         "last verified token included (SGLang's num_draft_tokens; default: gamma + 1)")
     predict.add_argument("--gamma", default="1-5", help="draft lengths, e.g. 1-5 or 2,4 (default 1-5)")
     predict.add_argument("--alpha", help="per-token acceptance probability(ies): sigma(alpha, gamma) of Eq. 5 for "
                          "each gamma (default 0.8)")
@@ -193,21 +224,30 @@ def add_parser(commands) -> None:
     predict.add_argument("--dtype", default="bf16", help="weight dtype: bf16, fp8, fp32, or w4a8, mxfp4, nvfp4 "
                          "(4-bit routed experts, the rest bf16 or fp8; default bf16)")
     predict.add_argument("--host-ms", type=float, default=0.0,
-                         help="host cost of every forward pass of target and draft, ms (scheduling, input "
-                         "preparation, sampling in a serving engine; default 0: the GPUs' work only)")
+                         help="a fixed host cost added to every forward pass, ms: the target's plain step and its "
+                         "verification pass, and each of the draft's gamma steps (not the rejection sampling); "
+                         "scheduling, input preparation, sampling in a serving engine. Not with --engine-profile "
+                         "(its fixed costs are the profile's and --step-ms's) or --step-ms (default 0: the GPUs' "
+                         "work only)")
     predict.add_argument("--acceptance-length", help="mean acceptance length as engines report it, tokens per "
                          "round including the bonus token, at the gamma it was measured with: L@gamma, e.g. "
-                         "2.4@3 (instead of --alpha)")
+                         "2.4@3, a tree's too (instead of --alpha; the first draft position's alpha it gives is "
+                         "printed)")
     predict.add_argument("--alpha-decay", type=float, default=1.0, help="acceptance of draft position i is "
                          "alpha x decay^(i - 1) (default 1: the same at every position)")
     predict.add_argument("--engine-profile", choices=list(ENGINES), help="a serving engine's fixed costs "
                          "(moesd.model.engine.ENGINES): the host time SD rounds expose, draft steps' fixed "
-                         "cost, a draft head's extend pass, grouped-GEMM tiles (default: the GPUs' work only)")
+                         "cost, a draft head's extend pass, grouped-GEMM tiles; add --step-ms (a measured plain "
+                         "step), not --host-ms (default: the GPUs' work only)")
     predict.add_argument("--step-ms", type=float, help="your engine's measured plain decoding step at batch "
-                         "size 1, ms (1000 / tokens per second of one request): what the GPUs' roofline misses "
-                         "becomes a fixed cost per forward pass, spread over the layers")
-    predict.add_argument("--csv", help="write every predicted row to this CSV file")
+                         "size --step-batch, ms (at batch size 1: 1000 / tokens per second of one request): what the "
+                         "GPUs' roofline misses becomes a fixed cost per forward pass, spread over the layers")
+    predict.add_argument("--step-batch", type=int, default=1, help="the batch size --step-ms was measured at "
+                         "(default 1)")
+    predict.add_argument("--csv", help="write every predicted row to this CSV file, with a column fits: whether "
+                         "its batch size fits target and draft in memory")
     predict.add_argument("--overwrite", action="store_true", help="replace existing --csv and --plot files")
     predict.add_argument("--plot", help="write a heatmap of speedup over (B, gamma) to this image file (a suffix matplotlib writes, "
-                         ".png if none), one panel per --alpha or --sigma, over the batch sizes that fit")
+                         ".png if none), one panel per --alpha or --sigma, over the batch sizes that fit (all of "
+                         "them when none does)")
     predict.set_defaults(run=run, prints_only=True)

@@ -5,7 +5,8 @@ which batch sizes fit the GPUs' memory (:func:`moesd.model.predict.memory_fit`),
 acceptance value says where SD pays: *on* where the best draft length's speedup exceeds
 ``1 + SD_MARGIN``, *marginal* where it exceeds 1 by less, *off* elsewhere. It also says whether that
 answer depends on the host cost per forward pass (it is recomputed at a serving engine's measured
-cost when none was given, and at none when one was). ``moesd predict`` prints a
+cost when none was given, and at none when one was; not with an engine profile or a measured step, which
+hold the host's cost). Where no batch size fits, SD is not judged (:data:`NOT_JUDGED`). ``moesd predict`` prints a
 :class:`Recommendation` (:mod:`moesd.narration` writes its sentences); a chapter reads its fields.
 """
 
@@ -20,13 +21,16 @@ import pandas as pd
 from moesd.model.engine import engine_profile
 from moesd.model.kernels import Efficiency
 from moesd.model.layout import DTYPE_BYTES, check_dtype, resolve_model, tensor_parallel_sizes
-from moesd.model.predict import batch_range, best_gamma, memory_fit, predict_sd
+from moesd.model.predict import batch_range, best_gamma, check_pair, memory_fit, predict_sd
 from moesd.theory.roofline import hardware_record
 from moesd.zoo import DRAFT_HEADS
 
 SD_MARGIN = 0.05
 """SD is 'on' only where the best speedup exceeds 1 by more than this fraction, and 'marginal' above 1
 below it: a stated choice, smaller than the errors the book finds for the model."""
+
+NOT_JUDGED = "not judged"
+"""The SD status of every batch size when none fits the GPUs' memory: the speedups assume one did."""
 
 
 def sd_status(speedup) -> np.ndarray:
@@ -50,10 +54,20 @@ class Shortfall:
     capacity_bytes : float
         One GPU's memory, in bytes.
     more_gpus : tuple of int
-        Tensor-parallel sizes above ``gpus`` the model divides over: those within one node, or, where
-        ``gpus`` fills a node, those across nodes.
+        Tensor-parallel sizes above ``gpus`` the model divides over at which more of the batch sizes asked
+        for fit: those within one node, or, where none within one does, those across nodes.
     smaller_dtypes : tuple of str
-        Weight dtypes of fewer bytes than the one asked for.
+        Weight dtypes of fewer bytes than the one asked for at which more batch sizes fit, of those the
+        GPU multiplies natively (:func:`_native_dtypes`).
+    dp_attention_gpus : tuple of int
+        For a target with MLA and experts, not yet attention data-parallel: the tensor-parallel sizes (``gpus``
+        or more; within one node where any does) at which attention data-parallel (``dp_attention``) makes
+        more batch sizes fit than now and than that tensor-parallel size alone. MLA's one latent KV head is copied to every GPU under tensor parallelism; data-
+        parallel attention splits the sequences instead.
+    shorter_context : bool
+        Whether more batch sizes fit with an empty KV cache (context 0): a shorter context helps.
+    holds_draft : bool
+        The target's GPUs hold the draft head too (its bytes are in ``largest_bytes`` and ``smallest_bytes``).
     """
 
     role: str
@@ -63,6 +77,9 @@ class Shortfall:
     capacity_bytes: float
     more_gpus: tuple
     smaller_dtypes: tuple
+    dp_attention_gpus: tuple = ()
+    shorter_context: bool = False
+    holds_draft: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,9 +92,9 @@ class Advice:
         ``"alpha"`` or ``"sigma"``; ``value`` its value.
     best : pandas.DataFrame
         One row per judged batch size: the best gamma's prediction (:func:`~moesd.model.predict.best_gamma`)
-        with its ``sd`` status.
+        with its ``sd`` status (:data:`NOT_JUDGED` where nothing fits).
     on, marginal : numpy.ndarray
-        The batch sizes where SD is on and marginal.
+        The batch sizes where SD is on and marginal (none where nothing fits).
     peak : float
         The largest best speedup; ``peak_batch_size`` where.
     band : tuple or None
@@ -89,6 +106,13 @@ class Advice:
         The batch sizes where SD is on at that host cost.
     host_decides : bool
         Whether the on/marginal batch sizes differ at the other host cost.
+    judged : bool
+        Whether SD is judged: False where no batch size fits (every status :data:`NOT_JUDGED`, no batch size
+        on, marginal or decided by the host cost; the speedups assume one fitted).
+    peak_edge : str or None
+        ``"largest"`` where the peak is at the largest batch size asked for (a larger batch may peak higher),
+        ``"smallest"`` where it is at the smallest asked for and that is above 1; None otherwise and for a
+        single batch size.
     """
 
     column: str
@@ -102,6 +126,8 @@ class Advice:
     other_host_ms: float
     on_at_other_host: np.ndarray
     host_decides: bool
+    judged: bool = True
+    peak_edge: str | None = None
 
 
 @dataclass(frozen=True)
@@ -111,13 +137,15 @@ class Recommendation:
     Attributes
     ----------
     frame : pandas.DataFrame
-        Every predicted row (:func:`~moesd.model.predict.predict_sd`), all batch sizes.
+        Every predicted row (:func:`~moesd.model.predict.predict_sd`), all batch sizes, with ``fits``: whether
+        the row's batch size fits target and draft in memory.
     hardware : moesd.theory.roofline.Hardware
         The GPU.
     fits : numpy.ndarray
         Whether each batch size asked for fits target and draft in memory.
     judged : numpy.ndarray
-        The batch sizes the advice covers: those that fit, or all when none does.
+        The batch sizes the advice covers: those that fit, or all when none does (SD then not judged:
+        ``Advice.judged``).
     shortfalls : list of Shortfall
         The models that do not fit at the largest batch size.
     vocabularies : tuple of int
@@ -132,6 +160,9 @@ class Recommendation:
         sizes where SD is on, one array per acceptance value; empty without a profile.
     draft_head : bool
         The draft is an EAGLE-3 head of :data:`moesd.zoo.DRAFT_HEADS` (its own vocabulary, by design).
+    draft_tp : int
+        The draft's GPUs, as priced: ``draft_tp``, or by default the target's ``tp`` for a draft head
+        (:func:`~moesd.model.predict.check_pair`) and 1 for a separate draft model.
     """
 
     frame: pd.DataFrame
@@ -144,41 +175,91 @@ class Recommendation:
     advice: list
     engine_ends: dict = dataclasses.field(default_factory=dict)
     draft_head: bool = False
+    draft_tp: int = 1
 
 
-def _shortfalls(fit: pd.DataFrame, models: dict, hardware, dtype: str) -> list:
-    """The models of ``models`` (role: ``(model, GPUs, dp_attention)``) that ``fit`` says do not fit, each with
-    the larger tensor-parallel sizes it takes: those within one node, or, from a full node, those across nodes."""
-    smaller = tuple(name for name, size in DTYPE_BYTES.items() if size < DTYPE_BYTES[check_dtype(dtype)])
+def _native_dtypes(hardware) -> list:
+    """The weight dtypes worth suggesting on ``hardware``: fp32, bf16 and fp8 everywhere (fp8 weight-only where
+    it has no fp8 tensor cores), the 4-bit ones only where it has their tensor cores: W4A8 (multiplied as fp8)
+    with ``Hardware.fp8_flops``, MXFP4 and NVFP4 with ``Hardware.fp4_flops``."""
+    return ["fp32", "bf16", "fp8", *(["w4a8"] if hardware.fp8_flops else []),
+            *(["mxfp4", "nvfp4"] if hardware.fp4_flops else [])]
+
+
+def _shortfalls(fit: pd.DataFrame, placed: dict, draft_gpus: int) -> list:
+    """The models that ``fit`` (:func:`~moesd.model.predict.memory_fit` of the keyword arguments ``placed``) says
+    do not fit at the largest batch size, each with the changes that make more of the batch sizes fit, each
+    checked by :func:`~moesd.model.predict.memory_fit` again: more GPUs (within one node, or across nodes where
+    no size within one helps), smaller native dtypes, attention data-parallel for an MLA target, a shorter
+    context. ``draft_gpus`` is the draft's GPUs as placed. The bytes do not depend on the expert-parallel
+    degree, so the changes are checked at ``ep`` 1 (which every tensor-parallel size takes)."""
+    hardware = placed["hardware"]
+    capacity = hardware.memory_bytes
     shortfalls = []
-    for role, (model, gpus, dp_attention) in models.items():
+    for role, model, gpus, tp_name, dtype_name in (("target", placed["target"], placed["tp"], "tp", "dtype"),
+                                                   ("draft", placed["draft"], draft_gpus, "draft_tp", "draft_dtype")):
         held = fit[f"{role}_bytes"].to_numpy()
-        if held.max() > hardware.memory_bytes:
-            larger = [tp for tp in tensor_parallel_sizes(model, hardware, dp_attention) if tp > gpus]
-            in_node = [tp for tp in larger if tp <= hardware.gpus_per_node]
-            shortfalls.append(Shortfall(role, gpus, float(held.max()), float(held.min()), float(hardware.memory_bytes),
-                                        tuple(in_node or larger), smaller))
+        if held.max() <= capacity:
+            continue
+        now = int((held <= capacity).sum())
+
+        def fitting(**changes):
+            try:
+                again = memory_fit(**{**placed, "ep": 1, **changes})
+            except ValueError:  # a layout the model refuses
+                return 0
+            return int((again[f"{role}_bytes"] <= capacity).sum())
+
+        def helps(**changes):
+            return fitting(**changes) > now
+
+        def within_node(sizes):
+            return tuple([tp for tp in sizes if tp <= hardware.gpus_per_node] or sizes)
+
+        dp_attention = placed["dp_attention"] and role == "target"
+        larger = [tp for tp in tensor_parallel_sizes(model, hardware, dp_attention) if tp > gpus
+                  and helps(**{tp_name: tp})]
+        dtype = check_dtype(placed[dtype_name] or placed["dtype"])
+        smaller = tuple(name for name in _native_dtypes(hardware)
+                        if DTYPE_BYTES[name] < DTYPE_BYTES[dtype] and helps(**{dtype_name: name}))
+        arch = resolve_model(model)
+        data_parallel = []
+        if role == "target" and not dp_attention and arch.attention == "mla" and arch.num_experts:
+            data_parallel = [tp for tp in tensor_parallel_sizes(model, hardware, True)
+                             if tp >= max(gpus, 2) and fitting(tp=tp, dp_attention=True) > max(now, fitting(tp=tp))]
+        shortfalls.append(Shortfall(role, gpus, float(held.max()), float(held.min()), float(capacity),
+                                    within_node(larger), smaller, within_node(data_parallel),
+                                    bool(placed["context"]) and helps(context=0),
+                                    role == "target" and draft_gpus == placed["tp"] and check_pair(
+                                        placed["target"], placed["draft"])))
     return shortfalls
 
 
-def _advice(column: str, value: float, rows: pd.DataFrame, other: pd.DataFrame, other_host_ms: float) -> Advice:
+def _advice(column: str, value: float, rows: pd.DataFrame, other: pd.DataFrame, other_host_ms: float,
+            judged: bool, asked) -> Advice:
+    """The :class:`Advice` of one acceptance value from its rows at the host cost and at ``other_host_ms``;
+    ``judged`` False where no batch size fits; ``asked`` the batch sizes asked for (where the peak's edge lies)."""
     best = best_gamma(rows)
-    best = best.assign(sd=sd_status(best["speedup"]))
     alternative = best_gamma(other)
     status, other_status = sd_status(best["speedup"]), sd_status(alternative["speedup"])
+    if not judged:
+        status = other_status = np.full(len(best), NOT_JUDGED)
     low, high, peak, at = batch_range(rows)
-    return Advice(column, float(value), best, best.loc[status == "on", "batch_size"].to_numpy(),
+    edge = (None if len(best) < 2 else "largest" if at == max(asked)
+            else "smallest" if at == min(asked) > 1 else None)
+    return Advice(column, float(value), best.assign(sd=status), best.loc[status == "on", "batch_size"].to_numpy(),
                   best.loc[status == "marginal", "batch_size"].to_numpy(), peak, at,
                   None if low is None else (low, high), other_host_ms,
                   alternative.loc[other_status == "on", "batch_size"].to_numpy(),
                   not np.array_equal(status == "on", other_status == "on")
-                  or not np.array_equal(status == "marginal", other_status == "marginal"))
+                  or not np.array_equal(status == "marginal", other_status == "marginal"), judged, edge)
 
 
-def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values, tp: int = 1, draft_tp: int = 1,
-              ep: int = 1, context: int = 1024, dtype: str = "bf16", host_ms: float = 0.0,
+def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values, tp: int = 1,
+              draft_tp: int | None = None, ep: int = 1, context: int = 1024, dtype: str = "bf16", host_ms: float = 0.0,
               other_host_ms: float | None = None, engine=None, step_ms: float | None = None,
-              alpha_decay: float = 1.0, dp_attention: bool = False) -> Recommendation:
+              alpha_decay: float = 1.0, dp_attention: bool = False, draft_dtype: str | None = None,
+              draft_topk: int = 1, verify_tokens="gamma+1", step_batch_size: int = 1) -> Recommendation:
     """Where SD pays for ``target`` with ``draft`` on ``hardware``, over batch sizes and draft lengths.
 
     Parameters
@@ -189,27 +270,43 @@ def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values,
         Sequences B and draft lengths to predict.
     column : str
         ``"alpha"`` (per-token acceptance) or ``"sigma"`` (Eq. 5's emitted fraction); ``values`` its values.
-    tp, draft_tp, ep, context, dtype
+    tp, ep, context, dtype, draft_dtype, draft_topk, verify_tokens
         As :func:`~moesd.model.predict.predict_sd` takes them (``context`` in tokens).
+    draft_tp : int, optional
+        The draft's GPUs, passed on to :func:`~moesd.model.predict.predict_sd` and
+        :func:`~moesd.model.predict.memory_fit` (default None: the target's ``tp`` for a draft head, an MTP
+        module or an EAGLE head, else 1).
     host_ms : float
-        Host cost of every forward pass, ms.
+        A fixed cost added to every forward pass of target and draft, ms (the target's plain and
+        verification passes and each draft step; not the rejection sampling). Without an engine profile
+        only: a profile's host costs are its own.
     other_host_ms : float, optional
         The host cost the advice is checked against, ms (default: vLLM v0's measured cost,
-        :data:`moesd.paper.predictor_check.HOST_SECONDS_VLLM_V0`, when ``host_ms`` is 0, else 0).
+        :data:`moesd.paper.predictor_check.HOST_SECONDS_VLLM_V0`, when ``host_ms`` is 0, else 0); not used
+        with ``engine`` or ``step_ms``, which hold the host's cost.
     engine, alpha_decay, dp_attention
         As :func:`~moesd.model.predict.predict_sd` takes them; with a profile the advice is also
-        recomputed at both ends of its costs' ranges (``Recommendation.engine_ends``).
+        recomputed at both ends of its costs' ranges (``Recommendation.engine_ends``) where some batch size fits.
     step_ms : float, optional
-        A measured plain decoding step at batch size 1, ms (``predict_sd``'s ``step_seconds``).
+        A measured plain decoding step at batch size ``step_batch_size``, ms (``predict_sd``'s
+        ``step_seconds``).
 
     Returns
     -------
     Recommendation
+
+    Raises
+    ------
+    ValueError
+        For ``host_ms`` with ``engine``, and as :func:`~moesd.model.predict.predict_sd` raises.
     """
     from moesd.paper.predictor_check import HOST_SECONDS_VLLM_V0
 
+    if engine is not None and host_ms:
+        raise ValueError(f"host_ms: an engine profile holds the engine's host costs (with step_ms, a measured "
+                         f"plain step), so host_ms must be 0 with one, got {host_ms}")
     batch_sizes, values = np.asarray(batch_sizes), np.asarray(values, dtype=float)
-    if step_ms is not None:  # a measured step holds the host's cost already
+    if step_ms is not None or engine is not None:  # a measured step or a profile holds the host's cost
         other_host_ms = host_ms
     elif other_host_ms is None:
         other_host_ms = 0.0 if host_ms else HOST_SECONDS_VLLM_V0 * 1e3
@@ -220,28 +317,33 @@ def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values,
 
     def predict(batch, milliseconds, engine_at=profile):
         return predict_sd(target, draft, hardware, batch, gammas, tp=tp, draft_tp=draft_tp, context=context, ep=ep,
-                          dtype=dtype, efficiency=Efficiency(step_seconds=milliseconds * 1e-3), engine=engine_at,
-                          step_seconds=step_seconds, dp_attention=dp_attention, **decay, **{column: values})
+                          dtype=dtype, draft_dtype=draft_dtype, efficiency=Efficiency(step_seconds=milliseconds * 1e-3),
+                          engine=engine_at, step_seconds=step_seconds, step_batch_size=step_batch_size,
+                          draft_topk=draft_topk, verify_tokens=verify_tokens, dp_attention=dp_attention, **decay,
+                          **{column: values})
 
     frame = predict(batch_sizes, host_ms)
     hardware = hardware_record(hardware)
     target_shape, draft_shape = resolve_model(target), resolve_model(draft)
-    fit = memory_fit(target, draft, hardware, batch_sizes, context, tp, draft_tp, ep, dtype, dp_attention=dp_attention)
+    placed = dict(target=target, draft=draft, hardware=hardware, batch_size=batch_sizes, context=context, tp=tp,
+                  draft_tp=draft_tp, ep=ep, dtype=dtype, draft_dtype=draft_dtype, dp_attention=dp_attention)
+    fit = memory_fit(**placed)
+    draft_gpus = draft_tp if draft_tp is not None else tp if check_pair(target, draft) else 1  # as predict_sd
     fits = fit["fits"].to_numpy()
+    frame = frame.assign(fits=np.isin(frame["batch_size"], batch_sizes[fits]))
     judged = batch_sizes[fits] if fits.any() else batch_sizes
     other = predict(judged, other_host_ms)
     advice = [_advice(column, value, frame[(frame[column] == value) & frame["batch_size"].isin(judged)],
-                      other[other[column] == value], other_host_ms) for value in values]
+                      other[other[column] == value], other_host_ms, bool(fits.any()), batch_sizes) for value in values]
     ends = {}
-    if profile is not None and profile.costs() and any(c.low < c.high for c in profile.costs().values()):
+    if (fits.any() and profile is not None and profile.costs()
+            and any(c.low < c.high for c in profile.costs().values())):
         for end in ("low", "high"):
             rows = predict(judged, host_ms, profile.at(end))
             ends[end] = [best_gamma(rows[rows[column] == value]).pipe(
                 lambda best: best.loc[sd_status(best["speedup"]) == "on", "batch_size"].to_numpy()) for value in values]
-    return Recommendation(frame, hardware, fits, judged,
-                          _shortfalls(fit, {"target": (target_shape, tp, dp_attention),
-                                            "draft": (draft_shape, draft_tp, False)}, hardware, dtype),
+    return Recommendation(frame, hardware, fits, judged, _shortfalls(fit, placed, draft_gpus),
                           (target_shape.vocab_size, draft_shape.vocab_size),
                           target_shape.hidden_size == draft_shape.hidden_size
                           and target_shape.vocab_size == draft_shape.vocab_size, advice, ends,
-                          isinstance(draft, str) and draft.lower() in DRAFT_HEADS)
+                          isinstance(draft, str) and draft.lower() in DRAFT_HEADS, draft_gpus)
