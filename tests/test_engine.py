@@ -6,6 +6,7 @@ import dataclasses
 import io
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from moesd import cli
@@ -296,3 +297,23 @@ def test_profile_records_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         SGLANG.name = "x"
     assert isinstance(SGLANG, EngineProfile)
+
+
+def test_the_cli_reproduces_every_published_point(tmp_path):
+    """``moesd predict`` with a point's setup (tree flags, anchor, acceptance length, DP-attention) gives the anchored
+    prediction: the command line and the validation share one predictor."""
+    check = check_engines().points
+    for point in check.itertuples():
+        path = tmp_path / f"{point.point}.csv"
+        argv = ["predict", "--target", point.model, "--draft", point.draft, "--hardware", point.hardware,
+                "--tp", str(point.tp), "--ep", str(point.ep), "--dtype", point.dtype, "--draft-dtype",
+                point.draft_dtype, "--engine-profile", point.engine, "--step-ms", str(point.baseline_step_ms),
+                "--step-batch", str(point.baseline_batch_size), "--gamma", str(point.gamma),
+                "--acceptance-length", f"{point.acceptance_length}@{point.gamma}", "--batch", str(point.batch_size),
+                "--context", str(point.context), "--csv", str(path)]
+        if point.draft_topk > 1:
+            argv += ["--draft-topk", str(point.draft_topk), "--verify-tokens", str(point.verify_tokens)]
+        argv += ["--dp-attention"] if point.dp_attention else []
+        with contextlib.redirect_stdout(io.StringIO()):
+            cli.main(argv)
+        assert pd.read_csv(path)["speedup"].iloc[0] == pytest.approx(point.anchored, rel=1e-9), point.point
