@@ -166,7 +166,8 @@ def run(args: argparse.Namespace) -> None:
         print(narration.engine_range(args.engine_profile, answer, args.acceptance_length))
     print(narration.sd_legend(SD_MARGIN))
     if plot:
-        _heatmaps(answer, column, values, plot, f"{args.target} on {args.tp} x {answer.hardware.name}")
+        _heatmaps(answer, column, values, plot, f"{args.target} on {args.tp} x {answer.hardware.name}, "
+                  f"draft {args.draft}, {args.dtype}" + (f", {args.engine_profile}" if args.engine_profile else ""))
     if args.csv or plot:
         print("\n" + " and ".join(f"{path}" for path in (args.csv, plot) if path) + " written")
 
@@ -181,7 +182,7 @@ def _heatmaps(answer, column: str, values, path, title: str) -> None:
                                 layout="constrained")
     for value, ax in zip(values, axes[:, 0]):
         rows = answer.frame[(answer.frame[column] == value) & answer.frame["batch_size"].isin(answer.judged)]
-        speedup_heatmap(rows, ax=ax, title=f"{title}, {column} {value:g}")
+        speedup_heatmap(rows, ax=ax, title=f"{title}, {column} {value:.3g}")
     with atomic_write(path) as file:
         figure.savefig(file, format=Path(path).suffix[1:].lower(), dpi=150, bbox_inches="tight")
 
@@ -244,8 +245,9 @@ def add_parser(commands) -> None:
                          "GPUs' roofline misses becomes a fixed cost per forward pass, spread over the layers")
     predict.add_argument("--step-batch", type=int, default=1, help="the batch size --step-ms was measured at "
                          "(default 1)")
-    predict.add_argument("--csv", help="write every predicted row to this CSV file, with a column fits: whether "
-                         "its batch size fits target and draft in memory")
+    predict.add_argument("--csv", help="write every predicted row to this CSV file (moesd.model.predict.predict_sd's "
+                         "columns: times t_* in seconds, t_target_gamma the verification pass; speedup and terms "
+                         "dimensionless), with a column fits: whether its batch size fits target and draft in memory")
     predict.add_argument("--overwrite", action="store_true", help="replace existing --csv and --plot files")
     predict.add_argument("--plot", help="write a heatmap of speedup over (B, gamma) to this image file (a suffix matplotlib writes, "
                          ".png if none), one panel per --alpha or --sigma, over the batch sizes that fit (all of "
