@@ -389,25 +389,20 @@ STEP_NOTE = ("note: a measured plain step (--step-ms, at --step-batch sequences)
 
 def predict_notes(recommendation, tp: int, draft_tp: int, engine: str | None = None,
                   step_ms: float | None = None) -> list:
-    """Notes on the pair (vocabularies that differ, or a draft of the target's shape on GPUs of its own), and
+    """Notes on a draft head (an EAGLE-3 head's own vocabulary; a head priced on GPUs of its own) and
     :data:`STEP_NOTE` for an engine profile without a measured step."""
     notes = [STEP_NOTE] if engine is not None and step_ms is None else []
+    if not recommendation.draft_head:
+        return notes
     target_vocab, draft_vocab = recommendation.vocabularies
-    if recommendation.draft_head:  # its own vocabulary, by design: no tokenizer note
-        note = (f"note: the draft is an EAGLE-3 head; its {draft_vocab}-token vocabulary maps onto the target's "
-                f"{target_vocab} tokens")
-        if draft_tp < tp:
-            note += (f"; engines run it on the target's GPUs: --draft-tp {tp} prices that, --draft-tp {draft_tp} "
-                     f"prices it on {draft_tp} GPU(s)")
-        return [note, *notes]
-    if target_vocab != draft_vocab:
-        return [f"note: the vocabularies differ ({target_vocab} against {draft_vocab} tokens); SD needs a "
-                "draft that shares the target's tokenizer", *notes]
-    if recommendation.shares_target_shape and draft_tp < tp:
-        return [f"note: the draft shares the target's hidden size and vocabulary (an MTP head or a one-layer draft), "
-                f"which engines run on the target's GPUs: --draft-tp {tp} prices that (its memory still "
-                f"checked on GPUs of its own), --draft-tp {draft_tp} prices it on {draft_tp} GPU(s)", *notes]
-    return notes
+    parts = []
+    if draft_vocab != target_vocab:
+        parts.append(f"the draft is an EAGLE-3 head; its {draft_vocab}-token vocabulary maps onto the target's "
+                     f"{target_vocab} tokens")
+    if draft_tp < tp:
+        parts.append(f"engines run a draft head on the target's GPUs: --draft-tp {tp} prices that, --draft-tp "
+                     f"{draft_tp} prices it on {draft_tp} GPU(s) of its own")
+    return ([f"note: {'; '.join(parts)}"] if parts else []) + notes
 
 
 def memory_lines(recommendation, batch_sizes) -> list:

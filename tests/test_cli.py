@@ -187,7 +187,7 @@ def test_predict_runs_a_draft_head_on_the_target_gpus_by_default(capsys):
     out = _predict(capsys, *DEEPSEEK, "--batch", "1,64")
     assert "draft deepseek-v3-mtp on 8 GPU(s)" in out and "note:" not in out
     out = _predict(capsys, *DEEPSEEK, "--batch", "1,64", "--draft-tp", "1")
-    assert "--draft-tp 8 prices that" in out and "--draft-tp 1 prices it on 1 GPU(s)" in out and "times" not in out
+    assert "--draft-tp 8 prices that" in out and "--draft-tp 1 prices it on 1 GPU(s)" in out
     assert "draft qwen3-0.6b on 1 GPU(s)" in _predict(capsys, *QWEN3, "--tp", "2", "--batch", "8")
 
 
@@ -196,13 +196,13 @@ def test_predict_takes_trees_draft_dtypes_and_the_batch_of_a_measured_step(tmp_p
 
     csv = tmp_path / "p.csv"
     eagle = ["--target", "qwen3-30b-a3b", "--draft", "qwen3-30b-a3b-eagle3", "--hardware", "H100", "--tp", "2",
-             "--batch", "1,8", "--gamma", "4", "--alpha", "0.7", "--engine-profile", "sglang"]
+             "--batch", "1,8", "--gamma", "4", "--acceptance-length", "2.5@4", "--engine-profile", "sglang"]
     out = _predict(capsys, *eagle, "--draft-topk", "4", "--verify-tokens", "16", "--draft-dtype", "fp8",
                    "--step-ms", "12", "--step-batch", "8", "--csv", str(csv))
     assert "(fp8 weights, 4 candidates per position, 16 tokens verified per sequence)" in out.splitlines()[0]
     assert "plain step at B = 8 your measured 12 ms" in out.splitlines()[0]
 
-    expected = predict_sd("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", [1, 8], 4, alpha=0.7, tp=2,
+    expected = predict_sd("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", [1, 8], 4, sigma=0.5, tp=2,
                           context=1024, engine="sglang", draft_topk=4, verify_tokens=16, draft_dtype="fp8",
                           step_seconds=12e-3, step_batch_size=8)
     np.testing.assert_allclose(pd.read_csv(csv)["speedup"], expected["speedup"], rtol=1e-9)
@@ -238,7 +238,7 @@ def test_predict_says_how_to_anchor_an_engine_profile(capsys):
 def test_hardware_says_where_tensor_parallelism_crosses_nodes(capsys):
     main(["hardware"])
     out = capsys.readouterr().out
-    assert "NIC GB/s" in out and "nodes" in out and "the largest --tp moesd predict prices;" not in out
+    assert "NIC GB/s" in out and "nodes" in out
     assert "Hardware.max_nodes" in " ".join(_help(capsys).split())
     out = _predict(capsys, "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H100", "--tp",
                    "16", "--dtype", "fp8", "--batch", "8")
@@ -248,7 +248,7 @@ def test_hardware_says_where_tensor_parallelism_crosses_nodes(capsys):
 
 def test_predict_wording_of_acceptance_data_parallel_and_the_batch_range(capsys):
     out = _predict(capsys, *QWEN3, "--batch", "1,8", "--acceptance-length", "1@3")
-    assert "alpha = 0.000 (the first draft position's, from --acceptance-length 1@3)" in out and "e-20" not in out
+    assert "alpha = 0.000 (the first draft position's, from --acceptance-length 1@3)" in out
     assert "(at the largest batch size asked; try larger --batch)" in out
     assert "try larger --batch" not in _predict(capsys, *QWEN3, "--batch", "1-128")
     assert "--dp-attention needs --tp 2 or more" in _refused(capsys, *DEEPSEEK[:6], "--tp", "1", "--dp-attention")

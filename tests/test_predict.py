@@ -700,7 +700,9 @@ def test_memory_fit_adds_a_head_on_the_target_gpus_to_their_memory():
                           shared=True)
     pd.testing.assert_frame_equal(explicit, together)
     apart = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", sizes, 4096, tp=8, dtype="fp8", draft_hardware="H100")
-    np.testing.assert_array_equal(apart["target_bytes"], target)  # its own 8 H100s: not on the target's GPUs
+    np.testing.assert_array_equal(apart["target_bytes"], target)  # not on the target's GPUs: by default one H100
+    np.testing.assert_array_equal(apart["draft_bytes"], memory_per_gpu("deepseek-v3-mtp", "H100", sizes, 4096,
+                                                                       dtype="fp8"))
     separate = memory_fit("qwen3-235b-a22b", "qwen3-0.6b", "H200", 64, 4096, tp=8)
     shared = memory_fit("qwen3-235b-a22b", "qwen3-0.6b", "H200", 64, 4096, tp=8, shared=True)
     assert shared["draft_bytes"].item() == pytest.approx(memory_per_gpu("qwen3-0.6b", "H200", 64, 4096, tp=8).item())
@@ -783,9 +785,8 @@ def test_cli_suggests_only_what_exists_when_a_setup_does_not_fit(capsys):
     printed = _predict_cli(capsys, "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H100",
                            "--tp", "8", "--draft-tp", "8", "--dtype", "fp8", "--batch", "1", "--context", "0")
     line = next(line for line in printed.splitlines() if line.startswith("does not fit"))
-    # two nodes or more; DP-attention only where it fits more than tensor parallelism alone; no FP4 cores on H100
-    assert line.endswith(" on 8 GPU(s); one H100 holds 80 GB (try --tp 16 or 32 or 64 or 128; --dp-attention at "
-                         "--tp 256; --dtype w4a8).")
+    # two nodes or more; no DP-attention, which fits no more than tensor parallelism here; no FP4 cores on H100
+    assert line.endswith(" on 8 GPU(s); one H100 holds 80 GB (try --tp 16 or 32 or 64 or 128; --dtype w4a8).")
     printed = _predict_cli(capsys, "--target", "qwen3-30b-a3b", "--draft", "qwen3-0.6b", "--hardware", "H100",
                            "--batch", "1,256")
     line = next(line for line in printed.splitlines() if line.startswith("does not fit"))
@@ -950,3 +951,27 @@ def test_dp_attention_reaches_memory_predict_sd_and_the_cli(capsys):
     printed = _predict_cli(capsys, "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200",
                            "--tp", "16", "--dp-attention", "--dtype", "fp8", "--batch", "1,64", "--gamma", "2")
     assert printed.startswith("deepseek-v3 on 16 x H200 (ep 16, attention data-parallel), draft")
+
+
+def test_a_tree_offers_at_most_its_capacity_and_emits_at_most_what_it_verifies():
+    from moesd.model.predict import tree_capacity
+
+    # SGLang's trees: k candidates at the first step, k^2 at each later one, and the last verified token
+    assert tree_capacity(4, 4) == 1 + 4 + 3 * 16 and tree_capacity(2, 4) == 21 and tree_capacity(5, 1) == 6
+    head = dict(target="qwen3-30b-a3b", draft="qwen3-30b-a3b-eagle3", hardware="H100", batch_size=4, tp=4)
+    with pytest.raises(ValueError, match="^verify_tokens: a tree of gamma = 1 draft steps of 4 candidates offers "
+                                         "at most 5 tokens per sequence, got 16"):
+        predict_sd(**head, gamma=1, sigma=0.5, draft_topk=4, verify_tokens=16)
+    with pytest.raises(ValueError, match="^verify_tokens: a round emits at most the 4 tokens it verifies"):
+        predict_sd(**head, gamma=5, alpha=0.9, draft_topk=4, verify_tokens=4)  # sigma(0.9, 5) 6 = 4.69 > 4
+    assert predict_sd(**head, gamma=4, sigma=0.8, draft_topk=4, verify_tokens=4)["tokens_per_round"].item() == 4
+
+
+def test_the_draft_gpus_default_to_the_targets_for_a_head_on_its_hardware():
+    from moesd.model.predict import default_draft_tp
+
+    assert default_draft_tp("deepseek-v3", "deepseek-v3-mtp", 8) == 8
+    assert default_draft_tp("qwen3-235b-a22b", "qwen3-0.6b", 8) == 1
+    assert default_draft_tp("qwen3-235b-a22b", "qwen3-0.6b", 8, shared=True) == 8
+    assert default_draft_tp("deepseek-v3", "deepseek-v3-mtp", 8, draft_hardware="H100", hardware="H200") == 1
+    assert default_draft_tp("deepseek-v3", "deepseek-v3-mtp", 8, draft_hardware="h200", hardware="H200") == 8

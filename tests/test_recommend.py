@@ -56,6 +56,12 @@ def test_when_nothing_fits_sd_is_not_judged(unfitting):
         assert not advice.judged and set(advice.best["sd"]) == {NOT_JUDGED}
         assert not len(advice.on) and not len(advice.marginal) and not len(advice.on_at_other_host)
         assert not advice.host_decides and advice.peak > 1
+        assert advice.band is None and advice.peak_edge is None  # no band or edge for a batch that does not fit
+
+
+def test_a_measured_step_excludes_a_host_cost():
+    with pytest.raises(ValueError, match="^host_ms: a measured plain step"):
+        recommend("qwen3-30b-a3b", "qwen3-0.6b", "H100", [1, 8], [2], "alpha", [0.8], step_ms=12, host_ms=3.8)
 
 
 def test_the_frame_says_which_rows_fit(qwen3):
@@ -158,7 +164,7 @@ def test_the_host_cost_is_checked_both_ways():
         if set(advice.on_at_other_host) != set(advice.on):  # where SD is on moves: the host cost decides
             assert advice.host_decides
     assert with_host.advice[0].peak < without.advice[0].peak  # host cost only slows SD's extra forwards down
-    assert without.vocabularies[0] == without.vocabularies[1] and not without.shares_target_shape
+    assert without.vocabularies[0] == without.vocabularies[1] and not without.draft_head
 
 
 def test_the_host_cost_decides_where_sd_turns_on_at_the_margin(qwen3):

@@ -201,3 +201,11 @@ def test_every_gpu_record_cites_its_link_and_achieved_fractions():
         assert 0.4 < hw.bandwidth_fraction <= 1 and 0.4 < hw.flops_fraction <= 1
         assert hw.fp32_flops is None or hw.fp32_flops < hw.peak_flops
         assert hw.fp8_flops is None or hw.fp8_flops == pytest.approx(2 * hw.peak_flops, rel=0.01)
+
+
+def test_a_tree_rejection_reads_each_verified_and_each_drafted_distribution():
+    bare = Efficiency(kernel_seconds=0.0, launch_seconds=0.0)
+    chain = rejection_time("H100", 4, 3, 32000, bare)
+    tree = rejection_time("H100", 4, 3, 32000, bare, verified=16)  # 16 target and 15 draft distributions
+    assert tree / chain == pytest.approx((2 * 16 - 1) / (2 * 3 + 1))
+    assert rejection_time("H100", 4, 3, 32000, bare, verified=4) == pytest.approx(chain)

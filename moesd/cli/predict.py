@@ -71,6 +71,9 @@ def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, 
                              ("--verify-tokens", args.verify_tokens, 2), ("--step-batch", args.step_batch, 1)):
         if value is not None and value < low:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
+    if args.draft_topk > 1 and args.acceptance_length is None and args.sigma is None:
+        raise UsageError("--draft-topk prices a tree of drafts: give its measured --acceptance-length L@gamma (or "
+                         "--sigma); --alpha's Eq. 5 is a chain's acceptance")
     if args.verify_tokens is not None and args.draft_topk == 1:
         raise UsageError("--verify-tokens applies to a tree of drafts (--draft-topk 2 or more); a chain verifies "
                          "gamma + 1 tokens")
@@ -135,7 +138,7 @@ def run(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag}: folder {Path(path).resolve().parent} does not exist")
     new_files({"--csv": args.csv, "--plot": plot}, args.overwrite)
     try:  # one point checks what the options must satisfy together (ep divides E, an interconnect for tp...)
-        recommend(args.target, args.draft, args.hardware, batch[:1], gammas, column, values[:1], **options,
+        recommend(args.target, args.draft, args.hardware, batch[:1], gammas, column, values, **options,
                   host_ms=args.host_ms)
     except ValueError as error:  # name the command-line flag of the argument the package names
         message = str(error)
@@ -146,6 +149,8 @@ def run(args: argparse.Namespace) -> None:
                 "dp_attention": "--dp-attention", "draft_topk": "--draft-topk", "verify_tokens": "--verify-tokens",
                 "step_seconds": "--step-ms", "step_batch_size": "--step-batch"}.get(first)
         message = message.replace(" or a Hardware record", "")  # what a program, not the command line, may pass
+        if flag and message.startswith(f"{first}: "):  # "draft: ..." becomes "--draft: ...", not "--draft: draft: ..."
+            message = message[len(first) + 2:]
         raise UsageError(f"{flag}: {message}" if flag else message) from None
     answer = recommend(args.target, args.draft, args.hardware, batch, gammas, column, values, **options,
                        host_ms=args.host_ms)

@@ -224,13 +224,15 @@ def grouped_gemm_roofline(hardware, experts, tokens, in_features, out_features, 
 
 
 def rejection_time(hardware, batch_size, gamma, vocab_size, efficiency: Efficiency | None = None,
-                   cuda_graphs=True):
+                   cuda_graphs=True, verified=None):
     """Seconds of rejection sampling: reading the target's and the draft's probabilities of a round.
 
     A memory-bound pass over fp32 probabilities plus ``KERNELS["reject"]`` kernels: per sequence the
     target's ``gamma + 1`` distributions (the ``gamma`` drafted positions and the bonus token's) and the
     draft's ``gamma`` (one per drafted token), ``batch_size x (2 gamma + 1) x vocab_size`` values of 4
-    bytes, at the achieved memory bandwidth (:func:`achieved_rates`).
+    bytes, at the achieved memory bandwidth (:func:`achieved_rates`). A tree that verifies ``verified`` tokens
+    per sequence reads the target's distribution at each and the draft's at each drafted one:
+    ``batch_size x (2 verified - 1) x vocab_size`` values.
 
     Parameters
     ----------
@@ -246,6 +248,8 @@ def rejection_time(hardware, batch_size, gamma, vocab_size, efficiency: Efficien
         Achieved fractions and the fixed cost per kernel (default :class:`Efficiency`).
     cuda_graphs : bool, default True
         Whether the kernels launch from a CUDA graph (else each adds ``Efficiency.launch_seconds``).
+    verified : int, optional
+        Tokens a tree verifies per sequence, the last verified one included (default: a chain's ``gamma + 1``).
 
     Returns
     -------
@@ -258,5 +262,6 @@ def rejection_time(hardware, batch_size, gamma, vocab_size, efficiency: Efficien
     gamma = as_array("gamma", gamma, low=1, whole=True)
     vocab_size = as_array("vocab_size", vocab_size, low=1, whole=True)
     bandwidth, _ = achieved_rates(hardware, "bf16", efficiency)
-    values = B * (2 * gamma + 1) * vocab_size  # target: gamma + 1 distributions per sequence; draft: gamma
+    verified = gamma + 1 if verified is None else as_array("verified", verified, low=2, whole=True)
+    values = B * (2 * verified - 1) * vocab_size  # the target's distribution at each verified token, the draft's at each drafted
     return values * 4 / bandwidth + KERNELS["reject"] * per_kernel_seconds(efficiency, cuda_graphs)

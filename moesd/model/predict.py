@@ -38,8 +38,8 @@ from moesd.theory.speedup import speedup_terms
 from moesd.theory.roofline import hardware_record
 from moesd.zoo import DRAFT_HEADS, get_model
 
-__all__ = ["PAPER_BATCH_SIZES", "check_pair", "memory_per_gpu", "memory_fit", "predict_sd", "best_gamma",
-           "batch_range"]
+__all__ = ["PAPER_BATCH_SIZES", "check_pair", "default_draft_tp", "tree_capacity", "memory_per_gpu", "memory_fit",
+           "predict_sd", "best_gamma", "batch_range"]
 
 PAPER_BATCH_SIZES = (1, 2, 4, *range(8, 61, 4), 80, 100)
 """The paper's batch sizes (Sec. 7): 19 values from 1 to 100; ``moesd.measure.sweeps.BATCH_SIZES`` is this tuple."""
@@ -114,6 +114,25 @@ def check_pair(target, draft) -> bool:
     return head
 
 
+def default_draft_tp(target, draft, tp: int, shared: bool = False, draft_hardware=None, hardware=None) -> int:
+    """The draft's GPUs when ``draft_tp`` is not given: the target's ``tp`` for a draft head (:func:`check_pair`)
+    on the target's hardware, as serving engines run MTP modules and EAGLE heads, and for any draft placed there
+    with ``shared``; else 1, the paper's separate draft on a GPU of its own. ``draft_hardware`` and ``hardware``
+    (names or records) matter only when both are given: a draft on other hardware is on GPUs of its own."""
+    elsewhere = (draft_hardware is not None and hardware is not None
+                 and hardware_record(draft_hardware) != hardware_record(hardware))
+    return tp if (shared or check_pair(target, draft)) and not elsewhere else 1
+
+
+def tree_capacity(gamma, draft_topk) -> np.ndarray:
+    """The most tokens a tree of drafts can offer for verification per sequence (the last verified token
+    included): ``1 + k + (gamma - 1) k^2`` for ``gamma`` draft steps of ``k = draft_topk`` candidates, each step
+    expanding the ``k`` best nodes into ``k`` children each (SGLang's EAGLE tree); ``gamma + 1`` for a chain."""
+    gamma = as_array("gamma", gamma, low=1, whole=True)
+    k = as_array("draft_topk", draft_topk, low=1, whole=True)
+    return 1 + k + (gamma - 1) * k ** 2
+
+
 def _draft_data_parallel(dp_attention: bool, tp: int, draft_tp: int, draft_arch) -> bool:
     """Whether the draft runs attention data-parallel: a MoE draft on the target's ``tp`` GPUs (an MTP head) under
     ``dp_attention`` runs as the target does."""
@@ -186,13 +205,13 @@ def memory_fit(target, draft, hardware, batch_size, context, tp=1, draft_tp=None
     B, context = np.broadcast_arrays(as_array("batch_size", batch_size, low=1, whole=True),
                                      as_array("context", context, low=0, whole=True))
     head = check_pair(target, draft)
-    if draft_tp is None:
-        draft_tp = tp if head or shared else 1
-    if shared and draft_tp != tp:
-        raise ValueError(f"draft_tp must equal tp for a draft on the target's GPUs (shared), got {draft_tp} and {tp}")
     if shared and draft_hardware != hardware:
         raise ValueError(f"draft_hardware: a draft on the target's GPUs (shared) runs on the target's {hardware.name}, "
                          f"got {draft_hardware.name}")
+    if draft_tp is None:
+        draft_tp = default_draft_tp(target, draft, tp, shared, draft_hardware, hardware)
+    if shared and draft_tp != tp:
+        raise ValueError(f"draft_tp must equal tp for a draft on the target's GPUs (shared), got {draft_tp} and {tp}")
     draft_dp = _draft_data_parallel(dp_attention, tp, draft_tp, resolve_model(draft))
     target_bytes = memory_per_gpu(target, hardware, B, context, tp, ep, dtype, dp_attention)
     draft_bytes = memory_per_gpu(draft, draft_hardware, B, context, draft_tp, draft_tp if draft_dp else 1,
@@ -320,9 +339,20 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
     grid = _grid(**axes)
     head = check_pair(target, draft)
     if draft_tp is None:
-        draft_tp = tp if head else 1
+        draft_tp = default_draft_tp(target, draft, tp, draft_hardware=draft_hardware, hardware=hardware)
     if alpha is not None:
         grid = {**grid, "sigma": _emitted(grid["alpha"], grid["gamma"], alpha_decay)}
+    if tree_tokens is not None:
+        capacity = tree_capacity(grid["gamma"], draft_topk)
+        if (capacity < tree_tokens).any():
+            raise ValueError(f"verify_tokens: a tree of gamma = {int(grid['gamma'][capacity < tree_tokens].min())} "
+                             f"draft steps of {draft_topk} candidates offers at most "
+                             f"{int(capacity[capacity < tree_tokens].min())} tokens per sequence, got {tree_tokens}")
+        emitted = grid["sigma"] * (grid["gamma"] + 1)
+        if (emitted > tree_tokens * (1 + 1e-12)).any():
+            raise ValueError(f"verify_tokens: a round emits at most the {tree_tokens} tokens it verifies, but the "
+                             f"acceptance gives up to {float(emitted.max()):.3g} tokens per round; give a smaller "
+                             f"gamma or the tree's own acceptance length")
     profile = engine_profile(engine) if engine is not None else None
     if profile is not None:
         efficiency = _engine_efficiency(profile, efficiency, dtype, target_arch.attention)
@@ -358,7 +388,7 @@ def predict_sd(target, draft, hardware, batch_size, gamma, sigma=None, tp=1, dra
     draft_step = draft_pass(draft_topk, unique[0], unique[1])[inverse]
     t_verify = target_pass(verify, grid["batch_size"], grid["context"], k)
     t_reject = rejection_time(hardware, grid["batch_size"], grid["gamma"], target_arch.vocab_size, efficiency,
-                              cuda_graphs)
+                              cuda_graphs, verified=tree_tokens)
     engine_columns = {}
     if profile is not None or step_seconds is not None:
         engine_columns = _engine_round(profile or engine_profile("device"), grid, t1, draft_step,

@@ -21,9 +21,8 @@ import pandas as pd
 from moesd.model.engine import engine_profile
 from moesd.model.kernels import Efficiency
 from moesd.model.layout import DTYPE_BYTES, check_dtype, resolve_model, tensor_parallel_sizes
-from moesd.model.predict import batch_range, best_gamma, check_pair, memory_fit, predict_sd
+from moesd.model.predict import batch_range, best_gamma, check_pair, default_draft_tp, memory_fit, predict_sd
 from moesd.theory.roofline import hardware_record
-from moesd.zoo import DRAFT_HEADS
 
 SD_MARGIN = 0.05
 """SD is 'on' only where the best speedup exceeds 1 by more than this fraction, and 'marginal' above 1
@@ -99,7 +98,7 @@ class Advice:
         The largest best speedup; ``peak_batch_size`` where.
     band : tuple or None
         The unbroken run of batch sizes around the peak at or above peak / sqrt(2) and above 1
-        (:func:`~moesd.model.predict.batch_range`), None when SD pays nowhere.
+        (:func:`~moesd.model.predict.batch_range`), None when SD pays nowhere or is not judged.
     other_host_ms : float
         The other host cost this was recomputed at (ms per forward pass).
     on_at_other_host : numpy.ndarray
@@ -111,8 +110,8 @@ class Advice:
         on, marginal or decided by the host cost; the speedups assume one fitted).
     peak_edge : str or None
         ``"largest"`` where the peak is at the largest batch size asked for (a larger batch may peak higher),
-        ``"smallest"`` where it is at the smallest asked for and that is above 1; None otherwise and for a
-        single batch size.
+        ``"smallest"`` where it is at the smallest asked for and that is above 1; None otherwise, for a
+        single batch size and where SD is not judged.
     """
 
     column: str
@@ -149,9 +148,7 @@ class Recommendation:
     shortfalls : list of Shortfall
         The models that do not fit at the largest batch size.
     vocabularies : tuple of int
-        The target's and the draft's vocabulary sizes (SD needs them equal).
-    shares_target_shape : bool
-        The draft shares the target's hidden size and vocabulary (an MTP head or a one-layer draft).
+        The target's and the draft's vocabulary sizes (a separate draft has the target's; an EAGLE-3 head its own).
     advice : list of Advice
         One per acceptance value.
     engine_ends : dict
@@ -159,7 +156,8 @@ class Recommendation:
         ranges that favours and that disfavours SD, :meth:`~moesd.model.engine.EngineProfile.at`), the batch
         sizes where SD is on, one array per acceptance value; empty without a profile.
     draft_head : bool
-        The draft is an EAGLE-3 head of :data:`moesd.zoo.DRAFT_HEADS` (its own vocabulary, by design).
+        The draft is a head of the target (:func:`~moesd.model.predict.check_pair`: an MTP module or an EAGLE
+        head), which serving engines run on the target's GPUs.
     draft_tp : int
         The draft's GPUs, as priced: ``draft_tp``, or by default the target's ``tp`` for a draft head
         (:func:`~moesd.model.predict.check_pair`) and 1 for a separate draft model.
@@ -171,7 +169,6 @@ class Recommendation:
     judged: np.ndarray
     shortfalls: list
     vocabularies: tuple
-    shares_target_shape: bool
     advice: list
     engine_ends: dict = dataclasses.field(default_factory=dict)
     draft_head: bool = False
@@ -195,6 +192,7 @@ def _shortfalls(fit: pd.DataFrame, placed: dict, draft_gpus: int) -> list:
     degree, so the changes are checked at ``ep`` 1 (which every tensor-parallel size takes)."""
     hardware = placed["hardware"]
     capacity = hardware.memory_bytes
+    head_with_target = draft_gpus == placed["tp"] and check_pair(placed["target"], placed["draft"])
     shortfalls = []
     for role, model, gpus, tp_name, dtype_name in (("target", placed["target"], placed["tp"], "tp", "dtype"),
                                                    ("draft", placed["draft"], draft_gpus, "draft_tp", "draft_dtype")):
@@ -204,6 +202,8 @@ def _shortfalls(fit: pd.DataFrame, placed: dict, draft_gpus: int) -> list:
         now = int((held <= capacity).sum())
 
         def fitting(**changes):
+            if "tp" in changes and head_with_target:  # a head on the target's GPUs moves with them
+                changes = {"draft_tp": changes["tp"], **changes}
             try:
                 again = memory_fit(**{**placed, "ep": 1, **changes})
             except ValueError:  # a layout the model refuses
@@ -217,21 +217,23 @@ def _shortfalls(fit: pd.DataFrame, placed: dict, draft_gpus: int) -> list:
             return tuple([tp for tp in sizes if tp <= hardware.gpus_per_node] or sizes)
 
         dp_attention = placed["dp_attention"] and role == "target"
-        larger = [tp for tp in tensor_parallel_sizes(model, hardware, dp_attention) if tp > gpus
-                  and helps(**{tp_name: tp})]
+        plain = {tp: fitting(**{tp_name: tp}) for tp in tensor_parallel_sizes(model, hardware, dp_attention)
+                 if tp > gpus}
+        larger = [tp for tp, count in plain.items() if count > now]
         dtype = check_dtype(placed[dtype_name] or placed["dtype"])
         smaller = tuple(name for name in _native_dtypes(hardware)
                         if DTYPE_BYTES[name] < DTYPE_BYTES[dtype] and helps(**{dtype_name: name}))
         arch = resolve_model(model)
         data_parallel = []
         if role == "target" and not dp_attention and arch.attention == "mla" and arch.num_experts:
-            data_parallel = [tp for tp in tensor_parallel_sizes(model, hardware, True)
-                             if tp >= max(gpus, 2) and fitting(tp=tp, dp_attention=True) > max(now, fitting(tp=tp))]
+            # only where it fits more than now and than tensor parallelism alone on as many GPUs or fewer
+            data_parallel = [tp for tp in tensor_parallel_sizes(model, hardware, True) if tp >= max(gpus, 2)
+                             and fitting(tp=tp, dp_attention=True)
+                             > max([now, *(count for size, count in plain.items() if size <= tp)])]
         shortfalls.append(Shortfall(role, gpus, float(held.max()), float(held.min()), float(capacity),
                                     within_node(larger), smaller, within_node(data_parallel),
                                     bool(placed["context"]) and helps(context=0),
-                                    role == "target" and draft_gpus == placed["tp"] and check_pair(
-                                        placed["target"], placed["draft"])))
+                                    role == "target" and head_with_target))
     return shortfalls
 
 
@@ -245,8 +247,10 @@ def _advice(column: str, value: float, rows: pd.DataFrame, other: pd.DataFrame, 
     if not judged:
         status = other_status = np.full(len(best), NOT_JUDGED)
     low, high, peak, at = batch_range(rows)
-    edge = (None if len(best) < 2 else "largest" if at == max(asked)
+    edge = (None if len(best) < 2 or not judged else "largest" if at == max(asked)
             else "smallest" if at == min(asked) > 1 else None)
+    if not judged:  # the speedups assume a batch that does not fit: no band where SD pays
+        low = high = None
     return Advice(column, float(value), best.assign(sd=status), best.loc[status == "on", "batch_size"].to_numpy(),
                   best.loc[status == "marginal", "batch_size"].to_numpy(), peak, at,
                   None if low is None else (low, high), other_host_ms,
@@ -298,13 +302,16 @@ def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values,
     Raises
     ------
     ValueError
-        For ``host_ms`` with ``engine``, and as :func:`~moesd.model.predict.predict_sd` raises.
+        For ``host_ms`` with ``engine`` or ``step_ms``, and as :func:`~moesd.model.predict.predict_sd` raises.
     """
     from moesd.paper.predictor_check import HOST_SECONDS_VLLM_V0
 
     if engine is not None and host_ms:
         raise ValueError(f"host_ms: an engine profile holds the engine's host costs (with step_ms, a measured "
                          f"plain step), so host_ms must be 0 with one, got {host_ms}")
+    if step_ms is not None and host_ms:
+        raise ValueError(f"host_ms: a measured plain step (step_ms) holds the host's cost, so host_ms must be 0 "
+                         f"with one, got {host_ms}")
     batch_sizes, values = np.asarray(batch_sizes), np.asarray(values, dtype=float)
     if step_ms is not None or engine is not None:  # a measured step or a profile holds the host's cost
         other_host_ms = host_ms
@@ -328,7 +335,8 @@ def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values,
     placed = dict(target=target, draft=draft, hardware=hardware, batch_size=batch_sizes, context=context, tp=tp,
                   draft_tp=draft_tp, ep=ep, dtype=dtype, draft_dtype=draft_dtype, dp_attention=dp_attention)
     fit = memory_fit(**placed)
-    draft_gpus = draft_tp if draft_tp is not None else tp if check_pair(target, draft) else 1  # as predict_sd
+    head = check_pair(target, draft)
+    draft_gpus = draft_tp if draft_tp is not None else default_draft_tp(target, draft, tp)
     fits = fit["fits"].to_numpy()
     frame = frame.assign(fits=np.isin(frame["batch_size"], batch_sizes[fits]))
     judged = batch_sizes[fits] if fits.any() else batch_sizes
@@ -343,7 +351,4 @@ def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values,
             ends[end] = [best_gamma(rows[rows[column] == value]).pipe(
                 lambda best: best.loc[sd_status(best["speedup"]) == "on", "batch_size"].to_numpy()) for value in values]
     return Recommendation(frame, hardware, fits, judged, _shortfalls(fit, placed, draft_gpus),
-                          (target_shape.vocab_size, draft_shape.vocab_size),
-                          target_shape.hidden_size == draft_shape.hidden_size
-                          and target_shape.vocab_size == draft_shape.vocab_size, advice, ends,
-                          isinstance(draft, str) and draft.lower() in DRAFT_HEADS, draft_gpus)
+                          (target_shape.vocab_size, draft_shape.vocab_size), advice, ends, head, draft_gpus)
