@@ -434,6 +434,8 @@ def memory_lines(recommendation, batch_sizes) -> list:
 
 
 def sd_legend(margin: float) -> str:
+    """The last paragraph of ``moesd predict``: what on, marginal and off mean and what the table's terms are."""
     return (f"\nSD: on where the best gamma's speedup exceeds {1 + margin:g}, marginal where it exceeds 1 by less "
             f"(a margin of {100 * margin:g} %), else off. draft_term: gamma T_D(B,1) / T_T(B,1), the draft's "
-            "share of Eq. 4's denominator; target_efficiency: T_T(B,1) / T_T(B,gamma+1).")
+            "share of Eq. 4's denominator; target_efficiency: T_T(B,1) / T_T(B,gamma+1), where T_T(B,g+1) is the "
+            "verification pass (of a tree's verified tokens for a tree).")
