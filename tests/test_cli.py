@@ -126,7 +126,10 @@ def test_predict_writes_csv_and_plot_once_and_replaces_them_with_overwrite(tmp_p
     argv = ["predict", "--target", "qwen3-30b-a3b", "--draft", "qwen3-0.6b", "--hardware", "H100", "--batch", "8",
             "--csv", str(csv), "--plot", str(plot)]
     assert main(argv) == 0
-    assert csv.read_text().startswith("batch_size,") and plot.read_text().lstrip().startswith("<?xml")
+    assert csv.read_text().startswith("target,draft,hardware,tp,") and plot.read_text().lstrip().startswith("<?xml")
+    written = pd.read_csv(csv)  # the setup in every row, then predict_sd's columns
+    assert (written["target"] == "qwen3-30b-a3b").all() and (written["draft_tp"] == 1).all()
+    assert list(written.columns[written.columns.get_loc("batch_size"):][:2]) == ["batch_size", "gamma"]
     written = {path: path.read_bytes() for path in (csv, plot)}
     with pytest.raises(SystemExit) as exit_:
         main([*argv, "--gamma", "2"])

@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from moesd._checks import UsageError, new_files
 from moesd._files import atomic_write
@@ -155,8 +156,13 @@ def run(args: argparse.Namespace) -> None:
     answer = recommend(args.target, args.draft, args.hardware, batch, gammas, column, values, **options,
                        host_ms=args.host_ms)
     if args.csv:
-        with atomic_write(args.csv, "w") as file:
-            answer.frame.to_csv(file, index=False)
+        setup = {"target": args.target, "draft": args.draft, "hardware": answer.hardware.name, "tp": args.tp,
+                 "ep": args.tp if args.dp_attention else args.ep, "dp_attention": args.dp_attention,
+                 "draft_tp": answer.draft_tp, "dtype": args.dtype, "draft_dtype": args.draft_dtype or args.dtype,
+                 "draft_topk": args.draft_topk, "verify_tokens": args.verify_tokens or "gamma+1",
+                 "engine_profile": args.engine_profile or "", "step_ms": args.step_ms, "host_ms": args.host_ms}
+        with atomic_write(args.csv, "w") as file:  # the setup first, so files of several runs can be told apart
+            pd.concat([pd.DataFrame(setup, index=answer.frame.index), answer.frame], axis=1).to_csv(file, index=False)
     other_ms = answer.advice[0].other_host_ms
     print(narration.predict_setup(args.target, args.draft, answer, args.tp, args.tp if args.dp_attention else args.ep,
                                   answer.draft_tp, args.dtype, args.context, args.host_ms, other_ms,
@@ -250,9 +256,10 @@ def add_parser(commands) -> None:
                          "GPUs' roofline misses becomes a fixed cost per forward pass, spread over the layers")
     predict.add_argument("--step-batch", type=int, default=1, help="the batch size --step-ms was measured at "
                          "(default 1)")
-    predict.add_argument("--csv", help="write every predicted row to this CSV file (moesd.model.predict.predict_sd's "
-                         "columns: times t_* in seconds, t_target_gamma the verification pass; speedup and terms "
-                         "dimensionless), with a column fits: whether its batch size fits target and draft in memory")
+    predict.add_argument("--csv", help="write every predicted row to this CSV file: the setup (target, draft, hardware, "
+                         "tp, ..., engine_profile, step_ms, host_ms), then moesd.model.predict.predict_sd's columns "
+                         "(times t_* in seconds, t_target_gamma the verification pass; speedup and terms "
+                         "dimensionless) and fits: whether the row's batch size fits target and draft in memory")
     predict.add_argument("--overwrite", action="store_true", help="replace existing --csv and --plot files")
     predict.add_argument("--plot", help="write a heatmap of speedup over (B, gamma) to this image file (a suffix matplotlib writes, "
                          ".png if none), one panel per --alpha or --sigma, over the batch sizes that fit (all of "
