@@ -363,8 +363,7 @@ def predict_setup(target: str, draft: str, recommendation, tp: int, ep: int, dra
         return setup + ("(roofline at achieved fractions of data-sheet peaks"
                         + (f", {engine}'s profile" if engine else "")
                         + (f", a fixed cost per forward pass that makes the plain step at B = {step_batch} your "
-                           f"measured {step_ms:g} ms" if step_ms is not None
-                           else ", no measured plain step: where SD pays, an upper bound") + ")")
+                           f"measured {step_ms:g} ms" if step_ms is not None else "") + ")")
     return (setup + f"(roofline at achieved fractions of data-sheet peaks, host cost {host_ms:g} ms per forward pass"
             + (f": where SD pays, an upper bound; for a serving engine give --engine-profile and --step-ms, or "
                f"--host-ms a host cost per forward pass, e.g. {other_host_ms:.2g} ms from vLLM v0's own profile, "
