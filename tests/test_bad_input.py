@@ -1364,6 +1364,8 @@ NUMBERS = [
     # hardware records: refused when made, naming the field, not later as an internal time
     Case("numbers", "a record with zero bandwidth", lambda: _with_hardware(memory_bandwidth=0.0), UsageError,
          "hardware.memory_bandwidth must be a number > 0, got 0 (Hardware record 'H100')"),
+    Case("numbers", "a record spanning nodes without a network", lambda: _with_hardware(internode_bandwidth=0.0),
+         UsageError, "hardware.max_nodes must be 1 without an internode_bandwidth, got 32 (Hardware record 'H100')"),
     Case("numbers", "a record with infinite peak FLOP/s", lambda: _with_hardware(peak_flops=float("inf")), UsageError,
          "hardware.peak_flops must be a number > 0, got inf"),
     Case("numbers", "a record with NaN fp8 FLOP/s", lambda: _with_hardware(fp8_flops=float("nan")), UsageError,

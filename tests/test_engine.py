@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from moesd import cli
-from moesd.model.engine import ENGINES, Cost, EngineProfile, engine_profile
+from moesd.model.engine import ENGINES, Cost, engine_profile
 from moesd.model.forward import step_time
 from moesd.model.kernels import Efficiency, achieved_rates, grouped_gemm_roofline
 from moesd.model.layout import DTYPE_BYTES, attention_dtype, eagle3_head, ffn_dtype, resolve_model, weights_per_gpu
@@ -52,8 +52,7 @@ def test_acceptance_length_beyond_gamma_is_refused():
 def test_every_engine_cost_is_sourced_and_ordered():
     for profile in ENGINES.values():
         for name, cost in profile.costs().items():
-            assert cost.source, (profile.name, name)
-            assert cost.low <= cost.value <= cost.high
+            assert cost.source, (profile.name, name)  # Cost itself keeps low <= value <= high
         low, high = profile.at("low"), profile.at("high")
         assert low.exposed_host_seconds.value <= high.exposed_host_seconds.value
         assert low.draft_host_seconds.value <= high.draft_host_seconds.value
@@ -228,7 +227,6 @@ def test_published_points_are_sourced():
 def test_check_engines_scores_every_variant():
     check = check_engines()
     assert list(check.scores["variant"]) == list(VARIANTS)
-    assert (check.scores["points"] == len(check.points)).all()
     row = check.points.iloc[0]
     alpha = alpha_for_acceptance_length(row["acceptance_length"], row["gamma"])  # a chain: alpha or sigma alike
     device = predict_sd(row["model"], row["draft"], row["hardware"], row["batch_size"], row["gamma"], tp=row["tp"],
@@ -258,12 +256,20 @@ def test_check_engines_names_the_wrong_signs_and_the_best_draft_lengths():
     points = check.points.set_index("point")
     for point in check.wrong_sign:
         assert (points.loc[point, "anchored"] > 1) != (points.loc[point, "speedup"] > 1)
-    np.testing.assert_allclose(points["error"], points["anchored"] / points["speedup"] - 1)
-    for row in check.gamma_peaks.itertuples():
-        rows = check.points[(check.points["source"] == row.source) & (check.points["batch_size"] == row.batch_size)
-                            & (check.points["draft_topk"] == 1)]
-        assert rows.loc[rows["speedup"].idxmax(), "gamma"] == row.published
-        assert rows.loc[rows["anchored"].idxmax(), "gamma"] == row.anchored
+    # the one source published at several draft lengths: TensorRT-LLM's B200 table peaks at MTP 3 (2.28x)
+    (peak,) = check.gamma_peaks.itertuples()
+    assert (peak.hardware, peak.batch_size, peak.published) == ("B200", 1, 3)
+    b200 = points[points["hardware"] == "B200"]
+    assert peak.anchored == b200.loc[b200["anchored"].idxmax(), "gamma"]
+
+
+def test_every_ablation_leaves_out_one_engine_term():
+    from moesd.paper.engine_check import _LEFT_OUT, _profile
+
+    ablations = [variant for variant in VARIANTS if variant.startswith("anchored, no")]
+    assert sorted(_LEFT_OUT) == sorted(ablations)  # a renamed variant would silently be the whole profile
+    for variant in ablations:  # each changes the SGLang profile, which has every term
+        assert _profile("sglang", variant) != engine_profile("sglang"), variant
 
 
 def _predict(*extra):
@@ -291,12 +297,6 @@ def test_cli_refuses_bad_engine_options(extra, fragment, capsys):
     with pytest.raises(SystemExit) as exit_:
         _predict(*extra)
     assert exit_.value.code == 2 and fragment in capsys.readouterr().err
-
-
-def test_profile_records_are_frozen():
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        SGLANG.name = "x"
-    assert isinstance(SGLANG, EngineProfile)
 
 
 def test_the_cli_reproduces_every_published_point(tmp_path):

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> None:
         "ridge point": hw.ridge_point,
         "GPUs/node": hw.gpus_per_node,
         "NIC GB/s": hw.internode_bandwidth / 1e9,
-        "nodes": hw.max_nodes if hw.internode_bandwidth else 1,
+        "nodes": hw.max_nodes,
     } for hw in HARDWARE.values()])
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(HARDWARE_NOTE)

@@ -225,7 +225,6 @@ class SweepConfig:
             if shaped:
                 raise UsageError(f"{', '.join(f'{k}={v}' for k, v in shaped.items())}: shape settings apply to "
                                  "random weights only; pretrained weights keep their checkpoint's shape")
-            from pathlib import Path
 
             for name in ("target_path", "draft_path"):
                 folder = getattr(self, name)
@@ -256,7 +255,6 @@ class SweepConfig:
         if (self.routing == "trace") != (self.routing_trace is not None):
             raise UsageError("routing_trace names the trace that routing 'trace' replays: give both or neither")
         if self.routing == "trace":
-            from pathlib import Path
 
             from moesd.routing.traces import RoutingTrace
 
@@ -466,16 +464,16 @@ def memory_needed(config: SweepConfig) -> dict:
     """
     from moesd.architecture import Architecture
 
-    def shape(name, layers, top_k, vocab, path):
+    def shape(name, layers, vocab, path):
         spec = get_model(name)
         if path is not None:  # a local checkpoint: its own shape
             return Architecture.from_config(spec.name, spec.model_type,
                                             json.loads((Path(path) / "config.json").read_text()))
-        values = spec.config_dict(layers, top_k, config.width)
+        values = spec.config_dict(layers, None, config.width)
         return Architecture.from_config(spec.name, spec.model_type, {**values, **({"vocab_size": vocab} if vocab else {})})
 
-    target = shape(config.target, config.layers, None, config.vocab_size, config.target_path)
-    draft = shape(config.draft, config.draft_layers, None, target.vocab_size, config.draft_path)
+    target = shape(config.target, config.layers, config.vocab_size, config.target_path)
+    draft = shape(config.draft, config.draft_layers, target.vocab_size, config.draft_path)
     weights = sum(model.weight_counts()["total"] for model in (target, draft)) * DTYPE_BYTES[config.dtype]
     cache = (sum(model.kv_values_per_token * model.num_layers for model in (target, draft)) * cached_tokens(config)
              * DTYPE_BYTES[config.dtype])
@@ -505,7 +503,4 @@ def cached_tokens(config: SweepConfig) -> int:
     for the longest pass); an e2e-type study one batch at a time, the largest growing by up to
     ``gamma + 1`` tokens per round over its warm-up and timed rounds.
     """
-    if config.study in FORWARD_STUDIES:
-        return sum(config.batch_sizes) * (config.context + max(config.gammas) + 1)
-    rounds = config.warmup_rounds + config.rounds + 1
-    return max(config.batch_sizes) * (config.context + rounds * (max(config.gammas) + 1))
+    return (sum(config.batch_sizes) if config.study in FORWARD_STUDIES else max(config.batch_sizes)) * positions(config)

@@ -231,11 +231,7 @@ class SpeedupInputs:
 
     def _weights(self, variant: str):
         """Weights of the draft and ar times in the denominator (verify and reject have weight 1)."""
-        if variant == "eq4":
-            return self.gamma, 0.0
-        if variant == "printed":
-            return 1.0, 1.0
-        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+        return denominator_weights(variant, self.gamma)
 
     def speedup(self, params, variant: str = "eq4") -> np.ndarray:
         """Predicted speedups (dimensionless)."""
@@ -429,6 +425,16 @@ def _unread_parameters(model, layers: int | None, width: float, vocab_size: int 
     cut = whole.weight_counts()["total"] - built.weight_counts()["total"]
     gathered = 0 if built.tied_embeddings else built.head_params
     return int(cut + gathered)
+
+
+def denominator_weights(variant: str, gamma):
+    """The weights of the draft and ar times in a variant's denominator, verify and reject weighing 1:
+    ``(gamma, 0)`` for Eq. 4, ``(1, 1)`` for line 11 of Algorithm 1 as printed."""
+    if variant == "eq4":
+        return gamma, 0.0
+    if variant == "printed":
+        return 1.0, 1.0
+    raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
 
 
 def parameter_bounds(model=None, hardware=None, draft=None, bytes_per_parameter: float = 2.0,

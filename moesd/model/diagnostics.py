@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import as_array
-from moesd.model.algorithm1 import VARIANTS, VERIFY_TOKENS, SpeedupInputs, stage_times
+from moesd.model.algorithm1 import VARIANTS, VERIFY_TOKENS, SpeedupInputs, denominator_weights, stage_times
 from moesd.model.fit import FitResult, fit_speedup_model
 from moesd.model.measurements import COLUMNS, measurement_array, speedup_inputs
 from moesd.model.samples import PAPER_STRIDES
@@ -182,10 +182,8 @@ def compare_stage_times(result: FitResult, measured: pd.DataFrame, num_experts: 
         as_array(column, frame[column], low=0, low_open=column != "t_reject")
     times = stage_times(result.parameters, frame["B"].to_numpy(float), frame["gamma"].to_numpy(float),
                         frame["K"].to_numpy(float), frame["E"].to_numpy(float), result.rp, result.verify_tokens)
-    if result.variant == "printed":  # the denominator less verify, as each variant writes it
-        overhead = times["draft"] + times["ar"] + times["reject"]
-    else:
-        overhead = frame["gamma"].to_numpy(float) * times["draft"] + times["reject"]
+    draft_weight, ar_weight = denominator_weights(result.variant, frame["gamma"].to_numpy(float))
+    overhead = draft_weight * times["draft"] + ar_weight * times["ar"] + times["reject"]  # the denominator less verify
     table = pd.DataFrame({"B": frame["B"], "gamma": frame["gamma"], "K": frame["K"],
                           "draft_fitted": times["draft"] / times["ar"],
                           "draft_measured": frame["t_draft"] / frame["t_target_1"],

@@ -81,8 +81,6 @@ class EngineProfile:
     expert_flops_fraction : dict
         Achieved fraction of the tensor peak in grouped expert GEMMs, per weight dtype, as a
         :class:`Cost` (missing: the hardware record's fraction).
-    tiles_source : str
-        Where ``expert_tile_rows`` come from.
     attention_fractions : dict
         Achieved fractions of the data-sheet bandwidth and tensor peak of the decode attention kernel, per
         attention kind (``"mla"``, ``"gqa"``), as ``(bandwidth Cost, FLOP Cost)`` (missing: the hardware
@@ -97,7 +95,6 @@ class EngineProfile:
     extend_graphs: bool = True
     expert_tile_rows: dict = dataclasses.field(default_factory=dict)
     expert_flops_fraction: dict = dataclasses.field(default_factory=dict)
-    tiles_source: str = ""
     attention_fractions: dict = dataclasses.field(default_factory=dict)
 
     def costs(self) -> dict:
@@ -137,9 +134,6 @@ _SGLANG_OVERLAP = ("LMSYS blog 'Accelerating SGLang with Multiple Token Predicti
                    "overlaps SD rounds too")
 _DEEPGEMM_MASKED = ("deepseek-ai/DeepGEMM README (H800): masked grouped GEMM 4 groups x 256 rows, 932 and 815 "
                     "TFLOPS of the 1,979 fp8 dense peak (0.41-0.47); none published below 256 rows")
-_TILES = ("DeepGEMM deep_gemm/jit_kernels config: masked layout block_m 64 up to 64 expected rows; vLLM/SGLang "
-          "fused_moe get_default_config: bf16 BLOCK_SIZE_M 16 when tokens <= experts, else 64; fp8 "
-          "block-quantised 64")
 _FLASH_MLA = ("deepseek-ai/FlashMLA README: the dense MLA decoding kernel reaches 3000 GB/s memory-bound (0.90 of "
               "the H800's 3350) and 660 TFLOPS compute-bound (0.67 of 989.5) on H800 SXM5 with CUDA 12.8; 580 TFLOPS "
               "(0.59) with CUDA 12.6; FlashMLA's figures taken for every GPU (no MI300X or B200 figure found)")
@@ -149,7 +143,9 @@ _VLLM_DRAFTER = ("vllm-project/vllm issue #45258 (vLLM 0.22 on a GB10, sm_121; G
                  "concurrency 1): sampling 2.1 ms and the whole drafter chain 4.9 ms for 3 steps, 0.7 and 1.6 ms "
                  "a step, with eager attention between piecewise graphs; vllm PR #21477: a full-graph drafter on "
                  "par (low end 0)")
-_KERNELS = dict(expert_tile_rows={"fp8": (64, 64), "bf16": (16, 64)}, tiles_source=_TILES, attention_fractions=_MLA,
+# Tiles: DeepGEMM deep_gemm/jit_kernels config (masked layout block_m 64 up to 64 expected rows); vLLM/SGLang
+# fused_moe get_default_config (bf16 BLOCK_SIZE_M 16 when tokens <= experts, else 64; fp8 block-quantised 64).
+_KERNELS = dict(expert_tile_rows={"fp8": (64, 64), "bf16": (16, 64)}, attention_fractions=_MLA,
                 expert_flops_fraction={"fp8": Cost(0.41, 0.41, 0.47, _DEEPGEMM_MASKED)})
 """The kernels SGLang, vLLM and TensorRT-LLM share for MoE decoding: fused_moe or DeepGEMM, FlashMLA."""
 _GRAPHED_DRAFT = Cost(0.0, 0.0, 0.0, "draft steps replay CUDA graphs (sgl-project/sglang EAGLE draft CUDA graph "

@@ -410,7 +410,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     # fp8 checkpoints (DeepSeek-V3's, vLLM's fp8 quantisation) keep the router, the embeddings, the LM head
     # and the norms in bf16, and attention over the bf16 KV cache runs at the bf16 rate
     kept = kept_dtype(dtype)
-    bandwidth = achieved_rates(hardware, kept, efficiency)[0]
+    bandwidth, kept_rate = achieved_rates(hardware, kept, efficiency)
     per_kernel = per_kernel_seconds(efficiency, cuda_graphs)
     d = arch.hidden_size
 
@@ -431,7 +431,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
 
     seconds["kv_cache"], traffic["kv_cache"], flops["kv_cache"] = _kv_cache(
         arch, seqs, local, context, kv_share, split, a_bytes, *_attention_rates(
-            hardware, efficiency, bandwidth, achieved_rates(hardware, kept, efficiency)[1], kept))
+            hardware, efficiency, bandwidth, kept_rate, kept))
 
     zero = np.zeros_like(tokens)
     for name in ("router", "shared_experts", "routed_experts", "dense_ffn"):
@@ -449,8 +449,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     seconds["lm_head"], traffic["lm_head"], flops["lm_head"] = gemm(
         arch.head_params / split, KERNELS["head"], 1, d + arch.vocab_size / split, kept)
 
-    latency = (hardware.interconnect_latency if efficiency.collective_seconds is None
-               else efficiency.collective_seconds)
+    latency = hardware.interconnect_latency
     seconds["communication"], traffic["communication"] = (
         _all_to_alls(arch, hardware, local, K, tp, a_bytes, latency) if dp_attention
         else _collectives(arch, hardware, tokens, tp, a_bytes, latency))

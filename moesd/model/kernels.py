@@ -67,9 +67,6 @@ class Efficiency:
     expert_flops_fraction : float or None
         Achieved fraction of the tensor peak in the routed experts' grouped GEMMs, which reach less
         than a large dense GEMM at tens of tokens per expert; None: ``flops_fraction``'s.
-    collective_seconds : float or None
-        Latency of one small all-reduce as the engine's kernel runs it, seconds; None: the hardware
-        record's ``interconnect_latency``.
     attention_bandwidth_fraction, attention_flops_fraction : float or None
         Achieved fractions of the data-sheet bandwidth and tensor peak in the decode attention kernel
         over the KV cache (the ``gamma + 1`` queries of a verification share one read of the cache);
@@ -85,7 +82,6 @@ class Efficiency:
     expert_tile_rows: int = 1
     expert_tile_rows_above: int | None = None
     expert_flops_fraction: float | None = None
-    collective_seconds: float | None = None
     attention_bandwidth_fraction: float | None = None
     attention_flops_fraction: float | None = None
 
@@ -99,7 +95,7 @@ class Efficiency:
             value = getattr(self, name)
             if value is not None and not 0 < value <= 10:
                 raise ValueError(f"{name} must be in (0, 10], got {value!r}")
-        for name in ("kernel_seconds", "launch_seconds", "step_seconds", "expert_seconds", "collective_seconds"):
+        for name in ("kernel_seconds", "launch_seconds", "step_seconds", "expert_seconds"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value!r}")

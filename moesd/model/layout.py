@@ -238,7 +238,7 @@ def tensor_parallel_sizes(model, hardware, dp_attention=False) -> list[int]:
     """
     arch, hardware = resolve_model(model), hardware_record(hardware)
     per_node = hardware.gpus_per_node if hardware.interconnect_bandwidth else 1
-    nodes = hardware.max_nodes if hardware.internode_bandwidth else 1
+    nodes = hardware.max_nodes
     groups = [*range(1, per_node + 1), *range(2 * per_node, per_node * nodes + 1, per_node)]
     if dp_attention:
         return [tp for tp in groups if tp == 1 or (arch.num_experts and not arch.num_experts % tp)]

@@ -56,17 +56,17 @@ def published_speedups() -> pd.DataFrame:
     return pd.read_csv(DATA_DIR / "engines" / "published_speedups.csv")
 
 
+_LEFT_OUT = {
+    "anchored, no exposed host": dict(exposed_host_seconds=_NONE),
+    "anchored, no extend pass": dict(draft_extend=False),
+    "anchored, no tiles": dict(expert_tile_rows={}, expert_flops_fraction={}),
+    "anchored, no attention kernel": dict(attention_fractions={}),
+}
+"""The engine term each ablation of :data:`VARIANTS` leaves out, as :class:`EngineProfile` fields."""
+
+
 def _profile(name: str, variant: str):
-    profile = engine_profile(name)
-    if variant.endswith("no exposed host"):
-        return dataclasses.replace(profile, exposed_host_seconds=_NONE)
-    if variant.endswith("no extend pass"):
-        return dataclasses.replace(profile, draft_extend=False)
-    if variant.endswith("no tiles"):
-        return dataclasses.replace(profile, expert_tile_rows={}, expert_flops_fraction={})
-    if variant.endswith("no attention kernel"):
-        return dataclasses.replace(profile, attention_fractions={})
-    return profile
+    return dataclasses.replace(engine_profile(name), **_LEFT_OUT.get(variant, {}))
 
 
 def _predict(point, variant: str) -> float:
@@ -119,15 +119,15 @@ def check_engines(points: pd.DataFrame | None = None) -> EngineCheck:
     rows = list(points.itertuples(index=False))
     for variant in VARIANTS:
         points[variant] = [_predict(point, variant) for point in rows]
+    errors = pd.DataFrame({variant: (points[variant] / points["speedup"] - 1).abs() * 100 for variant in VARIANTS})
     scores = []
     for variant in VARIANTS:
         predicted, published = points[variant].to_numpy(), points["speedup"].to_numpy()
         trends = [np.sign(np.diff(group.sort_values("batch_size")[[variant, "speedup"]].iloc[[0, -1]].to_numpy(),
                                   axis=0)) for _, group in points.groupby(_SETUP) if group.batch_size.nunique() > 1]
-        scores.append({"variant": variant, "mape": float(np.mean(np.abs(predicted / published - 1)) * 100),
+        scores.append({"variant": variant, "mape": float(errors[variant].mean()),
                        "signs_right": int(((predicted > 1) == (published > 1)).sum()), "points": len(points),
                        "trends_right": sum(int(t[0, 0] == t[0, 1]) for t in trends), "trends": len(trends)})
-    errors = pd.DataFrame({variant: (points[variant] / points["speedup"] - 1).abs() * 100 for variant in VARIANTS})
     by_source = errors.groupby(points["source"], sort=False).mean()
     points["error"] = points["anchored"] / points["speedup"] - 1
     wrong = points.loc[(points["anchored"] > 1) != (points["speedup"] > 1), "point"].tolist()

@@ -120,6 +120,9 @@ class Hardware:
                     as_array(f"hardware.{field}", value, **domain)
                 except UsageError as error:
                     raise UsageError(f"{error} (Hardware record {self.name!r})") from None
+        if self.max_nodes > 1 and not self.internode_bandwidth:
+            raise UsageError(f"hardware.max_nodes must be 1 without an internode_bandwidth, got {self.max_nodes} "
+                             f"(Hardware record {self.name!r})")
 
     @property
     def ridge_point(self) -> float:
