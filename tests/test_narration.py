@@ -24,8 +24,8 @@ def test_a_summary_groups_parts_by_outcome_contradicted_first_with_detectable_ef
     assert list(verdict.strict.parts["outcome"]) == [cr.NOT_SHOWN, cr.NOT_SHOWN, cr.CONTRADICTED, cr.CONTRADICTED,
                                                      cr.SHOWN]
     assert np.isnan(verdict.strict.parts["detectable"].iloc[2])
-    assert verdict.plain.startswith("Fig. 4 not testable here as the paper states it")
-    assert "read strictly" in verdict.plain and "does not hold" in verdict.plain
+    assert verdict.plain.startswith("Fig. 4 is not testable here as the paper states it")
+    assert "read strictly it does not hold" in verdict.plain
 
 
 def test_a_claim_that_holds_or_cannot_be_tested_says_so_in_its_summary():

@@ -196,7 +196,8 @@ def efficiency_moe_rises_dense_falls(forward: pd.DataFrame | None, dense_forward
             for reading in READINGS:
                 notes[reading].append(note(UNTESTABLE, "the curves", where))
             continue
-        row = {"gamma": gamma, "where": where, "noise": moe_curve.noise, "dense_noise": dense_curve.noise}
+        row = {"gamma": gamma, "where": where, "first_batch_size": float(moe_curve.batch_size[0]),
+               "noise": moe_curve.noise, "dense_noise": dense_curve.noise}
         if sidecar is not None:
             first, second = memory_bound_efficiency(sidecar, moe_curve.batch_size[:2], gamma)
             row.update(predicted_first=float(first), predicted_second=float(second))
