@@ -14,10 +14,11 @@ before any work: it raises ``UsageError`` itself, calls the package's validating
 ``pandas.read_csv``'s ParserError on the user's file) in ``with usage_errors():``. The work
 itself runs outside that block, so an internal error stays an internal error.
 
-Output paths and devices are checked before any work too: :func:`writable_folder` (a folder, and
-writable), :func:`new_file` (not there unless overwriting, a regular file, in a writable folder; :func:`new_files` for
-several, no two at one path) and
-:func:`torch_device` (a device torch knows and this machine has).
+Output paths and devices are checked before any work too: :func:`output_path` (not empty, not a device or
+kernel path, no name too long, no loop of symbolic links: the rule every output path follows),
+:func:`writable_folder` (a folder, and writable), :func:`new_file` (not there unless overwriting, a regular file,
+in a writable folder; :func:`new_files` for several, no two at one path) and :func:`torch_device` (a device torch
+knows and this machine has). Seeds are whole numbers in [0, :data:`MAX_SEED`] (:func:`seed`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -202,12 +204,65 @@ def one_of(name: str, value, allowed) -> None:
         raise UsageError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {_short(value)}")
 
 
+DEVICE_PATHS = re.compile(r"/dev(/.*)?|/proc/(self|thread-self|[0-9]+)/fd(/.*)?")
+"""Paths of devices and of a process's open files: an output path there is refused (``/dev/stdout`` redirected
+to a file would have a command rename its output over that file)."""
+
+
+def output_path(name: str, path) -> Path:
+    """Refuse an output path that cannot be one: empty, one of :data:`DEVICE_PATHS` (as written or once its
+    links are followed), with a name longer than the file system takes, or through a loop of symbolic links.
+
+    Every output flag (``--out``, ``--out-dir``, ``--csv``, ``--plot``, ``--json``) is checked here, through
+    :func:`writable_folder` and :func:`new_file`, before any work.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+    """
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    if not isinstance(text, str) or not text.strip():
+        raise UsageError(f"{name} is {_short(path)}: give a path")
+    shown = _short(text)
+    for spelled in (os.path.abspath(text), os.path.realpath(text)):
+        if DEVICE_PATHS.fullmatch(spelled):
+            raise UsageError(f"{name} {shown} is a device or another program's open file ({spelled}): write to a "
+                             "file in a folder of your own")
+    try:
+        os.stat(text)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        from moesd._files import _reason
+
+        raise UsageError(f"{name} {shown} cannot be a path: {_reason(error)}") from None
+    return Path(text)
+
+
+def seed(name: str, value) -> int:
+    """``value`` as an int if it is a whole number in [0, :data:`MAX_SEED`], else a ``UsageError`` naming ``name``.
+
+    torch, numpy and vLLM take seeds of different widths (torch refuses 2^64 with an ``OverflowError`` deep in
+    model building); 32 bits is what all of them take.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or \
+            not 0 <= value <= MAX_SEED:
+        raise UsageError(f"{name} must be a whole number in [0, 2^32 - 1 = {MAX_SEED}], got {_short(value)}")
+    return int(value)
+
+
+MAX_SEED = 2**32 - 1
+"""The largest seed :func:`seed` takes (numpy's legacy generators and many engines take 32 bits)."""
+
+
 def writable_folder(name: str, path) -> Path:
-    """Refuse a folder that is a file or cannot be written (the nearest existing parent is tried).
+    """Refuse a folder that is a file or cannot be written (the nearest existing parent is tried), or a path
+    :func:`output_path` refuses.
 
     Returns the folder as a ``pathlib.Path``; it need not exist yet (writers create it).
     """
-    folder = Path(path)
+    folder = output_path(name, path)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{name} {str(folder)!r} is not a folder")
     existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
@@ -228,7 +283,7 @@ def new_file(name: str, path, overwrite: bool = False) -> Path:
     several files checks them together with :func:`new_files`), then written with
     :func:`moesd._files.atomic_write`, so that a write that fails or is interrupted leaves the old file.
     """
-    file = Path(path)
+    file = output_path(name, path)
     if file.exists() and not file.is_file():
         raise UsageError(f"{name} {str(file)!r} is not a regular file (a folder or a device): refusing to replace it")
     if file.exists() and not overwrite:
@@ -284,3 +339,30 @@ def torch_device(name: str, device: str) -> None:
                              "device; use cpu")
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
             raise UsageError(f"{name} {device!r} is not available: {torch.cuda.device_count()} CUDA device(s)")
+
+
+def hub_model(name: str, hub_id: str, option: str) -> None:
+    """Refuse, before any load, a hub id whose weights cannot be had: the hub is offline (``HF_HUB_OFFLINE``) and
+    its ``config.json`` is not in the local cache. Online, the hub answers for itself.
+
+    Parameters
+    ----------
+    name : str
+        The argument or option naming the model (``--model``, ``target``).
+    hub_id : str
+        The hub id (``deepseek-ai/DeepSeek-V2-Lite-Chat``).
+    option : str
+        What to give instead (``--target-path``, a local folder).
+    """
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if not constants.HF_HUB_OFFLINE:
+        return
+    try:
+        cached = try_to_load_from_cache(hub_id, "config.json")
+    except ValueError:  # not a valid repository id
+        cached = None
+    if not isinstance(cached, str):
+        raise UsageError(f"{name} {hub_id!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and "
+                         f"the hub is offline (HF_HUB_OFFLINE=1): download it where the hub is reachable, or give "
+                         f"{option}")

@@ -27,6 +27,27 @@ _SHAPE_DEFAULTS = {
     "gpt_oss": dict(attention_bias=True),
 }
 
+POSITION_DEFAULTS = {"qwen2": 32768, "qwen3": 32768, "qwen2_moe": 32768, "qwen3_moe": 32768, "mixtral": 131072,
+                     "olmoe": 4096, "opt": 2048, "deepseek_v2": 2048, "deepseek_v3": 4096, "gpt_oss": 131072}
+"""Transformers' default ``max_position_embeddings`` of each config class (the pinned transformers'; a test
+compares them): the positions a model built from a config that does not name them has (OPT's learned position
+table, the others' rotary embeddings precomputed up to it)."""
+
+
+def max_positions(model_type: str, config: dict) -> int:
+    """The token positions a model of ``config`` has: its ``max_position_embeddings``, else its class's default
+    (:data:`POSITION_DEFAULTS`).
+
+    Raises
+    ------
+    ValueError
+        For a ``model_type`` without a default and a config that does not name its positions.
+    """
+    value = config.get("max_position_embeddings", POSITION_DEFAULTS.get(model_type))
+    if value is None:
+        raise ValueError(f"model_type {model_type!r} has no default max_position_embeddings; name it in its config")
+    return int(value)
+
 
 @dataclass(frozen=True)
 class Architecture:

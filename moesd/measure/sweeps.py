@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moesd._checks import UsageError
+from moesd._checks import UsageError, hub_model, seed
+from moesd.architecture import max_positions
 from moesd.model.predict import PAPER_BATCH_SIZES as BATCH_SIZES  # the paper's 19 batch sizes, 1 to 100 (one home)
 from moesd.zoo import get_model
 
@@ -183,7 +184,7 @@ class SweepConfig:
         self.gammas = _whole_numbers("gammas", self.gammas)
         for name in ("context", "repeats"):
             setattr(self, name, whole_number(name, getattr(self, name), 1))
-        self.warmup, self.seed = whole_number("warmup", self.warmup, 0), whole_number("seed", self.seed, 0)
+        self.warmup, self.seed = whole_number("warmup", self.warmup, 0), seed("seed", self.seed)
         if self.dtype not in DTYPES:
             raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
@@ -211,10 +212,24 @@ class SweepConfig:
             if self.cuda_graphs and self.warmup_rounds < 1:
                 raise UsageError("cuda_graphs captures its graphs in the warm-up round: set warmup_rounds >= 1")
             self._check_acceptance()
-        limit = get_model(self.target).config_dict().get("max_position_embeddings")
-        if limit is not None and positions(self) > limit:
-            raise UsageError(f"context, rounds and gammas make a sequence reach {positions(self)} positions, more "
-                             f"than the {limit} of {self.target}; lower context or rounds")
+        self._check_size()
+
+    def _check_size(self) -> None:
+        """Refuse, before any work, a sequence longer than either model's positions or more rows than
+        :data:`MAX_SWEEP_ROWS`, each with its estimate."""
+        for name, path in ((self.target, self.target_path), (self.draft, self.draft_path)):
+            spec = get_model(name)
+            limit = max_positions(spec.model_type, checkpoint_config(name, path) if path else spec.config_dict())
+            if positions(self) > limit:
+                raise UsageError(f"context, rounds and gammas make a sequence reach {positions(self)} positions, "
+                                 f"more than the {limit} of {spec.name}; lower context or rounds")
+        rows = sweep_rows(self)
+        if rows > MAX_SWEEP_ROWS:
+            sizes = (f"repeats {self.repeats} x {len(self.top_k_values)} K x {len(self.batch_sizes)} batch sizes x "
+                     + (f"{len(self.gammas)} gammas x 2 models" if self.study in FORWARD_STUDIES else
+                        f"{len(self.gammas)} gammas x {len(self.workloads or (None,))} workload(s)"))
+            raise UsageError(f"{sizes} make {rows} rows, more than the {MAX_SWEEP_ROWS} a result file holds (each "
+                             "point rewrites it whole): lower repeats or the grid")
 
     def _check_shape(self, target, draft) -> None:
         if self.weights == "pretrained":
@@ -226,12 +241,18 @@ class SweepConfig:
                 raise UsageError(f"{', '.join(f'{k}={v}' for k, v in shaped.items())}: shape settings apply to "
                                  "random weights only; pretrained weights keep their checkpoint's shape")
 
-            for name in ("target_path", "draft_path"):
+            for name, model in (("target_path", self.target), ("draft_path", self.draft)):
                 folder = getattr(self, name)
-                if folder is not None and not (Path(folder) / "config.json").is_file():
+                if folder is None:
+                    continue  # from the hub: check_pretrained, before any model is loaded
+                if not (Path(folder) / "config.json").is_file():
                     found = "is not a model folder (no config.json in it)" if Path(folder).is_dir() else "does not exist"
                     raise UsageError(f"{name} {str(folder)!r} {found}; give the local folder of a pretrained "
                                      "checkpoint, or leave it out to load the model from the hub")
+                try:
+                    checkpoint_config(model, folder)
+                except UsageError as error:
+                    raise UsageError(f"{name}: {error}") from None
             return
         if self.target_path or self.draft_path:
             raise UsageError("target_path and draft_path apply to pretrained weights only")
@@ -240,6 +261,11 @@ class SweepConfig:
         for name, spec in (("layers", target), ("draft_layers", draft)):
             if getattr(self, name) is not None:
                 setattr(self, name, whole_number(name, getattr(self, name), 1, spec.num_layers))
+        if target.is_moe:
+            try:
+                target.check_routed_layers(self.layers, "layers")
+            except ValueError as error:
+                raise UsageError(str(error)) from None
         if self.vocab_size is not None:
             self.vocab_size = whole_number("vocab_size", self.vocab_size, 2)
 
@@ -332,11 +358,64 @@ class SweepConfig:
 
 
 def checked_model(name, role: str):
-    """The :mod:`moesd.zoo` spec of ``name``; a :class:`~moesd._checks.UsageError` naming the ``role`` if unknown."""
+    """The :mod:`moesd.zoo` spec of ``name``; a :class:`~moesd._checks.UsageError` naming the ``role`` if unknown,
+    or if a ``target`` is a draft head (an MTP module runs on its target's hidden states: there is nothing of
+    its own to time, as ``moesd predict`` refuses it as a target)."""
     try:
-        return get_model(name)
+        spec = get_model(name)
     except KeyError as error:
         raise UsageError(f"{role} {error.args[0]}") from None
+    if role == "target" and spec.head_of:
+        raise UsageError(f"target {spec.name} is a draft head of {spec.head_of}, not a model of its own: give a "
+                         f"target model (its own is {spec.head_of})")
+    return spec
+
+
+MAX_SWEEP_ROWS = 20_000
+"""The most rows one sweep writes (ten times the largest shipped study): every point rewrites its result file."""
+
+
+def sweep_rows(config: "SweepConfig") -> int:
+    """The rows a sweep writes: one per K, repeat, batch size and pass (forward) or gamma and workload (e2e)."""
+    per_batch = (2 * len({1, *config.gammas, *(g + 1 for g in config.gammas)}) if config.study in FORWARD_STUDIES
+                 else len(config.gammas) * len(config.workloads or (None,)))
+    return len(config.top_k_values) * config.repeats * len(config.batch_sizes) * per_batch
+
+
+def check_pretrained(config: "SweepConfig") -> None:
+    """Refuse a pretrained sweep whose models cannot be loaded, before any is: a hub id the offline hub cannot
+    give (:func:`~moesd._checks.hub_model`); local folders are checked when the config is made."""
+    if config.weights != "pretrained":
+        return
+    for role, model, folder in (("target", config.target, config.target_path),
+                                ("draft", config.draft, config.draft_path)):
+        if folder is None:
+            hub_model(role, get_model(model).hub_id, f"{role}_path (--{role}-path), a local folder of its weights")
+
+
+def checkpoint_config(name: str, folder) -> dict:
+    """The ``config.json`` of a local checkpoint ``folder`` given for the model ``name``, checked before any load.
+
+    Raises
+    ------
+    UsageError
+        Naming the file, if it is missing, not a regular file, not a JSON object, or a checkpoint of another
+        ``model_type`` than ``name``'s.
+    """
+    from moesd._files import read_json
+
+    spec = get_model(name)
+    path = Path(folder) / "config.json"
+    try:
+        config = read_json("config", path)
+    except ValueError as error:
+        raise UsageError(f"{error}: a checkpoint folder holds its model's config.json") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{path} holds a JSON {type(config).__name__}, not the object of a model's config")
+    if config.get("model_type") != spec.model_type:
+        raise UsageError(f"{path} is the config of a {config.get('model_type')!r} model, not of {spec.name} "
+                         f"({spec.model_type!r})")
+    return config
 
 
 def whole_number(name: str, value, low: int, high: int | None = None) -> int:
@@ -467,8 +546,7 @@ def memory_needed(config: SweepConfig) -> dict:
     def shape(name, layers, vocab, path):
         spec = get_model(name)
         if path is not None:  # a local checkpoint: its own shape
-            return Architecture.from_config(spec.name, spec.model_type,
-                                            json.loads((Path(path) / "config.json").read_text()))
+            return Architecture.from_config(spec.name, spec.model_type, checkpoint_config(name, path))
         values = spec.config_dict(layers, None, config.width)
         return Architecture.from_config(spec.name, spec.model_type, {**values, **({"vocab_size": vocab} if vocab else {})})
 

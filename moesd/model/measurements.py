@@ -28,6 +28,17 @@ COLUMNS = ("B", "gamma", "K", "E", "sigma", "speedup")
 """Columns of a fitting frame: batch size, draft length, experts per token, experts per layer,
 sigma (Eq. 5) and measured speedup."""
 
+MAX_BATCH_SIZE = 2**20
+"""The largest batch size B a fit takes (about a million sequences, beyond any device's decode batch): a larger
+number is a typo or another column, and Algorithm 1's token counts lose their meaning long before 2^53."""
+
+MAX_GAMMA = 1024
+"""The longest draft gamma a fit takes (acceptance sigma of Eq. 5 is flat long before)."""
+
+WHOLE_COLUMNS = {"batch_size": (1, MAX_BATCH_SIZE), "gamma": (1, MAX_GAMMA), "num_experts_per_tok": (1, None),
+                 "run": (0, None)}
+"""Columns of a result file that hold whole numbers, with their bounds (a point's coordinates and its repeat)."""
+
 
 def read_result_file(path, allow_incomplete: bool = False,
                      allow_above_ceiling: bool = False) -> tuple[pd.DataFrame, dict | None]:
@@ -76,6 +87,13 @@ def read_result_file(path, allow_incomplete: bool = False,
         if bad.size:
             raise ValueError(f"{path}: line {bad[0] + 2}, column {column} is {rows[column].iloc[bad[0]]} (empty or "
                              "not finite); Algorithm 1 needs a number in every row")
+    _check_whole_columns(path, rows)
+    _check_labels(path, rows)
+    if sidecar is not None and sidecar.get("complete") is True and isinstance(sidecar.get("rows"), int) \
+            and sidecar["rows"] != len(rows):
+        raise ValueError(f"{path} holds {len(rows)} rows but its sidecar ({sidecar_path.name}) says the finished "
+                         f"sweep wrote {sidecar['rows']}: rows were lost or added since; measure it again "
+                         "(`moesd sweep` with --overwrite) rather than fit a file that is not what was measured")
     if sidecar is not None and sidecar.get("complete") is False and not allow_incomplete:
         raise ValueError(f"{sidecar_path} says complete: false: the sweep stopped before its last point; finish it "
                          "by running the same `moesd sweep` again, or pass allow_incomplete=True "
@@ -92,6 +110,47 @@ def read_result_file(path, allow_incomplete: bool = False,
                          f"exceeds Eq. 4's ceiling sigma (gamma + 1) = {row['sigma'] * (row['gamma'] + 1):.4g}; "
                          "pass allow_above_ceiling=True (--allow-above-ceiling) to fit such rows anyway")
     return rows, sidecar
+
+
+def _check_whole_columns(path, rows: pd.DataFrame) -> None:
+    """Refuse a cell of :data:`WHOLE_COLUMNS` that is not a whole number within its bounds, naming file, line and
+    column."""
+    for column, (low, high) in WHOLE_COLUMNS.items():
+        if column not in rows:
+            continue
+        values = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float)
+        with np.errstate(invalid="ignore"):
+            bad = rows[column].notna().to_numpy() & ~((values == np.round(values)) & (values >= low)
+                                                      & (values <= (np.inf if high is None else high)))
+        if bad.any():
+            index = int(np.flatnonzero(bad)[0])
+            allowed = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            raise ValueError(f"{path}: line {index + 2}, column {column} is {rows[column].iloc[index]!r}, not a whole "
+                             f"number {allowed}")
+
+
+def _check_labels(path, rows: pd.DataFrame) -> None:
+    """Refuse text cells whose labels differ only by characters no one sees (a zero-width space, a control
+    character, a non-breaking or trailing space): rows meant as one workload would be fitted as two."""
+    import unicodedata
+
+    for column in rows.select_dtypes(include="object").columns:
+        seen = {}
+        for index, value in enumerate(rows[column]):
+            if not isinstance(value, str):
+                continue
+            hidden = [c for c in value if unicodedata.category(c) in ("Cc", "Cf", "Co", "Cn", "Zl", "Zp")
+                      or (c.isspace() and c != " ")]
+            if hidden or value != value.strip():
+                what = (f"U+{ord(hidden[0]):04X} ({unicodedata.name(hidden[0], 'unnamed')})" if hidden
+                        else "a space at its end")
+                raise ValueError(f"{path}: line {index + 2}, column {column} holds {value!r}, with {what} that no "
+                                 "one sees: remove it (labels that look alike would be fitted as different)")
+            plain = unicodedata.normalize("NFKC", value).casefold()
+            if seen.setdefault(plain, (value, index))[0] != value:
+                other, line = seen[plain]
+                raise ValueError(f"{path}: line {index + 2}, column {column} holds {value!r} and line {line + 2} "
+                                 f"{other!r}, which differ only in case or Unicode form: write one label one way")
 
 
 def from_sweep(rows: pd.DataFrame, num_experts: int) -> pd.DataFrame:
@@ -212,6 +271,12 @@ def measurement_array(frame: pd.DataFrame) -> np.ndarray:
     for column, values in (("B", B), ("gamma", gamma)):
         if (values < 1).any():
             raise ValueError(f"B and gamma must be >= 1: {where(values < 1, column)}")
+    for column, values, high in (("B", B, MAX_BATCH_SIZE), ("gamma", gamma, MAX_GAMMA), ("K", K, None),
+                                 ("E", E, None)):
+        bad = (values != np.round(values)) | (values > (2**53 - 1 if high is None else high))
+        if bad.any():
+            allowed = f"in [1, {high}]" if high is not None else "in [1, 2^53)"
+            raise ValueError(f"{column} must be a whole number {allowed}: {where(bad, column)}")
     for column, bad in (("K", (K < 1) | (K > E)), ("sigma", (sigma < 1 / (gamma + 1) - 1e-9) | (sigma > 1)),
                         ("speedup", speedup <= 0)):
         if bad.any():

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import math
 import numbers
 import os
@@ -21,7 +20,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from moesd._files import regular_file
+from moesd._files import parse_json, regular_file
 
 RAGGED = ("drop", "keep", "error")
 """What a reader does with tokens logged in only some layers: drop them, keep them with the layers they
@@ -149,10 +148,7 @@ def read_jsonl(path: Path) -> Iterable[tuple[int, dict]]:
         for number, line in enumerate(file, start=1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not JSON: {error.msg}") from None
+            record = parse_json(line, f"{path}:{number}")
             if not isinstance(record, dict):
                 raise ValueError(f"{path}:{number}: expected a JSON object")
             yield number, record

@@ -10,7 +10,6 @@ first turn).
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import zlib
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import UsageError, one_of
+from moesd._files import parse_json
 
 PROMPT_SETS = {
     # name: (hub dataset id, hub config, hub split, file inside a local folder)
@@ -85,10 +85,9 @@ def _read_local(name: str, source: Path) -> tuple[pd.DataFrame, Path]:
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise UsageError(f"{path}: line {number} is not JSON ({error.msg}); a prompt file "
-                                     "holds one JSON object per line") from None
+                    record = parse_json(line, f"{path}: line {number}")
+                except ValueError as error:
+                    raise UsageError(f"{error}; a prompt file holds one JSON object per line") from None
                 if not isinstance(record, dict):
                     raise UsageError(f"{path}: line {number} holds a {type(record).__name__}, "
                                      "not a JSON object (one record per line)")

@@ -76,8 +76,8 @@ class Hardware:
     internode : str
         What the inter-node network is, and where its numbers come from.
     bandwidth_fraction, flops_fraction : float
-        Fractions of ``memory_bandwidth`` and of the tensor peaks that measured kernels achieve
-        (1 for a record whose peaks were themselves measured).
+        Fractions of ``memory_bandwidth`` and of the tensor peaks that measured kernels achieve, in (0, 1]
+        (1 for a record whose peaks were themselves measured; no kernel beats its peak).
     efficiency_source : str
         Where the two fractions come from.
     """
@@ -110,8 +110,8 @@ class Hardware:
         domains = {"peak_flops": positive, "memory_bandwidth": positive, "memory_bytes": positive,
                    "fp8_flops": positive, "fp32_flops": positive, "fp4_flops": positive, "interconnect_bandwidth": dict(low=0),
                    "interconnect_latency": dict(low=0), "interconnect_peers": dict(low=0, whole=True),
-                   "gpus_per_node": dict(low=1, whole=True), "bandwidth_fraction": positive,
-                   "flops_fraction": positive, "internode_bandwidth": dict(low=0),
+                   "gpus_per_node": dict(low=1, whole=True), "bandwidth_fraction": dict(positive, high=1),
+                   "flops_fraction": dict(positive, high=1), "internode_bandwidth": dict(low=0),
                    "internode_latency": dict(low=0), "max_nodes": dict(low=1, whole=True)}
         for field, domain in domains.items():
             value = getattr(self, field)
@@ -120,6 +120,12 @@ class Hardware:
                     as_array(f"hardware.{field}", value, **domain)
                 except UsageError as error:
                     raise UsageError(f"{error} (Hardware record {self.name!r})") from None
+        with np.errstate(over="ignore", under="ignore"):
+            ridge = np.float64(self.peak_flops) / np.float64(self.memory_bandwidth)
+        if not 0 < ridge < np.inf:
+            raise UsageError(f"hardware.peak_flops / hardware.memory_bandwidth, the ridge point, is {ridge:g} FLOP/byte "
+                             f"for {self.peak_flops:g} FLOP/s over {self.memory_bandwidth:g} bytes/s: not a number "
+                             f"a float holds (Hardware record {self.name!r})")
         if self.max_nodes > 1 and not self.internode_bandwidth:
             raise UsageError(f"hardware.max_nodes must be 1 without an internode_bandwidth, got {self.max_nodes} "
                              f"(Hardware record {self.name!r})")
