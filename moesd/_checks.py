@@ -4,7 +4,8 @@ Every public theory function turns its inputs into float arrays with :func:`as_a
 rejects values outside their domain with a :class:`UsageError` (a ``ValueError``) naming the
 argument, the value and what is allowed, e.g. ``gamma must be a whole number >= 1, got 2.5``;
 :func:`broadcast` names arguments whose shapes clash and :func:`one_of` a name not in a list;
-:func:`within_memory` refuses work whose arrays would pass :data:`MEMORY_LIMIT`, with the estimate.
+:func:`within_memory` refuses work whose arrays would pass :data:`MEMORY_LIMIT`, with the estimate;
+:func:`finite_results` makes a function refuse finite input whose result a float64 cannot hold.
 
 :class:`UsageError` is how the ``moesd`` command tells a bad argument from a failure inside
 the program: ``moesd.cli.main`` prints a ``UsageError`` as a one-line usage error (exit code
@@ -24,10 +25,14 @@ knows and this machine has). Seeds are whole numbers in [0, :data:`MAX_SEED`] (:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import inspect
 import numbers
 import os
 import re
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -224,7 +229,13 @@ def output_path(name: str, path) -> Path:
     text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
     if not isinstance(text, str) or not text.strip():
         raise UsageError(f"{name} is {_short(path)}: give a path")
-    shown = _short(text)
+    shown = repr(text) if len(text) <= 80 else f"'...{text[-60:]}'"  # a long path's end names its file
+    try:
+        if "\x00" in text:
+            raise ValueError
+        os.fsencode(text)
+    except (UnicodeError, ValueError):
+        raise UsageError(f"{name} {shown} holds a character no file name can (a NUL or a lone surrogate)") from None
     for spelled in (os.path.abspath(text), os.path.realpath(text)):
         if DEVICE_PATHS.fullmatch(spelled):
             raise UsageError(f"{name} {shown} is a device or another program's open file ({spelled}): write to a "
@@ -234,9 +245,9 @@ def output_path(name: str, path) -> Path:
     except FileNotFoundError:
         pass
     except OSError as error:
-        from moesd._files import _reason
+        from moesd._files import path_problem
 
-        raise UsageError(f"{name} {shown} cannot be a path: {_reason(error)}") from None
+        raise UsageError(f"{name} {shown} cannot be a path: {path_problem(error)}") from None
     return Path(text)
 
 
@@ -366,3 +377,78 @@ def hub_model(name: str, hub_id: str, option: str) -> None:
         raise UsageError(f"{name} {hub_id!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and "
                          f"the hub is offline (HF_HUB_OFFLINE=1): download it where the hub is reachable, or give "
                          f"{option}")
+
+
+def finite_results(function):
+    """Make ``function`` refuse, naming its arguments, input whose result a float64 cannot hold.
+
+    Input inside a domain can still overflow (``target_efficiency(1e300, 1e-300)``) or underflow into ``0 / 0``:
+    the decorated function returns finite numbers or raises a :class:`UsageError` that names the function,
+    each argument's value at the first element that is not finite, and what the element became. Arrays,
+    tuples and dataclass records of them (their fields and properties) are checked; ``None`` and other values
+    pass. Numpy's overflow warnings
+    inside the function are silenced (the refusal says it).
+    """
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def checked(*args, **kwargs):
+        if getattr(_CHECKING, "active", False):  # called by another checked function: that one's result is judged
+            return function(*args, **kwargs)
+        _CHECKING.active = True
+        try:
+            with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+                result = function(*args, **kwargs)
+        finally:
+            _CHECKING.active = False
+        for value in _numbers_in(result):
+            bad = ~np.isfinite(value)
+            if bad.any():
+                index = tuple(np.argwhere(bad)[0]) if value.ndim else ()
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                shown = ", ".join(f"{name} = {_value_at(argument, value.shape, index)}"
+                                  for name, argument in bound.arguments.items() if _is_numeric(argument))
+                raise UsageError(f"{function.__name__}: {shown} make a result a float64 cannot hold "
+                                 f"({value[index] if index else value.item()}): bring the arguments' magnitudes "
+                                 "closer together")
+        return result
+
+    return checked
+
+
+_CHECKING = threading.local()
+"""Whether a :func:`finite_results` function is running in this thread (the outermost one checks its result)."""
+
+
+def _numbers_in(result) -> list:
+    """The float arrays a function's result holds: itself, the items of a tuple, the fields and the properties of a
+    dataclass."""
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):
+        parts = [getattr(result, field.name) for field in dataclasses.fields(result)]
+        parts += [getattr(result, name) for name, value in vars(type(result)).items()
+                  if isinstance(value, property) and not name.startswith("_")]
+    else:
+        parts = list(result) if isinstance(result, tuple) else [result]
+    arrays = []
+    for part in parts:
+        if isinstance(part, (numbers.Real, np.ndarray)) and not isinstance(part, (bool, np.bool_)):
+            array = np.asarray(part)
+            if array.dtype.kind == "f":
+                arrays.append(array)
+    return arrays
+
+
+def _is_numeric(argument) -> bool:
+    return not isinstance(argument, (str, bool)) and (isinstance(argument, numbers.Real) or (
+        isinstance(argument, (list, tuple, np.ndarray)) and np.asarray(argument).dtype.kind in "iuf"))
+
+
+def _value_at(argument, shape: tuple, index: tuple) -> str:
+    """An argument's value at ``index`` of a result of ``shape`` (its broadcast), or its value if it does not
+    broadcast there."""
+    array = np.asarray(argument, dtype=float)
+    try:
+        return f"{np.broadcast_to(array, shape)[index]:g}"
+    except ValueError:
+        return _short(argument)

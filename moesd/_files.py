@@ -60,7 +60,7 @@ def regular_file(name: str, path) -> Path:
     except FileNotFoundError:
         raise ValueError(f"{name} {str(file)!r} does not exist") from None
     except OSError as error:  # ELOOP, ENAMETOOLONG, ENOTDIR, EACCES
-        raise ValueError(f"{name} {str(file)!r} cannot be read: {_reason(error)}") from None
+        raise ValueError(f"{name} {str(file)!r} cannot be read: {path_problem(error)}") from None
     kind = _kind(status.st_mode)
     if kind != "regular file":
         raise ValueError(f"{name} {str(file)!r} is a {kind}, not a regular file: refusing to read it")
@@ -70,7 +70,7 @@ def regular_file(name: str, path) -> Path:
     return file
 
 
-def _reason(error: OSError) -> str:
+def path_problem(error: OSError) -> str:
     """Why a path could not be used, in words (a loop of symbolic links, a name too long...)."""
     if error.errno == errno.ELOOP:
         return "a loop of symbolic links"
@@ -167,8 +167,15 @@ def atomic_write(path, mode: str = "wb"):
     ------
     ValueError
         If ``path`` exists and is not a regular file (a device such as ``/dev/full``, a FIFO, a
-        socket, a folder): renaming over it would replace it.
+        socket, a folder): renaming over it would replace it; or if it cannot be looked up (a loop of
+        symbolic links, a name too long).
     """
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        pass
+    except OSError as error:  # ELOOP, ENAMETOOLONG, ENOTDIR: refused before any temporary file is made
+        raise ValueError(f"{path} cannot be written: {path_problem(error)}") from None
     path = Path(os.path.realpath(path))
     if path.exists():
         kind = _kind(path.stat().st_mode)

@@ -158,13 +158,14 @@ def sigma_per_gamma(words: list[str], gammas) -> dict | str:
 
 SWEEP_OPTIONS = {"target", "draft", "weights", "layers", "draft_layers", "width", "batch_sizes", "gammas", "top_ks",
                   "sigma", "context", "rounds", "warmup_rounds", "repeats", "dtype", "device",
-                  "cuda_graphs", "target_path", "draft_path"}
+                  "cuda_graphs", "target_path", "draft_path", "out_dir"}
 
 
 def as_option(message: str) -> str:
     """A SweepConfig message with its leading field written as the option (top_ks -> --top-ks)."""
     field, _, rest = message.partition(" ")
-    return f"--{field.replace('_', '-')} {rest}" if field in SWEEP_OPTIONS else message
+    name = field.rstrip(":")  # "target_path: ..." as well as "context must ..."
+    return f"--{name.replace('_', '-')}{field[len(name):]} {rest}" if name in SWEEP_OPTIONS else message
 
 
 PATH_OPTIONS = ("measurements", "model", "prompt_source", "out", "out_dir", "routing_trace", "target_path",
@@ -172,10 +173,20 @@ PATH_OPTIONS = ("measurements", "model", "prompt_source", "out", "out_dir", "rou
 """The arguments of every sub-command that name a file or a folder (``measurements`` is ``moesd fit``'s positional)."""
 
 
-def no_empty_paths(args: argparse.Namespace) -> None:
-    """Refuse a path argument given as an empty (or blank) string: ``--plot ""`` wrote nothing and succeeded."""
+OUTPUT_OPTIONS = ("out", "out_dir", "csv", "plot", "json")
+"""The arguments that name a file or a folder a sub-command writes."""
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Refuse, before a sub-command starts, a path argument given as an empty (or blank) string (``--plot ""``
+    wrote nothing and succeeded) and an output path :func:`moesd._checks.output_path` refuses (a device, a name
+    too long, a loop of symbolic links), naming the flag."""
+    from moesd._checks import output_path
+
     for dest in PATH_OPTIONS:
         value = getattr(args, dest, None)
+        flag = dest if dest == "measurements" else f"--{dest.replace('_', '-')}"
         if isinstance(value, str) and not value.strip():
-            flag = dest if dest == "measurements" else f"--{dest.replace('_', '-')}"
             raise UsageError(f"{flag} is {value!r}: give a path")
+        if dest in OUTPUT_OPTIONS and value is not None:
+            output_path(flag, value)

@@ -36,8 +36,11 @@ def run(args: argparse.Namespace) -> None:
     from moesd.measure.bench import run_sweep  # torch: after the settings are checked
     from moesd.measure.result_file import SweepWriteError, check_sweep, writing_file
 
-    with usage_errors():  # device, --out-dir and an existing result file, before any model is built
-        path = check_sweep(config, args.out_dir, args.overwrite)
+    try:
+        with usage_errors():  # device, --out-dir and an existing result file, before any model is built
+            path = check_sweep(config, args.out_dir, args.overwrite)
+    except UsageError as error:
+        raise UsageError(as_option(str(error))) from None
     writing = writing_file(path, config, args.overwrite)[0]
     try:
         if args.engine == "vllm":

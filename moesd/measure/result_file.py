@@ -335,7 +335,7 @@ def check_kept_rows(path: Path, config: SweepConfig, elsewhere: str, problem: st
     grid, times = sweep_grid(config), study_times(config)
     missing = [column for column in (*grid, *times) if column not in frame and column not in ("dataset", "temperature")]
     if missing:
-        refuse(f"the header lacks {', '.join(missing)} of a {config.study} study's rows")
+        refuse(f"the header lacks {', '.join(missing)} of the {config.study} study's rows")
     for column, allowed in grid.items():
         if column not in frame:
             continue
@@ -348,13 +348,18 @@ def check_kept_rows(path: Path, config: SweepConfig, elsewhere: str, problem: st
                 "role", "dataset") else value
             if _key({column: number}, [column]) not in known:
                 shown = ", ".join(sorted(map(str, allowed))) if len(allowed) <= 8 else f"{len(allowed)} values"
-                refuse(f"line {index + 2} has {column} {value!r}, not one of this sweep's ({shown})")
+                refuse(f"line {index + 2} has {column} {_cell(value)!r}, not one of this sweep's ({shown})")
     for column in times:
         values = pd.to_numeric(frame[column], errors="coerce")
         bad = frame[column].notna() & ~(np.isfinite(values) & (values > 0))
         if bad.any():
             index = int(np.flatnonzero(bad.to_numpy())[0])
-            refuse(f"line {index + 2} has {column} {frame[column].iloc[index]!r}, not a number of seconds > 0")
+            refuse(f"line {index + 2} has {column} {_cell(frame[column].iloc[index])!r}, not a number of seconds > 0")
+
+
+def _cell(value):
+    """A cell as the file wrote it: ``0``, ``-0.1``, ``'fast'`` (not ``np.int64(0)``)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 class SweepWriteError(OSError):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import zlib
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import UsageError, hub_model, seed
+from moesd._files import path_problem
 from moesd.architecture import max_positions
 from moesd.model.predict import PAPER_BATCH_SIZES as BATCH_SIZES  # the paper's 19 batch sizes, 1 to 100 (one home)
 from moesd.zoo import get_model
@@ -285,7 +287,14 @@ class SweepConfig:
             from moesd.routing.traces import RoutingTrace
 
             if not Path(self.routing_trace).is_file():
-                raise UsageError(f"routing_trace {self.routing_trace!r} is not a file")
+                try:
+                    os.stat(self.routing_trace)
+                    reason = ""
+                except FileNotFoundError:
+                    reason = ""
+                except OSError as error:  # a loop of links, a name too long
+                    reason = f" ({path_problem(error)})"
+                raise UsageError(f"routing_trace {self.routing_trace!r} is not a file{reason}")
             if self.cuda_graphs:
                 raise UsageError("routing 'trace' copies each forward's ids to the device, which a CUDA graph "
                                  "would freeze: replay traces with eager forwards (no cuda_graphs)")

@@ -125,8 +125,9 @@ def _check_whole_columns(path, rows: pd.DataFrame) -> None:
         if bad.any():
             index = int(np.flatnonzero(bad)[0])
             allowed = f"in [{low}, {high}]" if high is not None else f">= {low}"
-            raise ValueError(f"{path}: line {index + 2}, column {column} is {rows[column].iloc[index]!r}, not a whole "
-                             f"number {allowed}")
+            cell = rows[column].iloc[index]
+            cell = cell.item() if isinstance(cell, np.generic) else cell  # 2.5, not np.float64(2.5)
+            raise ValueError(f"{path}: line {index + 2}, column {column} is {cell!r}, not a whole number {allowed}")
 
 
 def _check_labels(path, rows: pd.DataFrame) -> None:

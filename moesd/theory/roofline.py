@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moesd._checks import UsageError, as_array, broadcast
+from moesd._checks import UsageError, as_array, broadcast, finite_results
 from moesd.theory.experts import expected_active_experts
 
 
@@ -321,6 +321,7 @@ def hardware_record(hardware) -> Hardware:
     return hardware
 
 
+@finite_results
 def ffn_cost(tokens, d_model, d_ff, E=1, K=1, num_matrices=3, bytes_per_value=2):
     """FLOPs and memory traffic of one FFN layer, dense or a layer of routed experts.
 
@@ -366,6 +367,7 @@ def ffn_cost(tokens, d_model, d_ff, E=1, K=1, num_matrices=3, bytes_per_value=2)
     return flops, (loaded + activations) * bytes_per_value
 
 
+@finite_results
 def arithmetic_intensity(flops, traffic):
     """Arithmetic intensity, FLOPs per byte of memory traffic (Eq. 1).
 
@@ -387,6 +389,7 @@ def arithmetic_intensity(flops, traffic):
     return flops / traffic
 
 
+@finite_results
 def time_floor(flops, traffic, hardware):
     """Roofline lower bound on a kernel's time, ``max(traffic / bandwidth, flops / peak)``.
 
@@ -411,6 +414,7 @@ def time_floor(flops, traffic, hardware):
     return np.maximum(traffic / hardware.memory_bandwidth, flops / hardware.peak_flops)
 
 
+@finite_results
 def ffn_target_efficiency(batch_size, gamma, hardware, d_model, d_ff, E=1, K=1,
                           num_matrices=3, bytes_per_value=2):
     """Roofline-floor target efficiency of one FFN layer, ``T(B) / T(B gamma)``.
@@ -483,6 +487,7 @@ def compute_bound_tokens(hardware, d_model, d_ff, E=1, K=1, num_matrices=3,
     return int(tokens[reached[0]]) if reached.size else None
 
 
+@finite_results
 def G(t, lam_rp, s):
     """Roofline-shaped growth of time with tokens, the paper's ``G(t; lambda RP, s)`` (Eq. 11).
 
