@@ -240,14 +240,11 @@ def output_path(name: str, path) -> Path:
         if DEVICE_PATHS.fullmatch(spelled):
             raise UsageError(f"{name} {shown} is a device or another program's open file ({spelled}): write to a "
                              "file in a folder of your own")
-    try:
-        os.stat(text)
-    except FileNotFoundError:
-        pass
-    except OSError as error:
-        from moesd._files import path_problem
+    from moesd._files import lookup_problem
 
-        raise UsageError(f"{name} {shown} cannot be a path: {path_problem(error)}") from None
+    problem = lookup_problem(text)
+    if problem:
+        raise UsageError(f"{name} {shown} cannot be a path: {problem}")
     return Path(text)
 
 

@@ -70,6 +70,17 @@ def regular_file(name: str, path) -> Path:
     return file
 
 
+def lookup_problem(path) -> str | None:
+    """Why ``path`` cannot be looked up (:func:`path_problem`), or None when it exists or simply does not."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        return path_problem(error)
+    return None
+
+
 def path_problem(error: OSError) -> str:
     """Why a path could not be used, in words (a loop of symbolic links, a name too long...)."""
     if error.errno == errno.ELOOP:
@@ -170,12 +181,9 @@ def atomic_write(path, mode: str = "wb"):
         socket, a folder): renaming over it would replace it; or if it cannot be looked up (a loop of
         symbolic links, a name too long).
     """
-    try:
-        os.stat(path)
-    except FileNotFoundError:
-        pass
-    except OSError as error:  # ELOOP, ENAMETOOLONG, ENOTDIR: refused before any temporary file is made
-        raise ValueError(f"{path} cannot be written: {path_problem(error)}") from None
+    problem = lookup_problem(path)  # a loop of links, a name too long: refused before any temporary file is made
+    if problem:
+        raise ValueError(f"{path} cannot be written: {problem}")
     path = Path(os.path.realpath(path))
     if path.exists():
         kind = _kind(path.stat().st_mode)

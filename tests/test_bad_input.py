@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from moesd import cli as moesd_cli
 from moesd.measure import analysis
 from moesd.measure import studies as measurements
-from moesd.measure import presets, sweeps
+from moesd.measure import presets, sweep_checks, sweeps
 from moesd.model import diagnostics, fit, forward, predict
 from moesd.model import recommend as _recommend  # noqa: F401 (bound to the real predict_sd before any patch)
 from moesd.model.measurements import check_measurements, from_sweep
@@ -2656,7 +2656,7 @@ MODEL_CHECKS = [
          UsageError, "target/config.json: not JSON this reader can take (arrays or objects nested deeper than"),
     # hub ids the offline hub cannot give
     Case("models", "a pretrained sweep of a hub id, offline (a hub error after the checks)",
-         lambda: sweeps.check_pretrained(_sweep(**{k: None for k in ("layers", "draft_layers")}, width=1.0,
+         lambda: sweep_checks.check_pretrained(_sweep(**{k: None for k in ("layers", "draft_layers")}, width=1.0,
                                                weights="pretrained")), UsageError,
          "target 'Qwen/Qwen2-57B-A14B-Instruct' is not in the local Hugging Face cache"),
     Case("models", "an offline hub id names what to give instead", lambda: _hub_check("org/not-cached"), UsageError,
@@ -3206,10 +3206,10 @@ def test_a_sweep_is_refused_exactly_when_its_rows_or_positions_pass_the_bounds(r
     try:
         config = sweeps.SweepConfig(**settings_)
     except UsageError as error:
-        assert rows > sweeps.MAX_SWEEP_ROWS or positions > 32768, error
+        assert rows > sweep_checks.MAX_SWEEP_ROWS or positions > 32768, error
         return
-    assert rows <= sweeps.MAX_SWEEP_ROWS and positions <= 32768
-    assert sweeps.sweep_rows(config) == len([v for run in range(repeats) for batch in config.batch_sizes
+    assert rows <= sweep_checks.MAX_SWEEP_ROWS and positions <= 32768
+    assert sweep_checks.sweep_rows(config) == len([v for run in range(repeats) for batch in config.batch_sizes
                                              for v in sd_variants(config, batch, 8, run)])
 
 

@@ -1,13 +1,12 @@
 """``moesd fit``: Algorithm 1 fitted to an e2e or sparsity result file."""
 
 import argparse
-import os
 from pathlib import Path
 
 import pandas as pd
 
 from moesd._checks import UsageError, as_array, usage_errors
-from moesd._files import path_problem
+from moesd._files import lookup_problem
 
 
 def _read_result_file(args: argparse.Namespace) -> tuple[pd.DataFrame, dict | None]:
@@ -16,12 +15,9 @@ def _read_result_file(args: argparse.Namespace) -> tuple[pd.DataFrame, dict | No
     from moesd.model.measurements import read_result_file
 
     path = Path(args.measurements)
-    try:
-        os.stat(path)
-    except FileNotFoundError:
-        pass
-    except OSError as error:  # a loop of links, a name too long: said before "no such file"
-        raise UsageError(f"measurements {str(path)!r} cannot be read: {path_problem(error)}") from None
+    problem = lookup_problem(path)  # a loop of links, a name too long: said before "no such file"
+    if problem:
+        raise UsageError(f"measurements {str(path)!r} cannot be read: {problem}")
     if path.is_dir():
         found = [str(path / f"{study}.csv") for study in ("sparsity", "e2e") if (path / f"{study}.csv").exists()]
         raise UsageError(f"{path} is a directory; give an e2e or sparsity result file"

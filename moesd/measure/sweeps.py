@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import zlib
 from dataclasses import dataclass
@@ -34,10 +33,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moesd._checks import UsageError, hub_model, seed
-from moesd._files import path_problem
-from moesd.architecture import max_positions
+from moesd._checks import UsageError, seed
+from moesd._files import lookup_problem
 from moesd.model.predict import PAPER_BATCH_SIZES as BATCH_SIZES  # the paper's 19 batch sizes, 1 to 100 (one home)
+from moesd.measure.sweep_checks import check_size, checkpoint_config, checkpoint_folder, positions
 from moesd.zoo import get_model
 
 PAPER_SIGMA = {2: 0.95, 3: 0.93, 4: 0.90}
@@ -214,24 +213,7 @@ class SweepConfig:
             if self.cuda_graphs and self.warmup_rounds < 1:
                 raise UsageError("cuda_graphs captures its graphs in the warm-up round: set warmup_rounds >= 1")
             self._check_acceptance()
-        self._check_size()
-
-    def _check_size(self) -> None:
-        """Refuse, before any work, a sequence longer than either model's positions or more rows than
-        :data:`MAX_SWEEP_ROWS`, each with its estimate."""
-        for name, path in ((self.target, self.target_path), (self.draft, self.draft_path)):
-            spec = get_model(name)
-            limit = max_positions(spec.model_type, checkpoint_config(name, path) if path else spec.config_dict())
-            if positions(self) > limit:
-                raise UsageError(f"context, rounds and gammas make a sequence reach {positions(self)} positions, "
-                                 f"more than the {limit} of {spec.name}; lower context or rounds")
-        rows = sweep_rows(self)
-        if rows > MAX_SWEEP_ROWS:
-            sizes = (f"repeats {self.repeats} x {len(self.top_k_values)} K x {len(self.batch_sizes)} batch sizes x "
-                     + (f"{len(self.gammas)} gammas x 2 models" if self.study in FORWARD_STUDIES else
-                        f"{len(self.gammas)} gammas x {len(self.workloads or (None,))} workload(s)"))
-            raise UsageError(f"{sizes} make {rows} rows, more than the {MAX_SWEEP_ROWS} a result file holds (each "
-                             "point rewrites it whole): lower repeats or the grid")
+        check_size(self)
 
     def _check_shape(self, target, draft) -> None:
         if self.weights == "pretrained":
@@ -244,17 +226,8 @@ class SweepConfig:
                                  "random weights only; pretrained weights keep their checkpoint's shape")
 
             for name, model in (("target_path", self.target), ("draft_path", self.draft)):
-                folder = getattr(self, name)
-                if folder is None:
-                    continue  # from the hub: check_pretrained, before any model is loaded
-                if not (Path(folder) / "config.json").is_file():
-                    found = "is not a model folder (no config.json in it)" if Path(folder).is_dir() else "does not exist"
-                    raise UsageError(f"{name} {str(folder)!r} {found}; give the local folder of a pretrained "
-                                     "checkpoint, or leave it out to load the model from the hub")
-                try:
-                    checkpoint_config(model, folder)
-                except UsageError as error:
-                    raise UsageError(f"{name}: {error}") from None
+                if getattr(self, name) is not None:  # a hub id is checked by check_pretrained, before any load
+                    checkpoint_folder(name, model, getattr(self, name))
             return
         if self.target_path or self.draft_path:
             raise UsageError("target_path and draft_path apply to pretrained weights only")
@@ -287,14 +260,8 @@ class SweepConfig:
             from moesd.routing.traces import RoutingTrace
 
             if not Path(self.routing_trace).is_file():
-                try:
-                    os.stat(self.routing_trace)
-                    reason = ""
-                except FileNotFoundError:
-                    reason = ""
-                except OSError as error:  # a loop of links, a name too long
-                    reason = f" ({path_problem(error)})"
-                raise UsageError(f"routing_trace {self.routing_trace!r} is not a file{reason}")
+                problem = lookup_problem(self.routing_trace)  # a loop of links, a name too long
+                raise UsageError(f"routing_trace {self.routing_trace!r} is not a file" + (f" ({problem})" * bool(problem)))
             if self.cuda_graphs:
                 raise UsageError("routing 'trace' copies each forward's ids to the device, which a CUDA graph "
                                  "would freeze: replay traces with eager forwards (no cuda_graphs)")
@@ -378,53 +345,6 @@ def checked_model(name, role: str):
         raise UsageError(f"target {spec.name} is a draft head of {spec.head_of}, not a model of its own: give a "
                          f"target model (its own is {spec.head_of})")
     return spec
-
-
-MAX_SWEEP_ROWS = 20_000
-"""The most rows one sweep writes (ten times the largest shipped study): every point rewrites its result file."""
-
-
-def sweep_rows(config: "SweepConfig") -> int:
-    """The rows a sweep writes: one per K, repeat, batch size and pass (forward) or gamma and workload (e2e)."""
-    per_batch = (2 * len({1, *config.gammas, *(g + 1 for g in config.gammas)}) if config.study in FORWARD_STUDIES
-                 else len(config.gammas) * len(config.workloads or (None,)))
-    return len(config.top_k_values) * config.repeats * len(config.batch_sizes) * per_batch
-
-
-def check_pretrained(config: "SweepConfig") -> None:
-    """Refuse a pretrained sweep whose models cannot be loaded, before any is: a hub id the offline hub cannot
-    give (:func:`~moesd._checks.hub_model`); local folders are checked when the config is made."""
-    if config.weights != "pretrained":
-        return
-    for role, model, folder in (("target", config.target, config.target_path),
-                                ("draft", config.draft, config.draft_path)):
-        if folder is None:
-            hub_model(role, get_model(model).hub_id, f"{role}_path (--{role}-path), a local folder of its weights")
-
-
-def checkpoint_config(name: str, folder) -> dict:
-    """The ``config.json`` of a local checkpoint ``folder`` given for the model ``name``, checked before any load.
-
-    Raises
-    ------
-    UsageError
-        Naming the file, if it is missing, not a regular file, not a JSON object, or a checkpoint of another
-        ``model_type`` than ``name``'s.
-    """
-    from moesd._files import read_json
-
-    spec = get_model(name)
-    path = Path(folder) / "config.json"
-    try:
-        config = read_json("config", path)
-    except ValueError as error:
-        raise UsageError(f"{error}: a checkpoint folder holds its model's config.json") from None
-    if not isinstance(config, dict):
-        raise UsageError(f"{path} holds a JSON {type(config).__name__}, not the object of a model's config")
-    if config.get("model_type") != spec.model_type:
-        raise UsageError(f"{path} is the config of a {config.get('model_type')!r} model, not of {spec.name} "
-                         f"({spec.model_type!r})")
-    return config
 
 
 def whole_number(name: str, value, low: int, high: int | None = None) -> int:
@@ -528,13 +448,6 @@ def estimate_seconds(config: SweepConfig, forward: pd.DataFrame, build_seconds: 
             fill += runs * len(config.gammas) * prefill("draft", batch, top_k)
     build = build_seconds * len(config.top_k_values)
     return {"timed": timed, "warmup": warm, "prefill": fill, "build": build, "total": timed + warm + fill + build}
-
-
-def positions(config: SweepConfig) -> int:
-    """The most token positions one sequence reaches: its prompt and every token a study adds to it."""
-    if config.study in FORWARD_STUDIES:
-        return config.context + max(config.gammas) + 1
-    return config.context + (config.warmup_rounds + config.rounds + 1) * (max(config.gammas) + 1)
 
 
 def memory_needed(config: SweepConfig) -> dict:

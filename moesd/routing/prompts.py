@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import UsageError, one_of, usage_errors
-from moesd._files import parse_json, regular_file
+from moesd._files import lookup_problem, parse_json, regular_file
 
 PROMPT_SETS = {
     # name: (hub dataset id, hub config, hub split, file inside a local folder)
@@ -73,11 +73,8 @@ def _read_local(name: str, source: Path) -> tuple[pd.DataFrame, Path]:
     if source.is_dir() and not path.exists():
         path = source / Path(PROMPT_SETS[name][3]).name
     if not path.exists():
-        try:
-            os.stat(path)
-        except OSError as error:
-            if not isinstance(error, FileNotFoundError):  # a loop of links, a name too long
-                regular_file("prompt source", path)
+        if lookup_problem(path):  # a loop of links, a name too long
+            regular_file("prompt source", path)
         raise FileNotFoundError(f"no {name} prompts at {source} (looked for {PROMPT_SETS[name][3]})")
     if not path.is_file():
         raise UsageError(f"{path}: not a file of {name} prompts")
