@@ -2350,6 +2350,14 @@ FIT_DOMAIN = [
          "E must be a whole number in [1, 2^53): column E holds 1e+300 (row 3)"),
     Case("fit-domain", "fitting a fractional B (fitted)", lambda: fit.fit_speedup_model(_frame(B=2.5), 40.0),
          ValueError, "B must be a whole number in [1, 1048576]"),
+    Case("fit-domain", "fitting 200000 measurements (ran for hours)",
+         lambda: fit.fit_speedup_model(_frame().sample(200_000, replace=True, random_state=0).reset_index(drop=True),
+                                       40.0), ValueError,
+         "measurements hold 200000 rows, more than the 100000 a fit takes"),
+    cli("fit of 100001 points (ran for hours)", lambda tmp: _result_file(tmp) and _write(tmp, "sparsity.csv", (
+        "run,batch_size,gamma,num_experts_per_tok,sigma,speedup\n"
+        + "".join(f"0,{b},2,1,0.9,1.5\n" for b in range(1, 100_002))).encode()) and ["fit", str(tmp / "sparsity.csv")],
+        "measurements hold 100001 rows, more than the 100000 a fit takes"),
     # a bandwidth or a peak that makes the ridge point vanish or overflow
     Case("fit-domain", "a sidecar whose ridge point underflows to 0",
          lambda: analysis.ridge_tokens_for(_ridge_sidecar(1e-300, 1e300)), ValueError,

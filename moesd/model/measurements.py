@@ -35,6 +35,10 @@ number is a typo or another column, and Algorithm 1's token counts lose their me
 MAX_GAMMA = 1024
 """The longest draft gamma a fit takes (acceptance sigma of Eq. 5 is flat long before)."""
 
+MAX_FIT_ROWS = 100_000
+"""The most measurements a fit takes (the paper fits 228): Algorithm 1's least squares evaluates every row at every
+step, so a larger table is a mistake or wants sampling (:mod:`moesd.model.samples`) first."""
+
 WHOLE_COLUMNS = {"batch_size": (1, MAX_BATCH_SIZE), "gamma": (1, MAX_GAMMA), "num_experts_per_tok": (1, None),
                  "run": (0, None)}
 """Columns of a result file that hold whole numbers, with their bounds (a point's coordinates and its repeat)."""
@@ -238,15 +242,19 @@ def measurement_array(frame: pd.DataFrame) -> np.ndarray:
     Raises
     ------
     ValueError
-        When a column is missing, holds text, NaN or an infinity, or a value is out of range (B, gamma >= 1,
-        1 <= K <= E, sigma in [1/(gamma+1), 1] of Eq. 5, speedup > 0); the message names the column and
-        the row (the frame's index label) of the first bad cell.
+        When a column is missing, the frame holds more than :data:`MAX_FIT_ROWS` rows, a cell holds text, NaN or
+        an infinity, or a value is out of range (B, gamma, K and E whole numbers, B at most :data:`MAX_BATCH_SIZE`,
+        gamma at most :data:`MAX_GAMMA`, 1 <= K <= E, sigma in [1/(gamma+1), 1] of Eq. 5, speedup > 0); the
+        message names the column and the row (the frame's index label) of the first bad cell.
     """
     if not isinstance(frame, pd.DataFrame):
         raise ValueError(f"measurements must be a pandas DataFrame, got {type(frame).__name__}")
     missing = [column for column in COLUMNS if column not in frame.columns]
     if missing:
         raise ValueError(f"measurements lack the column(s) {', '.join(missing)}")
+    if len(frame) > MAX_FIT_ROWS:
+        raise ValueError(f"measurements hold {len(frame)} rows, more than the {MAX_FIT_ROWS} a fit takes (each step "
+                         "of its least squares evaluates every row): sample them first (moesd.model.samples)")
     values = frame[list(COLUMNS)]
     if not all(pd.api.types.is_numeric_dtype(dtype) for dtype in values.dtypes):
         for column in COLUMNS:
