@@ -4,10 +4,13 @@ silently replaced.
 Results go to ``<out_dir>/<study>.csv`` (default ``$MOESD_DATA/measurements/<device>/``), rewritten
 atomically after every point together with a JSON sidecar of the environment (:func:`environment`:
 device, software, commit, command, the measured roofline of :mod:`moesd.measure.hardware`). A sweep
-that stops part-way resumes where it stopped when run again with the same settings: a row cut
-mid-line or incomplete is dropped (:func:`read_complete_rows`) and its point measured again. A
-finished result file is never replaced without ``overwrite=True`` (:func:`check_sweep`), and even then
-only once the new sweep is complete: until then it goes to a partial file beside it (:func:`writing_file`).
+that stops part-way resumes where it stopped when run again with the same settings: every row it keeps
+is checked against the sweep first, and a file holding another's is refused naming the line
+(:func:`check_kept_rows`); a row cut mid-line or incomplete is dropped (:func:`read_complete_rows`) and
+its point measured again. A finished result file is never replaced without ``overwrite=True``
+(:func:`check_sweep`), and even then only once the new sweep is complete: until then it goes to a partial
+file beside it, which only another ``overwrite`` resumes (:func:`writing_file`). A write that fails
+mid-sweep raises :class:`SweepWriteError`, saying what the file keeps.
 """
 
 from __future__ import annotations
@@ -121,9 +124,9 @@ def check_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False) -> P
     """The result file a sweep will write, after every check that needs no model.
 
     The device must be here and hold the models' weights and KV caches (:func:`~moesd.measure.sweeps.check_memory`),
-    pretrained models loadable (:func:`~moesd.measure.sweep_checks.check_pretrained`), the folder (default ``$MOESD_DATA/measurements/<device>``) writable, and
-    an existing result file (or the partial file of a sweep replacing it) resumable (see :func:`writing_file`)
-    unless ``overwrite``.
+    pretrained models loadable (:func:`~moesd.measure.sweep_checks.check_pretrained`), the folder (default
+    ``$MOESD_DATA/measurements/<device>``) writable, and an existing result file (or the partial file of a
+    sweep replacing it) resumable (see :func:`writing_file`) unless ``overwrite``.
 
     Raises
     ------
