@@ -2133,6 +2133,13 @@ def _declaring(tmp: Path, name: str = "x.npz", shape=(10**11, 1, 2), holds: int 
     return tmp / name
 
 
+def _unpacking(tmp: Path):
+    """``load_prompts`` of the gzipped HumanEval excerpt with what a file may unpack to set below what it unpacks to
+    (a gzip bomb, without writing one)."""
+    with mock.patch("moesd.routing.prompts.MAX_READ_BYTES", 1_000):
+        return load_prompts("humaneval", HUMANEVAL)
+
+
 def _trace_2x4() -> traces.RoutingTrace:
     return traces.RoutingTrace(np.tile(np.array([0, 1]), (50, 3, 1)), 8)
 
@@ -2237,6 +2244,9 @@ BOUNDS = [
          ValueError, "layer0.jsonl' holds 2 GiB"),
     Case("bounds", "a 2 GiB prompt file", lambda tmp: load_prompts("gsm8k", _sparse(tmp, "test.jsonl")), ValueError,
          "test.jsonl' holds 2 GiB"),
+    Case("bounds", "a gzip prompt file that unpacks to more than 1 GiB (read whole)",
+         _unpacking, ValueError,
+         "HumanEval.jsonl.gz: unpacks to more than"),
     # the same through the command line
     cli("sweep of a billion repeats (ran until stopped)", _sweep_argv("e2e", "--repeats", "1000000000"),
         "--repeats 1000000000 x 1 K x 10 batch sizes x 3 gammas x 1 workload(s) make 30000000000 rows, more than the "

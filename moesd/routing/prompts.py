@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import UsageError, one_of, usage_errors
-from moesd._files import lookup_problem, parse_json, regular_file
+from moesd._files import MAX_READ_BYTES, lookup_problem, parse_json, regular_file
 
 PROMPT_SETS = {
     # name: (hub dataset id, hub config, hub split, file inside a local folder)
@@ -85,7 +85,12 @@ def _read_local(name: str, source: Path) -> tuple[pd.DataFrame, Path]:
     records = []
     try:
         with opener(path, "rt", encoding="utf-8") as file:
+            read = 0
             for number, line in enumerate(file, start=1):
+                read += len(line)
+                if read > MAX_READ_BYTES:  # a gzip file that unpacks to far more than it holds
+                    raise UsageError(f"{path}: unpacks to more than {MAX_READ_BYTES / 2**30:g} GiB by line {number}, "
+                                     "more than a file read whole may hold")
                 if not line.strip():
                     continue
                 try:
