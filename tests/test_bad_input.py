@@ -8,7 +8,16 @@ for a ``moesd`` command line, which must exit with status 2 and print the fragme
 
 A call takes no argument, or one: a fresh temporary folder (``pathlib.Path``) for cases that need
 files. The property tests at the end check that no public theory function (experts, speedup,
-roofline) returns NaN or infinity for finite input inside its domain.
+roofline) returns NaN or infinity for finite input inside its domain, and (issue 43) that each is finite or
+refused over its whole domain, that a resume keeps only its sweep's rows (and every shipped result file passes
+under its own settings), that sweeps are refused exactly when their rows or positions pass the bounds, and that
+output paths, nested JSON, seeds and a fitting frame's points are taken or refused in one line.
+
+The third round's rows (issue 43) are grouped by kind, one rule each in its one home: ``resume`` (the rows a
+resume keeps, moesd.measure.result_file), ``bounds`` (sizes before work), ``fit-domain`` (moesd.model.measurements),
+``paths`` (moesd._checks.output_path), ``mid-sweep`` (a failed write), ``models`` (checks before a model is built
+or loaded), ``options`` (options with no effect) and ``raw`` (raw exceptions); a command line's rows are counted
+as ``"<kind> cli"``.
 """
 
 from __future__ import annotations
