@@ -17,14 +17,20 @@ H100 = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=85_028_8
 A6000 = types.SimpleNamespace(name="NVIDIA RTX A6000", total_memory=51_041_271_808, major=8, minor=6)
 
 
-def cuda_build(monkeypatch, gpus=(), warning=None):
-    """torch as a CUDA 13.0 build would answer on a machine with ``gpus`` (and ``warning`` when it looks)."""
+def cuda_build(monkeypatch, gpus=(), warning=None, error=None):
+    """torch as a CUDA 13.0 build would answer on a machine with ``gpus`` (``warning`` when it looks, ``error``
+    when it initialises CUDA)."""
     def is_available():
         if warning:
             warnings.warn(warning, UserWarning)
         return bool(gpus)
 
+    def init():
+        if error:
+            raise RuntimeError(error)
+
     monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "init", init)
     monkeypatch.setattr(torch.cuda, "is_available", is_available)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: len(gpus))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: gpus[index])
@@ -58,9 +64,11 @@ def test_a_cuda_build_reports_each_gpu_with_its_record_and_folder(monkeypatch):
 
 
 def test_a_cuda_build_without_a_usable_gpu_says_why(monkeypatch):
-    cuda_build(monkeypatch, warning="The NVIDIA driver on your system is too old (found version 12040).")
+    cuda_build(monkeypatch, warning="CUDA initialization: The NVIDIA driver on your system is too old\n (found 12040).")
     here = local_devices()
-    assert here.gpus == () and "driver on your system is too old" in here.unavailable
+    assert here.gpus == () and here.unavailable.endswith("driver on your system is too old (found 12040).")
+    cuda_build(monkeypatch, error="Found no NVIDIA driver on your system.")
+    assert local_devices().unavailable == "Found no NVIDIA driver on your system."
     cuda_build(monkeypatch)
     assert local_devices().unavailable == "torch.cuda.is_available() is False"
 

@@ -60,8 +60,8 @@ class LocalDevices:
     gpus : tuple of Gpu
         The GPUs torch can use (none on a CPU build, or where the driver is missing or too old).
     unavailable : str or None
-        Why a GPU build sees no GPU: the warnings torch gave while looking (a driver too old for the build, no
-        driver), or that it found none; ``None`` for a CPU build or where it sees one.
+        Why a GPU build sees no GPU: what torch said while looking and on ``torch.cuda.init()`` (no driver, a
+        driver too old for the build, no visible device); ``None`` for a CPU build or where it sees one.
     """
 
     torch: str | None
@@ -122,6 +122,12 @@ def local_devices() -> LocalDevices:
                         capability=(properties.major, properties.minor),
                         record=matching_record(properties.name, properties.total_memory),
                         folder=gpu_label(properties.name)))
-    reasons = "; ".join(dict.fromkeys(" ".join(str(w.message).split()) for w in caught))
+    reasons = [str(w.message) for w in caught]
+    if not gpus:
+        try:
+            torch.cuda.init()  # raises saying why: no driver, a driver too old for the build, no visible device
+        except Exception as error:  # noqa: BLE001 - whatever torch raises, its message is the report
+            reasons.append(str(error))
+    reasons = "; ".join(dict.fromkeys(" ".join(reason.split()) for reason in reasons))
     return LocalDevices(torch=torch.__version__, cuda=cuda, hip=hip, gpus=tuple(gpus),
                         unavailable=None if gpus else (reasons or "torch.cuda.is_available() is False"))
