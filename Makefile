@@ -76,11 +76,12 @@ outputs: $(VENV)/.installed
 
 # torch. The pinned files pin torch without a build label (torch==2.13.0), which the public registries serve on
 # every platform that has a wheel of it: PyPI's is the CPU build on macOS (Apple silicon; Intel Macs have no wheel
-# of any recent torch) and the CUDA build on Linux (about 3 GB with the CUDA libraries it pulls in). PyTorch's CPU
-# index serves the Linux CPU build as 2.13.0+cpu, which the pin matches and pip prefers (PEP 440: a local label
+# of any recent torch) and the CUDA build on Linux (its CUDA libraries and triton make a venv 3.7 GB larger). PyTorch's
+# CPU index serves the Linux CPU build as 2.13.0+cpu, which the pin matches and pip prefers (PEP 440: a local label
 # sorts after the bare version), so on Linux torch is installed first, alone, with that index added (TORCH_INDEX;
 # make book TORCH_INDEX= leaves it out). pip warns and goes on where it cannot reach the index (one retry, a 20 s
-# timeout: seconds, not minutes), and then takes PyPI's CUDA build, which runs on a CPU too. A wheel folder of
+# timeout: 0.9 s where its host does not resolve, 43 s where it never answers, measured here; pip's defaults
+# would wait minutes), and then takes PyPI's CUDA build, which runs on a CPU too. A wheel folder of
 # pip's configuration (find-links) that holds 2.13.0+cpu serves it the same way: this project's machines have one,
 # so they never fetch a CUDA build.
 TORCH_INDEX ?= $(if $(filter Linux,$(shell uname -s)),https://download.pytorch.org/whl/cpu)
