@@ -76,8 +76,8 @@ outputs: $(VENV)/.installed
 
 # torch. The pinned files pin torch without a build label (torch==2.13.0), which the public registries serve on
 # every platform that has a wheel of it: PyPI's is the CPU build on macOS (Apple silicon; Intel Macs have no wheel
-# of any recent torch) and the CUDA build on Linux (its CUDA libraries and triton make a venv 3.7 GB larger). PyTorch's
-# CPU index serves the Linux CPU build as 2.13.0+cpu, which the pin matches and pip prefers (PEP 440: a local label
+# of any recent torch) and the CUDA build on Linux (its CUDA libraries and triton make a venv 3.7 GB larger).
+# PyTorch's CPU index serves the Linux CPU build as 2.13.0+cpu, which the pin matches and pip prefers (PEP 440: a local label
 # sorts after the bare version), so on Linux torch is installed first, alone, with that index added (TORCH_INDEX;
 # make book TORCH_INDEX= leaves it out). pip warns and goes on where it cannot reach the index (one retry, a 20 s
 # timeout: 0.9 s where its host does not resolve, 43 s where it never answers, measured here; pip's defaults
@@ -147,7 +147,8 @@ gpu: $(GPU_VENV)/.installed
 
 $(GPU_VENV)/.installed: requirements-gpu.txt requirements.txt pyproject.toml
 	test -x $(GPU_VENV)/bin/python || python3 -m venv $(GPU_VENV)
-	$(if $(GPU_TORCH_INDEX),$(GPU_VENV)/bin/python $(PIP_INSTALL) --index-url $(GPU_TORCH_INDEX) "$(call torch_pin,requirements.txt)")
+	$(if $(GPU_TORCH_INDEX),$(GPU_VENV)/bin/python $(PIP_INSTALL) --index-url $(GPU_TORCH_INDEX) \
+	    "$(call torch_pin,requirements.txt)")
 	$(GPU_VENV)/bin/python $(PIP_INSTALL) -r $(if $(GPU_TORCH_INDEX),requirements.txt,requirements-gpu.txt)
 	$(GPU_VENV)/bin/python $(PIP_INSTALL) --no-deps --no-build-isolation -e .
 	$(GPU_VENV)/bin/python -c "$(CUDA_BUILD_CHECK)"
