@@ -231,3 +231,17 @@ def test_study_regime_takes_the_products_share_where_the_regime_check_measured_i
     other = {**sidecar, "settings": {"target": "qwen2-57b-a14b", "dtype": "float32"}}
     assert not study_regime(rows, other, check).in_regime  # the check timed another dtype
     assert study_regime(rows, {"streaming_share": {"share": IN_REGIME_SHARE}}).in_regime
+
+
+def test_stride_points_rebuild_the_papers_samples_curve_by_curve():
+    from moesd.model.samples import PAPER_CURVES, stride_coverage, stride_points
+
+    points = stride_points(GRID, PAPER_CURVES)
+    coverage = stride_coverage(GRID, PAPER_CURVES)
+    for stride in (25, 20, 18, 1):
+        sample = sv.parse_points(points[stride])
+        assert " ".join(f"{b:g}" for b in sorted(sample["B"].unique())) == coverage[stride]
+        assert len(sample) == -(-len(GRID) * PAPER_CURVES // stride)
+    # m = 12 (stride 20): one point on each curve, all at B <= 40: the per-curve ranges are single points
+    twelve = sv.parse_points(points[20])
+    assert twelve.groupby("K").size().eq(1).all() and twelve["B"].max() == 40
