@@ -75,6 +75,9 @@ class Architecture:
         The LM head's matrix, read at every step (the embedding when tied).
     tied_embeddings : bool
         Whether the LM head is the token embedding (not counted twice).
+    head_of : str or None
+        The :data:`moesd.zoo.MODELS` name of the target this is a draft head of (an MTP module, a published
+        EAGLE-3 head: trained on that target's hidden states); None for a model of its own.
     """
 
     name: str
@@ -106,6 +109,7 @@ class Architecture:
     embedding_params: int
     head_params: int
     tied_embeddings: bool
+    head_of: str | None = None
 
     @property
     def dense_layers(self) -> int:

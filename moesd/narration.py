@@ -2,7 +2,7 @@
 predictor's recommendation.
 
 The criteria (:mod:`moesd.paper.criteria`), the claims (:mod:`moesd.paper.verdicts`) and the
-recommendation (:mod:`moesd.model.recommend`) compute statuses, numbers and parts; the words are
+recommendation (:mod:`moesd.predictor.recommend`) compute statuses, numbers and parts; the words are
 written here only: numbers for prose, the phrases of each shape, the summary and sentence of a
 :class:`~moesd.paper.criteria.Verdict` built from its typed parts, and the report ``moesd predict``
 prints. A wording change touches this module alone, and tests assert fields, not sentences.
@@ -278,7 +278,7 @@ def batch_runs(chosen, sizes) -> str:
 
 
 def where_sd_pays(advice, margin: float) -> str:
-    """Where SD is on, marginal or off at one acceptance value (a :class:`moesd.model.recommend.Advice`),
+    """Where SD is on, marginal or off at one acceptance value (a :class:`moesd.predictor.recommend.Advice`),
     and whether the host cost decides it; not judged where nothing fits."""
     sizes = advice.best["batch_size"].to_numpy()
     if not advice.judged:
@@ -358,7 +358,7 @@ def predict_setup(target: str, draft: str, recommendation, tp: int, ep: int, dra
         f"{verify_tokens} tokens verified per sequence" if verify_tokens is not None else ""] if part)
     setup = (f"{target} on {tp} x {hardware.name} ({parallel}), draft {draft} on {draft_tp} GPU(s)"
              + (f" ({drafting})" if drafting else "")
-             + f", {dtype}, context {context} tokens{nodes}; speedup of Eq. 4 predicted by moesd.model.predict ")
+             + f", {dtype}, context {context} tokens{nodes}; speedup of Eq. 4 predicted by moesd.predictor.predict ")
     if engine is not None or step_ms is not None:
         return setup + ("(roofline at achieved fractions of data-sheet peaks"
                         + (f", {engine}'s profile" if engine else "")
@@ -374,7 +374,7 @@ def engine_range(engine: str, recommendation, length: str | None = None) -> str:
     """Where SD is on at both ends of an engine profile's published cost ranges (``length``: as
     :func:`acceptance_label` takes it)."""
     sizes = recommendation.judged
-    lines = [f"\nacross {engine}'s published cost ranges (moesd.model.engine.ENGINES):"]
+    lines = [f"\nacross {engine}'s published cost ranges (moesd.predictor.engine.ENGINES):"]
     for advice, low, high in zip(recommendation.advice, *(recommendation.engine_ends[e] for e in ("low", "high"))):
         runs = [batch_runs(on, sizes) if len(on) else "no batch size" for on in (low, high)]
         lines.append(f"  {acceptance_label(advice, length)}: SD is on at {runs[0]} with the costs that favour it, "
@@ -408,7 +408,7 @@ def predict_notes(recommendation, tp: int, draft_tp: int, engine: str | None = N
 
 def memory_lines(recommendation, batch_sizes) -> list:
     """What does not fit, with the changes that make more of ``batch_sizes`` fit
-    (:class:`moesd.model.recommend.Shortfall`), and which batch sizes the advice covers."""
+    (:class:`moesd.predictor.recommend.Shortfall`), and which batch sizes the advice covers."""
     batch = np.asarray(batch_sizes)
     hardware = recommendation.hardware
     lines = []

@@ -170,7 +170,7 @@ class ModelSpec:
 
         if self.model_type not in CONFIG_MAPPING:
             raise ValueError(f"{self.name}: the installed transformers has no config class for model_type "
-                             f"{self.model_type!r}; the record serves moesd.model.predict (analytic counts) only")
+                             f"{self.model_type!r}; the record serves moesd.predictor.predict (analytic counts) only")
         return AutoConfig.for_model(self.model_type, **{**self.config_dict(num_layers, top_k, width),
                                                         **overrides})
 
@@ -384,7 +384,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
 class DraftHead:
     """A published EAGLE-3 draft head: the target it drafts for and the dimensions it adds.
 
-    Its shape is :func:`moesd.model.layout.eagle3_head` of the target's; these records only name it (the
+    Its shape is :func:`moesd.predictor.layout.eagle3_head` of the target's; these records only name it (the
     head's checkpoint is not a Hugging Face model class, so it is priced, not built).
 
     Attributes

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moesd.model.kernels import Efficiency, rejection_time
+from moesd.predictor.kernels import Efficiency, rejection_time
 from moesd.theory.experts import tokens_per_expert
 from moesd.theory.roofline import (
     HARDWARE,

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from moesd.paper.tables import paper_table  # noqa: E402
-from moesd.model.layout import resolve_model  # noqa: E402
+from moesd.predictor.layout import resolve_model  # noqa: E402
 from moesd.zoo import DRAFT_HEADS, MODELS, get_model  # noqa: E402
 
 PAPER_MODELS = paper_table("models")

@@ -2,6 +2,7 @@
 and draft length, the memory that fits, and where SD pays."""
 
 import argparse
+import contextlib
 import math
 import textwrap
 from pathlib import Path
@@ -11,14 +12,34 @@ import pandas as pd
 
 from moesd._checks import UsageError, new_files
 from moesd._files import atomic_write
-from moesd.model.engine import ENGINES
-from moesd.model.layout import check_dtype
+from moesd.predictor.engine import ENGINES
+from moesd.predictor.predict import check_grid
+from moesd.predictor.setup import Setup
 from moesd.theory.roofline import HARDWARE
 from moesd.zoo import DRAFT_HEADS, MODELS
 from moesd.cli.arguments import integers, numbers
 from moesd.cli.hardware import HARDWARE_NOTE
 
+FLAGS = {"target": "--target", "draft": "--draft", "hardware": "--hardware", "tp": "--tp", "draft_tp": "--draft-tp",
+         "ep": "--ep", "dtype": "--dtype", "draft_dtype": "--draft-dtype", "context": "--context",
+         "batch_size": "--batch", "gamma": "--gamma", "tokens_per_sequence": "--gamma", "sigma": "--sigma",
+         "alpha": "--alpha", "alpha_decay": "--alpha-decay", "dp_attention": "--dp-attention",
+         "draft_topk": "--draft-topk", "verify_tokens": "--verify-tokens", "step_seconds": "--step-ms",
+         "step_batch_size": "--step-batch", "host_seconds": "--host-ms", "engine": "--engine-profile"}
+"""The flag of each argument a :class:`~moesd.predictor.setup.Setup` or the grid names in its errors."""
 
+
+@contextlib.contextmanager
+def _flagged():
+    """Re-raise a :class:`UsageError` of the package with the flag of its ``argument`` (:data:`FLAGS`) in front."""
+    try:
+        yield
+    except UsageError as error:
+        flag = FLAGS.get(error.argument)
+        message = error.message.replace(" or a Hardware record", "")  # what a program, not the command line, passes
+        if flag and message.startswith(f"{error.argument}: "):  # "draft: ..." becomes "--draft: ...", not twice
+            message = message[len(error.argument) + 2:]
+        raise UsageError(f"{flag}: {message}" if flag else message, error.argument) from None
 
 
 MAX_ROWS = 10**6
@@ -41,8 +62,8 @@ def _plot_path(plot: str) -> Path:
     return path
 
 
-def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str, np.ndarray, dict]:
-    """The checked batch sizes, gammas, acceptance column and values, and options of ``moesd predict``."""
+def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str, np.ndarray, Setup]:
+    """The checked batch sizes, gammas, acceptance column and values, and the deployment of ``moesd predict``."""
     batch, gammas = integers(args.batch, "--batch"), integers(args.gamma, "--gamma")
     for name, values in (("--batch", batch), ("--gamma", gammas)):
         if values.min() < 1:
@@ -87,11 +108,6 @@ def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, 
                          "costs come from the profile and from --step-ms (a measured plain step)")
     if args.step_batch != 1 and args.step_ms is None:
         raise UsageError("--step-batch applies only with --step-ms (the batch size that step was measured at)")
-    if args.draft_dtype is not None:
-        try:
-            check_dtype(args.draft_dtype)
-        except ValueError as error:
-            raise UsageError(f"--draft-dtype: {error}") from None
     rows = len(batch) * len(gammas) * len(values)
     if rows > MAX_ROWS:
         raise UsageError(f"--batch, --gamma and the acceptance values make {rows} predictions "
@@ -101,12 +117,15 @@ def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, 
         raise UsageError(f"--step-ms must be a finite number > 0, got {args.step_ms}")
     if args.step_ms is not None and args.host_ms:
         raise UsageError("--step-ms and --host-ms exclude each other: a measured step holds the host's cost")
-    return batch, gammas, column, values, dict(tp=args.tp, draft_tp=args.draft_tp, context=args.context, ep=args.ep,
-                                               dtype=args.dtype, engine=args.engine_profile, step_ms=args.step_ms,
-                                               alpha_decay=args.alpha_decay, dp_attention=args.dp_attention,
-                                               draft_dtype=args.draft_dtype, draft_topk=args.draft_topk,
-                                               verify_tokens=args.verify_tokens or "gamma+1",
-                                               step_batch_size=args.step_batch)
+    with _flagged():
+        setup = Setup(args.target, args.draft, args.hardware, tp=args.tp, ep=args.ep, dp_attention=args.dp_attention,
+                      draft_tp=args.draft_tp, dtype=args.dtype, draft_dtype=args.draft_dtype, context=args.context,
+                      engine=args.engine_profile, step_batch_size=args.step_batch, host_seconds=args.host_ms * 1e-3,
+                      step_seconds=None if args.step_ms is None else args.step_ms * 1e-3,
+                      draft_topk=args.draft_topk, verify_tokens=args.verify_tokens or "gamma+1")
+        check_grid(setup, batch, gammas, **{column: values}, **({"alpha_decay": args.alpha_decay}
+                                                                   if column == "alpha" else {}))
+    return batch, gammas, column, values, setup
 
 
 def _alpha_from_length(text: str, decay: float) -> np.ndarray:
@@ -128,41 +147,25 @@ def _alpha_from_length(text: str, decay: float) -> np.ndarray:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Print where SD pays for the setup the options describe (:func:`moesd.model.recommend.recommend`)."""
+    """Print where SD pays for the setup the options describe (:func:`moesd.predictor.recommend.recommend`)."""
     from moesd import narration
-    from moesd.model.recommend import SD_MARGIN, recommend
+    from moesd.predictor.recommend import SD_MARGIN, recommend
 
-    batch, gammas, column, values, options = _predict_options(args)
+    batch, gammas, column, values, setup = _predict_options(args)
     plot = _plot_path(args.plot) if args.plot else None
     for flag, path in (("--csv", args.csv), ("--plot", plot)):
         if path and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{flag}: folder {Path(path).resolve().parent} does not exist")
     new_files({"--csv": args.csv, "--plot": plot}, args.overwrite)
-    try:  # one point checks what the options must satisfy together (ep divides E, an interconnect for tp...)
-        recommend(args.target, args.draft, args.hardware, batch[:1], gammas, column, values, **options,
-                  host_ms=args.host_ms)
-    except ValueError as error:  # name the command-line flag of the argument the package names
-        message = str(error)
-        first = message.split(" ", 1)[0].rstrip(":")
-        flag = {"model": "--target/--draft", "target": "--target", "draft": "--draft", "hardware": "--hardware",
-                "tp": "--tp", "draft_tp": "--draft-tp", "ep": "--ep", "dtype": "--dtype", "context": "--context",
-                "batch_size": "--batch", "gamma": "--gamma", "tokens_per_sequence": "--gamma",
-                "dp_attention": "--dp-attention", "draft_topk": "--draft-topk", "verify_tokens": "--verify-tokens",
-                "step_seconds": "--step-ms", "step_batch_size": "--step-batch"}.get(first)
-        message = message.replace(" or a Hardware record", "")  # what a program, not the command line, may pass
-        if flag and message.startswith(f"{first}: "):  # "draft: ..." becomes "--draft: ...", not "--draft: draft: ..."
-            message = message[len(first) + 2:]
-        raise UsageError(f"{flag}: {message}" if flag else message) from None
-    answer = recommend(args.target, args.draft, args.hardware, batch, gammas, column, values, **options,
-                       host_ms=args.host_ms)
+    answer = recommend(setup, batch, gammas, column, values, alpha_decay=args.alpha_decay)
     if args.csv:
-        setup = {"target": args.target, "draft": args.draft, "hardware": answer.hardware.name, "tp": args.tp,
+        columns = {"target": args.target, "draft": args.draft, "hardware": answer.hardware.name, "tp": args.tp,
                  "ep": args.tp if args.dp_attention else args.ep, "dp_attention": args.dp_attention,
                  "draft_tp": answer.draft_tp, "dtype": args.dtype, "draft_dtype": args.draft_dtype or args.dtype,
                  "draft_topk": args.draft_topk, "verify_tokens": args.verify_tokens or "gamma+1",
                  "engine_profile": args.engine_profile or "", "step_ms": args.step_ms, "host_ms": args.host_ms}
         with atomic_write(args.csv, "w") as file:  # the setup first, so files of several runs can be told apart
-            pd.concat([pd.DataFrame(setup, index=answer.frame.index), answer.frame], axis=1).to_csv(file, index=False)
+            pd.concat([pd.DataFrame(columns, index=answer.frame.index), answer.frame], axis=1).to_csv(file, index=False)
     other_ms = answer.advice[0].other_host_ms
     print(narration.predict_setup(args.target, args.draft, answer, args.tp, args.tp if args.dp_attention else args.ep,
                                   answer.draft_tp, args.dtype, args.context, args.host_ms, other_ms,
@@ -201,7 +204,7 @@ def _heatmaps(answer, column: str, values, path, title: str) -> None:
 def add_parser(commands) -> None:
     """Declare ``moesd predict`` and its options on the sub-command parsers ``commands``."""
     predict = commands.add_parser(
-        "predict", help="predict SD's speedup for a model on GPUs (moesd.model.predict)",
+        "predict", help="predict SD's speedup for a model on GPUs (moesd.predictor.predict)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=textwrap.fill("models (--target, --draft): " + ", ".join(MODELS), 100, break_on_hyphens=False) + "\n"
         + textwrap.fill("EAGLE-3 heads (--draft): " + ", ".join(DRAFT_HEADS), 100, break_on_hyphens=False) + "\n"
@@ -248,7 +251,7 @@ def add_parser(commands) -> None:
     predict.add_argument("--alpha-decay", type=float, default=1.0, help="acceptance of draft position i is "
                          "alpha x decay^(i - 1) (default 1: the same at every position)")
     predict.add_argument("--engine-profile", choices=list(ENGINES), help="a serving engine's fixed costs "
-                         "(moesd.model.engine.ENGINES): the host time SD rounds expose, draft steps' fixed "
+                         "(moesd.predictor.engine.ENGINES): the host time SD rounds expose, draft steps' fixed "
                          "cost, a draft head's extend pass, grouped-GEMM tiles; add --step-ms (a measured plain "
                          "step), not --host-ms (default: the GPUs' work only)")
     predict.add_argument("--step-ms", type=float, help="your engine's measured plain decoding step at batch "
@@ -257,7 +260,7 @@ def add_parser(commands) -> None:
     predict.add_argument("--step-batch", type=int, default=1, help="the batch size --step-ms was measured at "
                          "(default 1)")
     predict.add_argument("--csv", help="write every predicted row to this CSV file: the setup (target, draft, hardware, "
-                         "tp, ..., engine_profile, step_ms, host_ms), then moesd.model.predict.predict_sd's columns "
+                         "tp, ..., engine_profile, step_ms, host_ms), then moesd.predictor.predict.predict_sd's columns "
                          "(times t_* in seconds, t_target_gamma the verification pass; speedup and terms "
                          "dimensionless) and fits: whether the row's batch size fits target and draft in memory")
     predict.add_argument("--overwrite", action="store_true", help="replace existing --csv and --plot files")

@@ -5,7 +5,7 @@ teams and users published (one row per point, with its source, link and the quot
 acceptance length of the same or a cited setup and the plain decoding step the source reports; chains of
 drafts and trees (``draft_topk`` candidates per position, ``verify_tokens`` scored per sequence) alike. Nothing
 here is fitted to the speedups: :func:`check_engines` predicts each point with
-:func:`moesd.model.predict.predict_sd` in several variants, from the GPUs' work alone (the predictor
+:func:`moesd.predictor.predict.predict_sd` in several variants, from the GPUs' work alone (the predictor
 before engine profiles) to the engine's profile with the measured plain step, and with each engine term
 left out in turn, and scores each variant by its mean absolute percentage error (MAPE), whether it gets
 the sign of "SD pays" (speedup > 1) right, and whether it gets the direction of each source's trend over
@@ -20,11 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from moesd.model.engine import Cost, engine_profile
-from moesd.model.predict import predict_sd
+from moesd.predictor.engine import Cost, engine_profile
+from moesd.predictor.predict import predict_sd
+from moesd.predictor.setup import Setup
 from moesd.paper.tables import DATA_DIR
 
-__all__ = ["VARIANTS", "published_speedups", "EngineCheck", "check_engines"]
+__all__ = ["VARIANTS", "published_speedups", "point_setup", "EngineCheck", "check_engines"]
 
 _NONE = Cost(0.0, 0.0, 0.0, "left out")
 _SETUP = ["source", "model", "draft", "hardware", "tp", "gamma", "draft_topk", "verify_tokens"]
@@ -69,17 +70,24 @@ def _profile(name: str, variant: str):
     return dataclasses.replace(engine_profile(name), **_LEFT_OUT.get(variant, {}))
 
 
-def _predict(point, variant: str) -> float:
-    # Eq. 4's tokens per round are the published acceptance length, chain or tree alike
-    sigma = point.acceptance_length / (point.gamma + 1)
-    options = dict(tp=point.tp, draft_tp=point.tp, ep=point.ep, context=point.context, sigma=sigma,
-                   dtype=point.dtype, draft_dtype=point.draft_dtype, draft_topk=point.draft_topk,
-                   verify_tokens=point.verify_tokens, dp_attention=bool(point.dp_attention))
+def point_setup(point, variant: str = "anchored") -> Setup:
+    """The :class:`~moesd.predictor.setup.Setup` of one published point (a row of :func:`published_speedups`) as the
+    variant ``variant`` of :data:`VARIANTS` prices it: the draft on the target's GPUs, the engine's profile unless
+    ``"device"``, the source's plain step unless ``"device"`` or ``"profile"``."""
+    options = dict(tp=point.tp, draft_tp=point.tp, ep=point.ep, context=point.context, dtype=point.dtype,
+                   draft_dtype=point.draft_dtype, draft_topk=point.draft_topk, verify_tokens=point.verify_tokens,
+                   dp_attention=bool(point.dp_attention))
     if variant != "device":
         options["engine"] = _profile(point.engine, variant)
     if variant.startswith("anchored"):
         options.update(step_seconds=point.baseline_step_ms * 1e-3, step_batch_size=point.baseline_batch_size)
-    frame = predict_sd(point.model, point.draft, point.hardware, point.batch_size, point.gamma, **options)
+    return Setup(point.model, point.draft, point.hardware, **options)
+
+
+def _predict(point, variant: str) -> float:
+    # Eq. 4's tokens per round are the published acceptance length, chain or tree alike
+    sigma = point.acceptance_length / (point.gamma + 1)
+    frame = predict_sd(point_setup(point, variant), point.batch_size, point.gamma, sigma)
     return float(frame["speedup"].iloc[0])
 
 

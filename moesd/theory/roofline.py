@@ -27,7 +27,7 @@ class Hardware:
     """Peak numbers of one accelerator, from its vendor's data sheet (or measured on the device).
 
     The first five fields are the data sheet's roofline; the rest, added for the whole-model
-    performance model (:mod:`moesd.model.forward`), have defaults so older records still load.
+    performance model (:mod:`moesd.predictor.forward`), have defaults so older records still load.
 
     Attributes
     ----------
@@ -63,7 +63,7 @@ class Hardware:
         whatever the group. In a mesh, a tensor-parallel group of ``p`` GPUs uses ``p - 1`` of the links.
     gpus_per_node : int
         GPUs that ``interconnect`` joins: one server board (an NVLink or Infinity Fabric domain, or
-        the PCIe slots of one server). Without an inter-node link :mod:`moesd.model.forward` prices tensor
+        the PCIe slots of one server). Without an inter-node link :mod:`moesd.predictor.forward` prices tensor
         parallelism over this link only, so it refuses a larger group (default 1: no peers on record).
     internode_bandwidth : float
         Bandwidth of the network adapter each GPU has to other nodes, ONE direction (bytes/s): the NIC's
@@ -72,7 +72,7 @@ class Hardware:
         Fixed cost of one small collective across nodes over that network (seconds).
     max_nodes : int
         Nodes of ``gpus_per_node`` GPUs that one tensor- or expert-parallel group may span in
-        :mod:`moesd.model.forward` (default 1; more only with ``internode_bandwidth``).
+        :mod:`moesd.predictor.forward` (default 1; more only with ``internode_bandwidth``).
     internode : str
         What the inter-node network is, and where its numbers come from.
     bandwidth_fraction, flops_fraction : float
@@ -296,22 +296,22 @@ def ridge_point(hardware) -> float:
     return hardware_record(hardware).ridge_point
 
 
-def hardware_record(hardware) -> Hardware:
+def hardware_record(hardware, argument: str = "hardware") -> Hardware:
     """The :class:`Hardware` record given, or named in :data:`HARDWARE` (in any case); a record checks its
     numbers when it is made.
 
     Raises
     ------
     UsageError
-        (a ValueError) for another name or object.
+        (a ValueError) for another name or object, naming ``argument``.
     """
     if isinstance(hardware, str):
         names = {name.lower(): name for name in HARDWARE}
         if hardware.lower() in names:
             return HARDWARE[names[hardware.lower()]]
     if not isinstance(hardware, Hardware):
-        raise UsageError(f"hardware must be one of {', '.join(HARDWARE)} or a Hardware record, "
-                         f"got {hardware!r}")
+        raise UsageError(f"hardware must be one of {', '.join(HARDWARE)} or a Hardware "
+                         f"record, got {hardware!r}", argument)
     return hardware
 
 

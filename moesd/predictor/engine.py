@@ -1,6 +1,6 @@
 """Serving engines as the predictor sees them (beyond the paper): where an engine's fixed costs fall in a round.
 
-A roofline of the GPUs' work (:func:`moesd.model.forward.step_time`) leaves out what serving engines add:
+A roofline of the GPUs' work (:func:`moesd.predictor.forward.step_time`) leaves out what serving engines add:
 kernels that never reach the roofline at batch 1, collectives at their real latency, the host's scheduling
 and sampling, a draft head's *extend* pass, and grouped-GEMM tiles. An :class:`EngineProfile` says where
 these costs fall in a round of speculative decoding, each constant with the range public material gives
@@ -20,7 +20,7 @@ and its source:
   (FlashMLA's for multi-head latent attention).
 
 The fixed cost of a forward pass that the roofline misses (kernel latencies, collectives) is not a profile
-constant: it differs by model and deployment by tens of milliseconds. :func:`moesd.model.predict.predict_sd`
+constant: it differs by model and deployment by tens of milliseconds. :func:`moesd.predictor.predict.predict_sd`
 takes it from a *measured plain decoding step* (``step_seconds`` at batch 1, as an engine's benchmark reports
 it), spreads it over the layers, and gives a draft head its layers' share. :data:`ENGINES` holds the presets.
 
@@ -32,7 +32,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["Cost", "EngineProfile", "ENGINES", "engine_profile"]
+from moesd._checks import UsageError
+from moesd.predictor.kernels import Efficiency
+
+__all__ = ["Cost", "EngineProfile", "ENGINES", "engine_profile", "HOST_SECONDS_VLLM_V0"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class Cost:
 
     def __post_init__(self):
         if not 0 <= self.low <= self.value <= self.high:
-            raise ValueError(f"a Cost needs 0 <= low <= value <= high, got {self.low}, {self.value}, {self.high}")
+            raise UsageError(f"a Cost needs 0 <= low <= value <= high, got {self.low}, {self.value}, {self.high}", "value")
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,18 @@ class EngineProfile:
                           f"attention_flops_fraction[{kind}]": flops})
         return found
 
+    def efficiency(self, base: Efficiency | None, dtype: str, attention: str) -> Efficiency:
+        """``base`` (default :class:`~moesd.predictor.kernels.Efficiency`) with this engine's grouped-GEMM tile and
+        achieved FLOP fraction for weights of ``dtype`` and its attention kernel's fractions for the ``attention``
+        kind (``"gqa"``, ``"mla"``)."""
+        fraction = self.expert_flops_fraction.get(dtype)
+        bandwidth, flops = self.attention_fractions.get(attention, (None, None))
+        rows, above = self.expert_tile_rows.get(dtype, (1, None))
+        return dataclasses.replace(base or Efficiency(), expert_tile_rows=rows, expert_tile_rows_above=above,
+                                   expert_flops_fraction=None if fraction is None else fraction.value,
+                                   attention_bandwidth_fraction=None if bandwidth is None else bandwidth.value,
+                                   attention_flops_fraction=None if flops is None else flops.value)
+
     def at(self, end: str) -> "EngineProfile":
         """The profile with every cost at the ``"low"``, ``"value"`` or ``"high"`` end of its range.
 
@@ -113,7 +128,7 @@ class EngineProfile:
         expert FLOP fraction); ``"high"`` the end that disfavours it.
         """
         if end not in ("low", "value", "high"):
-            raise ValueError(f"end must be 'low', 'value' or 'high', got {end!r}")
+            raise UsageError(f"end must be 'low', 'value' or 'high', got {end!r}", "end")
         flip = {"low": "high", "high": "low", "value": "value"}[end]
 
         def pick(cost: Cost, which: str) -> Cost:
@@ -188,4 +203,15 @@ def engine_profile(engine) -> EngineProfile:
         return engine
     if isinstance(engine, str) and engine.lower() in ENGINES:
         return ENGINES[engine.lower()]
-    raise ValueError(f"engine must be one of {', '.join(ENGINES)} or an EngineProfile, got {engine!r}")
+    raise UsageError(f"engine must be one of {', '.join(ENGINES)} or an EngineProfile, got {engine!r}", "engine")
+
+
+HOST_SECONDS_VLLM_V0 = 0.29 / 0.38 * 5e-3
+"""An order of magnitude of vLLM v0's host work per forward pass (seconds): scheduling alone.
+
+vLLM's profile of v0.5.3 serving Llama 3 8B on one H100 puts scheduling (gathering the last step's
+results, scheduling the next, preparing its inputs) at 29 % of the execution time and the GPU's
+forward pass at 38 % ("vLLM v0.6.0: 2.7x Throughput Improvement and 5x Latency Reduction", vLLM blog,
+2024-09-05); that forward takes about 5 ms ("vLLM V1", vLLM blog, 2025-01-27): 0.29 / 0.38 x 5 ms.
+Not a measurement of the paper's runs (a 57B MoE on several GPUs, SD's draft steps, another vLLM
+version); only its order of magnitude is used."""

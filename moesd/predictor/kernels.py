@@ -5,7 +5,7 @@ bandwidth, FLOPs / peak)`` at the achieved fractions of the data-sheet peaks (:f
 plus a fixed cost per kernel (:func:`per_kernel_seconds`; :data:`KERNELS` counts them per block).
 :class:`Efficiency` holds what real kernels and engines achieve; :func:`expert_gemm_time` prices one
 grouped GEMM of routed experts and :func:`rejection_time` rejection sampling. The forward pass built from
-them is :func:`moesd.model.forward.step_time`.
+them is :func:`moesd.predictor.forward.step_time`.
 
 Pure numpy; no torch.
 """
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moesd._checks import as_array
-from moesd.model.layout import DTYPE_BYTES, activation_bytes, check_dtype
+from moesd._checks import UsageError, as_array
+from moesd.predictor.layout import DTYPE_BYTES, activation_bytes, check_dtype
 from moesd.theory.roofline import Hardware, hardware_record
 
 __all__ = ["KERNELS", "Efficiency", "tensor_peak", "achieved_rates", "per_kernel_seconds", "per_expert_seconds",
@@ -89,16 +89,16 @@ class Efficiency:
         for name in ("expert_tile_rows", "expert_tile_rows_above"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, np.integer)) and 1 <= value <= 4096):
-                raise ValueError(f"{name} must be a whole number in [1, 4096], got {value!r}")
+                raise UsageError(f"{name} must be a whole number in [1, 4096], got {value!r}", name)
         for name in ("bandwidth_fraction", "flops_fraction", "expert_flops_fraction", "attention_bandwidth_fraction",
                      "attention_flops_fraction"):
             value = getattr(self, name)
             if value is not None and not 0 < value <= 10:
-                raise ValueError(f"{name} must be in (0, 10], got {value!r}")
+                raise UsageError(f"{name} must be in (0, 10], got {value!r}", name)
         for name in ("kernel_seconds", "launch_seconds", "step_seconds", "expert_seconds"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
-                raise ValueError(f"{name} must be >= 0, got {value!r}")
+                raise UsageError(f"{name} must be >= 0, got {value!r}", name)
 
 
 def tensor_peak(hardware: Hardware, dtype: str) -> float:
@@ -110,7 +110,7 @@ def tensor_peak(hardware: Hardware, dtype: str) -> float:
     dtype = check_dtype(dtype)
     if dtype == "fp32":
         if hardware.fp32_flops is None:
-            raise ValueError(f"dtype 'fp32': hardware {hardware.name} has no fp32 peak on record")
+            raise UsageError(f"dtype 'fp32': hardware {hardware.name} has no fp32 peak on record", "dtype")
         return hardware.fp32_flops
     if dtype in ("fp8", "w4a8"):
         return hardware.fp8_flops or hardware.peak_flops  # no fp8 tensor cores: multiplied at bf16 rate
@@ -205,7 +205,7 @@ def grouped_gemm_roofline(hardware, experts, tokens, in_features, out_features, 
 
     Widths may be fractional (an expert's intermediate size split over tensor-parallel GPUs); ``experts``
     and ``tokens`` (tokens per expert) broadcast; ``dtype`` must already be a key of
-    :data:`~moesd.model.layout.DTYPE_BYTES`; ``tile_rows`` (broadcast with them) replaces
+    :data:`~moesd.predictor.layout.DTYPE_BYTES`; ``tile_rows`` (broadcast with them) replaces
     ``efficiency.expert_tile_rows``.
     """
     bandwidth, flops_rate = achieved_rates(hardware, dtype, efficiency)

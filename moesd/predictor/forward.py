@@ -2,17 +2,17 @@
 
 Seconds of one forward pass of ``B`` sequences with ``s`` new tokens each, summed over the model's
 components (:data:`COMPONENTS`). Every weight matrix is a roofline at the achieved fractions of the
-data-sheet peaks plus a fixed cost per kernel (:mod:`moesd.model.kernels`). Routed experts load the
+data-sheet peaks plus a fixed cost per kernel (:mod:`moesd.predictor.kernels`). Routed experts load the
 ``N(t)`` experts that ``t = B s`` tokens activate (Eq. 8, a measured popularity, or a
 :class:`~moesd.routing.traces.RoutingTrace` whose consecutive tokens' correlation is kept, through
 :func:`moesd.routing.loads.activated_experts`) and give each ``t K / N`` tokens (Eq. 10); attention reads
 the KV cache of ``context`` tokens per sequence; tensor parallelism (TP) splits weights and FLOPs
-(:mod:`moesd.model.layout`) and adds two all-reduces per layer priced by the interconnect (hierarchically,
+(:mod:`moesd.predictor.layout`) and adds two all-reduces per layer priced by the interconnect (hierarchically,
 through each GPU's network adapter, across nodes); expert parallelism (EP) splits the experts; DP-attention
 runs the rest data-parallel and trades the all-reduces for two all-to-alls per MoE layer. :func:`zipf_popularity` is an illustrative skewed popularity to
 route with.
 
-The speedup built from these steps is :func:`moesd.model.predict.predict_sd`; the model fitted to a
+The speedup built from these steps is :func:`moesd.predictor.predict.predict_sd`; the model fitted to a
 measured forward study is :mod:`moesd.model.calibrate`.
 
 Pure numpy; no torch.
@@ -25,11 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from moesd._checks import as_array
-from moesd.model.kernels import (KERNELS, Efficiency, achieved_rates, grouped_gemm_roofline, per_expert_seconds,
-                                 per_kernel_seconds, tensor_peak)
-from moesd.model.layout import (DTYPE_BYTES, activation_bytes, attention_dtype, attention_per_gpu, check_dtype,
-                                check_parallelism, ffn_dtype, kept_dtype, resolve_model)
+from moesd._checks import UsageError, as_array
+from moesd.predictor.kernels import (KERNELS, Efficiency, achieved_rates, grouped_gemm_roofline, per_expert_seconds,
+                                     per_kernel_seconds, tensor_peak)
+from moesd.predictor.layout import (DTYPE_BYTES, activation_bytes, attention_dtype, attention_per_gpu, check_dtype,
+                                    check_parallelism, ffn_dtype, kept_dtype)
+from moesd.predictor.models import resolve_model
 from moesd.routing.loads import activated_experts
 from moesd.routing.traces import RoutingTrace
 from moesd.theory.experts import expected_active_experts, most_loaded_share
@@ -88,25 +89,25 @@ def _active_experts(arch: Architecture, B: np.ndarray, s: np.ndarray, top_k: np.
         return expected_active_experts(tokens, E, top_k)[None]
     if isinstance(routing, RoutingTrace):
         if routing.num_experts != E:
-            raise ValueError(f"routing: the trace has E = {routing.num_experts} experts, {arch.name} has {E}")
+            raise UsageError(f"routing: the trace has E = {routing.num_experts} experts, {arch.name} has {E}", "routing")
         per_layer = activated_experts(routing, B, s, model=routing_model)  # (*B.shape, trace layers)
         if np.isnan(per_layer).any():
-            raise ValueError(f"routing: some layer of the trace has no run of {int(s.max())} consecutive tokens of "
-                             "one sequence (select its decode tokens, or use shorter drafts)")
+            raise UsageError(f"routing: some layer of the trace has no run of {int(s.max())} consecutive tokens of "
+                             "one sequence (select its decode tokens, or use shorter drafts)", "routing")
         return np.moveaxis(per_layer, -1, 0)
     if callable(routing):
         active = np.asarray(routing(tokens), dtype=float)
         if active.shape not in ((), tokens.shape, (arch.moe_layers, *tokens.shape)):
-            raise ValueError(f"routing(tokens) must return an array of shape {tokens.shape} (or one per MoE "
-                             f"layer), got {active.shape}")
+            raise UsageError(f"routing(tokens) must return an array of shape {tokens.shape} (or one per MoE "
+                             f"layer), got {active.shape}", "routing")
         if (active < 0).any() or (active > E).any() or np.isnan(active).any():
-            raise ValueError(f"routing(tokens) must return expected activated experts in [0, {E}]")
+            raise UsageError(f"routing(tokens) must return expected activated experts in [0, {E}]", "routing")
         active = np.broadcast_to(active, np.broadcast_shapes(active.shape, tokens.shape))
         return active if active.ndim > tokens.ndim else active[None]
     p = as_array("routing", routing, low=0, high=1)
     if p.ndim not in (1, 2) or p.shape[-1] != E or (p.ndim == 2 and p.shape[0] not in (1, arch.moe_layers)):
-        raise ValueError(f"routing must be a popularity vector of shape ({E},) or ({arch.moe_layers}, {E}) "
-                         f"for {arch.name}, got shape {p.shape}")
+        raise UsageError(f"routing must be a popularity vector of shape ({E},) or ({arch.moe_layers}, {E}) "
+                         f"for {arch.name}, got shape {p.shape}", "routing")
     unique, inverse = np.unique(tokens, return_inverse=True)  # each token count once
     per_layer = activated_experts(p, unique, model="popularity")  # (unique, layers)
     return np.moveaxis(per_layer[inverse.reshape(tokens.shape)], -1, 0)
@@ -142,7 +143,7 @@ def _routing_top_k(arch: Architecture, routing, top_k):
     """Experts per token: ``top_k`` if given, a trace's or a popularity vector's (its sum), else the model's."""
     if top_k is not None:
         if routing is not None and not callable(routing):
-            raise ValueError("top_k: a popularity vector or trace (routing) already sets experts per token")
+            raise UsageError("top_k: a popularity vector or trace (routing) already sets experts per token", "top_k")
         return as_array("top_k", top_k, low=1, high=arch.num_experts, whole=True)
     if isinstance(routing, RoutingTrace):
         return np.asarray(float(routing.top_k))
@@ -256,11 +257,11 @@ def _all_to_alls(arch: Architecture, hardware: Hardware, local_tokens, K, tp: in
 def _experts_per_token(arch: Architecture, routing, top_k, routing_model: str) -> np.ndarray:
     """Check :func:`step_time`'s routing arguments; the experts per token ``K`` they give (0 for a dense model)."""
     if routing is not None and not arch.num_experts:
-        raise ValueError(f"routing: {arch.name} is dense")
+        raise UsageError(f"routing: {arch.name} is dense", "routing")
     if top_k is not None and not arch.num_experts:
-        raise ValueError(f"top_k: {arch.name} is dense")
+        raise UsageError(f"top_k: {arch.name} is dense", "top_k")
     if routing_model not in TRACE_ROUTING_MODELS:
-        raise ValueError(f"routing_model must be one of {TRACE_ROUTING_MODELS}, got {routing_model!r}")
+        raise UsageError(f"routing_model must be one of {TRACE_ROUTING_MODELS}, got {routing_model!r}", "routing_model")
     return _routing_top_k(arch, routing, top_k) if arch.num_experts else np.asarray(0.0)
 
 
@@ -358,7 +359,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
         expert-parallel degree (``ep`` divides ``tp``; with ``dp_attention`` 1 or ``tp``, taken as ``tp``).
     dtype : {"bf16", "fp8", "fp32", "w4a8", "mxfp4", "nvfp4"}
         Weight dtype; the 4-bit ones quantise the routed experts only
-        (:func:`~moesd.model.layout.attention_dtype` and :func:`~moesd.model.layout.ffn_dtype` give
+        (:func:`~moesd.predictor.layout.attention_dtype` and :func:`~moesd.predictor.layout.ffn_dtype` give
         the other weights').
     routing : array_like, callable or RoutingTrace, optional
         Expert popularity, shape ``(E,)`` or ``(moe_layers, E)``, each row summing to ``K`` (uses
