@@ -179,7 +179,7 @@ def test_predict_judges_nothing_when_nothing_fits(tmp_path, capsys):
     verdict = next(line for line in out.splitlines() if line.startswith("alpha = 0.8"))
     assert "not judged: nothing fits" in verdict and "SD pays" not in verdict and "leave it off" not in verdict
     rows = [line.split() for line in out.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)]
-    assert len(rows) == 3 and all(row[3:5] == ["not", "judged"] for row in rows)
+    assert len(rows) == 3 and all(row[5:7] == ["not", "judged"] for row in rows)
 
     assert pd.read_csv(csv)["fits"].eq(False).all()
     _predict(capsys, *QWEN3, "--batch", "1,256", "--csv", str(csv), "--overwrite")

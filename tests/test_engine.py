@@ -14,7 +14,8 @@ from moesd.predictor.engine import ENGINES, Cost, engine_profile
 from moesd.predictor.forward import step_time
 from moesd.predictor.kernels import Efficiency, achieved_rates, grouped_gemm_roofline
 from moesd.predictor.layout import DTYPE_BYTES, attention_dtype, ffn_dtype, weights_per_gpu
-from moesd.predictor.models import eagle3_head, resolve_model
+from moesd.predictor.drafters import eagle3_head
+from moesd.predictor.models import resolve_model
 from moesd.predictor.predict import predict_sd
 from moesd.predictor.setup import Setup
 from moesd.paper.engine_check import VARIANTS, check_engines, published_speedups
@@ -193,14 +194,25 @@ def test_four_bit_dtypes_quantise_the_routed_experts_only():
 
 
 def test_eagle3_head_by_hand():
+    """SpecForge's LlamaForCausalLMEagle3: q, k, v read 2 d values; fc 3 d x d; MLP; its own 32000-token LM head."""
     head = resolve_model("qwen3-30b-a3b-eagle3")
-    d, q, kv = 2048, 2048 * 32 * 128 + 128, 2 * 2048 * 4 * 128 + 128
+    d, q, kv = 2048, 2 * 2048 * 32 * 128, 2 * 2 * 2048 * 4 * 128
     mlp_and_fc = 3 * d * 6144 + 3 * d * d
-    weights = 2 * q + 2 * kv + 32 * 128 * d + mlp_and_fc + d * 32000 + 2 * d + d
+    weights = q + kv + 32 * 128 * d + mlp_and_fc + d * 32000 + 2 * d + d
     assert weights_per_gpu(head) == pytest.approx(2 * weights)
     assert head.num_layers == 1 and head.num_experts == 0 and head.vocab_size == 32000
-    with pytest.raises(ValueError, match="GQA attention"):
-        eagle3_head("deepseek-v3")
+    assert head.head_of == "qwen3-30b-a3b" and head.drafter == "eagle3"
+
+
+def test_eagle3_heads_of_latent_attention_targets():
+    """An MLA target's head has Llama attention of its heads at its value width: Kimi-K2's 64 heads of 128 give
+    SpecForge's configs/kimi-k2-eagle3.json (64 query and KV heads of 128, MLP 18432) from the target alone."""
+    built, published = eagle3_head("kimi-k2"), resolve_model("kimi-k2-eagle3")
+    for field in ("q_params", "kv_params", "o_params", "dense_ffn_params", "num_heads", "num_kv_heads"):
+        assert getattr(built, field) == getattr(published, field), field
+    assert built.q_params == 2 * 7168 * 64 * 128 and built.dense_ffn_params == 3 * 7168 * 18432 + 3 * 7168 ** 2
+    deepseek = resolve_model("deepseek-v3-eagle3")  # SpecForge's own head: 56 query and 8 KV heads of 128
+    assert (deepseek.num_heads, deepseek.num_kv_heads, deepseek.o_params) == (56, 8, 56 * 128 * 7168)
 
 
 def test_new_hardware_records():
@@ -284,7 +296,7 @@ def _predict(*extra):
 
 def test_cli_takes_an_engine_a_measured_step_and_an_acceptance_length():
     text = _predict("--acceptance-length", "1.86@3", "--engine-profile", "sglang", "--step-ms", "4.5")
-    assert "alpha = 0.49" in text and "sglang's published cost ranges" in text and "EAGLE-3 head" in text
+    assert "alpha = 0.49" in text and "sensitivity to sglang-spec-v1's published cost ranges" in text and "EAGLE-3 head" in text
 
 
 @pytest.mark.parametrize("extra, fragment", [

@@ -31,12 +31,17 @@ def unfitting():
                      np.arange(1, 6), "alpha", [0.6, 0.9])
 
 
-def test_advice_partitions_the_judged_batch_sizes_by_the_best_speedup(qwen3):
+def test_advice_partitions_the_judged_batch_sizes_by_the_low_end_of_the_band(qwen3):
+    """On where the best speedup's error band lies above 1 + SD_MARGIN, marginal above 1: off unless the band is."""
+    assert qwen3.band.variant == "device"
     for advice in qwen3.advice:
-        best = advice.best.set_index("batch_size")["speedup"]
+        frame = advice.best.set_index("batch_size")
+        best, low = frame["speedup"], frame["speedup_low"]
+        np.testing.assert_allclose(low, best * qwen3.band.low)
+        np.testing.assert_allclose(frame["speedup_high"], best * qwen3.band.high)
         assert list(best.index) == list(qwen3.judged)
-        assert set(advice.on) == set(best.index[best > 1 + SD_MARGIN])
-        assert set(advice.marginal) == set(best.index[(best > 1) & (best <= 1 + SD_MARGIN)])
+        assert set(advice.on) == set(best.index[low > 1 + SD_MARGIN])
+        assert set(advice.marginal) == set(best.index[(low > 1) & (low <= 1 + SD_MARGIN)])
         assert advice.peak == pytest.approx(best.max()) and best[advice.peak_batch_size] == advice.peak
         low, high = advice.band
         assert best[low] >= advice.peak / np.sqrt(2) and best[high] >= advice.peak / np.sqrt(2)
@@ -175,10 +180,8 @@ def test_the_host_cost_is_checked_both_ways():
 
 
 def test_the_host_cost_decides_where_sd_turns_on_at_the_margin(qwen3):
-    """At alpha 0.6, a serving engine's host cost moves where SD is on (B = 1-11 drop out); where SD is on at
-    every batch size either way, it does not decide."""
-    decided = qwen3.advice[0]
+    """At alpha 0.9, a serving engine's host cost moves where SD is on; where SD is off at every batch size either
+    way (alpha 0.6), it does not decide."""
+    decided, settled = qwen3.advice[1], qwen3.advice[0]
     assert decided.host_decides and set(decided.on_at_other_host) < set(decided.on)
-    settled = recommend(Setup("deepseek-v3", "deepseek-v3-mtp", "H200", tp=8, draft_tp=8, dtype="fp8"),
-                        np.arange(1, 257), np.arange(1, 6), "alpha", [0.8]).advice[0]
-    assert not settled.host_decides and len(settled.on) == len(settled.on_at_other_host) == 256
+    assert not settled.host_decides and len(settled.on) == len(settled.on_at_other_host) == 0

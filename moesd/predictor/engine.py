@@ -22,7 +22,10 @@ and its source:
 The fixed cost of a forward pass that the roofline misses (kernel latencies, collectives) is not a profile
 constant: it differs by model and deployment by tens of milliseconds. :func:`moesd.predictor.predict.predict_sd`
 takes it from a *measured plain decoding step* (``step_seconds`` at batch 1, as an engine's benchmark reports
-it), spreads it over the layers, and gives a draft head its layers' share. :data:`ENGINES` holds the presets.
+it), spreads it over the layers, and gives a draft head its layers' share. :data:`ENGINES` holds the presets, named by
+engine and version, read from the data table ``records/engines.toml`` (:func:`load_engines`; older names are
+:data:`ALIASES`); the grouped-GEMM figures measured per GPU come from ``records/kernels.toml``
+(:data:`GPU_KERNELS`).
 
 Pure Python; no torch.
 """
@@ -30,12 +33,15 @@ Pure Python; no torch.
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
 from moesd._checks import UsageError
 from moesd.predictor.kernels import Efficiency
 
-__all__ = ["Cost", "EngineProfile", "ENGINES", "engine_profile", "HOST_SECONDS_VLLM_V0"]
+__all__ = ["Cost", "EngineProfile", "ENGINES", "ALIASES", "GPU_KERNELS", "load_engines", "load_kernels",
+           "engine_profile", "HOST_SECONDS_VLLM_V0"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,12 @@ class EngineProfile:
         Achieved fractions of the data-sheet bandwidth and tensor peak of the decode attention kernel, per
         attention kind (``"mla"``, ``"gqa"``), as ``(bandwidth Cost, FLOP Cost)`` (missing: the hardware
         record's fractions).
+    pick : str
+        Which engine setting the profile stands for (``moesd predict --help`` prints it).
+    gpu_kernels : dict
+        Per GPU name and weight dtype, ``(Cost of the achieved fraction of the tensor peak, tile rows)`` measured for
+        that GPU (:data:`GPU_KERNELS`), in place of ``expert_flops_fraction`` and ``expert_tile_rows`` there, for the
+        dtypes the profile prices with kernels of its own.
     """
 
     name: str
@@ -99,6 +111,8 @@ class EngineProfile:
     expert_tile_rows: dict = dataclasses.field(default_factory=dict)
     expert_flops_fraction: dict = dataclasses.field(default_factory=dict)
     attention_fractions: dict = dataclasses.field(default_factory=dict)
+    pick: str = ""
+    gpu_kernels: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def costs(self) -> dict:
         """Every :class:`Cost` of the profile by name (``"expert_flops_fraction[fp8]"`` for a dtype's)."""
@@ -109,13 +123,18 @@ class EngineProfile:
                           f"attention_flops_fraction[{kind}]": flops})
         return found
 
-    def efficiency(self, base: Efficiency | None, dtype: str, attention: str) -> Efficiency:
+    def efficiency(self, base: Efficiency | None, dtype: str, attention: str, hardware=None) -> Efficiency:
         """``base`` (default :class:`~moesd.predictor.kernels.Efficiency`) with this engine's grouped-GEMM tile and
-        achieved FLOP fraction for weights of ``dtype`` and its attention kernel's fractions for the ``attention``
-        kind (``"gqa"``, ``"mla"``)."""
+        achieved FLOP fraction for weights of ``dtype`` (those measured on ``hardware``, a record or name, where
+        :attr:`gpu_kernels` has them) and its attention kernel's fractions for the ``attention`` kind (``"gqa"``,
+        ``"mla"``)."""
         fraction = self.expert_flops_fraction.get(dtype)
         bandwidth, flops = self.attention_fractions.get(attention, (None, None))
         rows, above = self.expert_tile_rows.get(dtype, (1, None))
+        name = getattr(hardware, "name", hardware)
+        if fraction is not None and dtype in self.gpu_kernels.get(name, {}):
+            fraction, rows = self.gpu_kernels[name][dtype]
+            above = rows
         return dataclasses.replace(base or Efficiency(), expert_tile_rows=rows, expert_tile_rows_above=above,
                                    expert_flops_fraction=None if fraction is None else fraction.value,
                                    attention_bandwidth_fraction=None if bandwidth is None else bandwidth.value,
@@ -139,71 +158,98 @@ class EngineProfile:
             exposed_host_seconds=pick(self.exposed_host_seconds, end), draft_host_seconds=pick(self.draft_host_seconds, end),
             expert_flops_fraction={dtype: pick(cost, flip) for dtype, cost in self.expert_flops_fraction.items()},
             attention_fractions={kind: (pick(bandwidth, flip), pick(flops, flip))
-                                 for kind, (bandwidth, flops) in self.attention_fractions.items()})
+                                 for kind, (bandwidth, flops) in self.attention_fractions.items()},
+            gpu_kernels={name: {dtype: (pick(cost, flip), rows) for dtype, (cost, rows) in kernels.items()}
+                         for name, kernels in self.gpu_kernels.items()})
 
 
-_SGLANG_OVERLAP = ("LMSYS blog 'Accelerating SGLang with Multiple Token Prediction' (2025-07-17): DeepSeek-V3 on "
-                   "16 H200, 2 requests per rank: 51.0 tok/s per rank without, 60.4 with overlap scheduling alone, "
-                   "and 'MTP + overlap' not yet supported: the overlap hides 2/51.0 - 2/60.4 s = 6.1 ms of a "
-                   "step; low end 0: SGLang's 'spec v2' (SGLANG_ENABLE_SPEC_V2, sgl-project/sglang PR #15591) "
-                   "overlaps SD rounds too")
-_DEEPGEMM_MASKED = ("deepseek-ai/DeepGEMM README (H800): masked grouped GEMM 4 groups x 256 rows, 932 and 815 "
-                    "TFLOPS of the 1,979 fp8 dense peak (0.41-0.47); none published below 256 rows")
-_FLASH_MLA = ("deepseek-ai/FlashMLA README: the dense MLA decoding kernel reaches 3000 GB/s memory-bound (0.90 of "
-              "the H800's 3350) and 660 TFLOPS compute-bound (0.67 of 989.5) on H800 SXM5 with CUDA 12.8; 580 TFLOPS "
-              "(0.59) with CUDA 12.6; FlashMLA's figures taken for every GPU (no MI300X or B200 figure found)")
-_MLA = {"mla": (Cost(3000 / 3350, 3000 / 3350, 3000 / 3350, _FLASH_MLA), Cost(660 / 989.5, 580 / 989.5, 660 / 989.5,
-                                                                            _FLASH_MLA))}
-_VLLM_DRAFTER = ("vllm-project/vllm issue #45258 (vLLM 0.22 on a GB10, sm_121; Gemma-4 26B-A4B, gamma 3, "
-                 "concurrency 1): sampling 2.1 ms and the whole drafter chain 4.9 ms for 3 steps, 0.7 and 1.6 ms "
-                 "a step, with eager attention between piecewise graphs; vllm PR #21477: a full-graph drafter on "
-                 "par (low end 0)")
-# Tiles: DeepGEMM deep_gemm/jit_kernels config (masked layout block_m 64 up to 64 expected rows); vLLM/SGLang
-# fused_moe get_default_config (bf16 BLOCK_SIZE_M 16 when tokens <= experts, else 64; fp8 block-quantised 64).
-_KERNELS = dict(expert_tile_rows={"fp8": (64, 64), "bf16": (16, 64)}, attention_fractions=_MLA,
-                expert_flops_fraction={"fp8": Cost(0.41, 0.41, 0.47, _DEEPGEMM_MASKED)})
-"""The kernels SGLang, vLLM and TensorRT-LLM share for MoE decoding: fused_moe or DeepGEMM, FlashMLA."""
-_GRAPHED_DRAFT = Cost(0.0, 0.0, 0.0, "draft steps replay CUDA graphs (sgl-project/sglang EAGLE draft CUDA graph "
-                      "runner)")
+RECORDS = Path(__file__).resolve().parents[1] / "records"
+"""The package's data tables (``engines.toml``, ``kernels.toml``)."""
 
-ENGINES = {profile.name: profile for profile in [
-    EngineProfile(
-        "device", "the GPUs' work only: no host cost, no extend pass, no tiles (the paper's engine)",
-        Cost(0.0, 0.0, 0.0, "none"), Cost(0.0, 0.0, 0.0, "none"), draft_extend=False),
-    EngineProfile(
-        "sglang", "SGLang 0.4-0.5 with EAGLE/MTP ('spec v1'): overlap scheduling in plain decoding only, "
-        "draft steps and verification replayed from CUDA graphs, an eager draft-extend pass (graphed from "
-        "PR #6606 on some attention backends)",
-        Cost(6.1e-3, 0.0, 6.1e-3, _SGLANG_OVERLAP), _GRAPHED_DRAFT, extend_graphs=False, **_KERNELS),
-    EngineProfile(
-        "sglang-no-overlap", "SGLang as 'sglang', run with --disable-overlap-schedule: plain decoding exposes its "
-        "host time as SD rounds do, so SD rounds expose none beyond it",
-        Cost(0.0, 0.0, 0.0, "no overlap in either mode (--disable-overlap-schedule)"), _GRAPHED_DRAFT,
-        extend_graphs=False, **_KERNELS),
-    EngineProfile(
-        "vllm-v1", "vLLM V1 with EAGLE/MTP, async scheduling off (its default): the host's step cost in "
-        "plain decoding and SD alike, the drafter's attention eager between piecewise graphs",
-        Cost(0.0, 0.0, 0.0, "no overlap in either mode (async scheduling off by default)"),
-        Cost(0.7e-3, 0.0, 1.6e-3, _VLLM_DRAFTER), extend_graphs=False, **_KERNELS),
-    EngineProfile(
-        "tensorrt-llm", "TensorRT-LLM (PyTorch back end) with MTP: verification and drafting captured in "
-        "one CUDA graph, overlap scheduler in both modes",
-        Cost(0.0, 0.0, 0.27e-3, "TensorRT-LLM tech blog 2 (DeepSeek-R1 MTP, 8 B200): 'both the verification "
-             "and draft stages can be captured in one graph'; the overlap scheduler 1.03x at minimum latency, "
-             "3 % of tech blog 1's 9.0 ms step (111 tokens/s per user): 0.27 ms at most"),
-        Cost(0.0, 0.0, 0.0, "drafting inside the CUDA graph (TensorRT-LLM tech blog 2)"), extend_graphs=True,
-        **_KERNELS),
-]}
-"""Engine presets by name; each constant's ``source`` cites where it comes from."""
+
+def _fraction(value) -> float:
+    """A number, or a fraction written ``"a / b"``."""
+    if isinstance(value, str):
+        top, _, bottom = value.partition("/")
+        return float(top) / float(bottom)
+    return float(value)
+
+
+def _cost(entry: dict, sources: dict, source: str | None = None) -> Cost:
+    """A :class:`Cost` from a table's ``{value, low, high, source}`` (``{name}`` in a source names ``[sources]``)."""
+    text = entry.get("source", source or "")
+    for name, line in sources.items():
+        text = text.replace("{" + name + "}", line)
+    return Cost(_fraction(entry["value"]), _fraction(entry["low"]), _fraction(entry["high"]), text)
+
+
+def load_kernels(path=None) -> dict:
+    """The fp8 grouped-GEMM figures per GPU of ``records/kernels.toml``: ``{hardware name: {"fp8": (Cost of the
+    achieved fraction of the fp8 peak, tile rows)}}``."""
+    with open(Path(path) if path is not None else RECORDS / "kernels.toml", "rb") as file:
+        table = tomllib.load(file)
+    found = {}
+    for entry in table.get("fp8_grouped_gemm", []):
+        cost = _cost(entry["fraction"], {}, entry["source"])
+        for name in entry["hardware"]:
+            found[name] = {"fp8": (cost, int(entry["tile_rows"]))}
+    return found
+
+
+GPU_KERNELS = load_kernels()
+"""Grouped-GEMM tile and achieved FLOP fraction per GPU and weight dtype, as public kernel benchmarks measure them
+(``records/kernels.toml``); an engine profile with kernels prices those GPUs with them."""
+
+
+def load_engines(path=None) -> tuple[dict, dict]:
+    """The engine profiles of a table (default ``records/engines.toml``) by name, and the aliases of older names.
+
+    Raises
+    ------
+    ValueError
+        For a key a profile does not know, naming the file and the profile.
+    """
+    with open(Path(path) if path is not None else RECORDS / "engines.toml", "rb") as file:
+        table = tomllib.load(file)
+    sources, kernels = table.get("sources", {}), table.get("kernels", {})
+    shared = dict(expert_tile_rows={dtype: tuple(rows) for dtype, rows in kernels.get("expert_tile_rows", {}).items()},
+                  expert_flops_fraction={dtype: _cost(cost, sources) for dtype, cost
+                                         in kernels.get("expert_flops_fraction", {}).items()},
+                  attention_fractions={kind: tuple(_cost(cost, sources) for cost in pair) for kind, pair
+                                       in kernels.get("attention_fractions", {}).items()},
+                  gpu_kernels=GPU_KERNELS)
+    profiles, aliases = {}, {}
+    known = {"name", "aliases", "description", "pick", "exposed_host_seconds", "draft_host_seconds", "draft_extend",
+             "extend_graphs", "kernels"}
+    for row in table["profile"]:
+        unknown = sorted(set(row) - known)
+        if unknown:
+            raise ValueError(f"{path or 'engines.toml'}: profile {row.get('name')!r} has the unknown key(s) {unknown}")
+        profile = EngineProfile(row["name"], row["description"], _cost(row["exposed_host_seconds"], sources),
+                                _cost(row["draft_host_seconds"], sources), draft_extend=row["draft_extend"],
+                                extend_graphs=row["extend_graphs"], pick=row.get("pick", ""),
+                                **(shared if row["kernels"] else {}))
+        profiles[profile.name] = profile
+        aliases.update({alias: profile.name for alias in row.get("aliases", [])})
+    return profiles, aliases
+
+
+ENGINES, ALIASES = load_engines()
+"""Engine presets by name (``records/engines.toml``); each constant's ``source`` cites where it comes from.
+``ALIASES`` maps older names (``sglang``: ``sglang-spec-v1``) to them."""
 
 
 def engine_profile(engine) -> EngineProfile:
-    """An :class:`EngineProfile` from a name of :data:`ENGINES` (any case) or itself; ValueError otherwise."""
+    """An :class:`EngineProfile` from a name of :data:`ENGINES` or :data:`ALIASES` (any case) or itself; a UsageError
+    naming ``engine`` otherwise."""
     if isinstance(engine, EngineProfile):
         return engine
-    if isinstance(engine, str) and engine.lower() in ENGINES:
-        return ENGINES[engine.lower()]
-    raise UsageError(f"engine must be one of {', '.join(ENGINES)} or an EngineProfile, got {engine!r}", "engine")
+    if isinstance(engine, str):
+        name = ALIASES.get(engine.lower(), engine.lower())
+        if name in ENGINES:
+            return ENGINES[name]
+    raise UsageError(f"engine must be one of {', '.join(ENGINES)} (or the older {', '.join(ALIASES)}) or an "
+                     f"EngineProfile, got {engine!r}", "engine")
 
 
 HOST_SECONDS_VLLM_V0 = 0.29 / 0.38 * 5e-3

@@ -9,8 +9,9 @@ data-sheet peaks plus a fixed cost per kernel (:mod:`moesd.predictor.kernels`). 
 the KV cache of ``context`` tokens per sequence; tensor parallelism (TP) splits weights and FLOPs
 (:mod:`moesd.predictor.layout`) and adds two all-reduces per layer priced by the interconnect (hierarchically,
 through each GPU's network adapter, across nodes); expert parallelism (EP) splits the experts; DP-attention
-runs the rest data-parallel and trades the all-reduces for two all-to-alls per MoE layer. :func:`zipf_popularity` is an illustrative skewed popularity to
-route with.
+runs the rest data-parallel and trades the all-reduces for two all-to-alls per MoE layer. The routed experts are
+:mod:`moesd.predictor.experts`' (with :func:`zipf_popularity`, an illustrative skewed popularity to route with), the
+collectives :mod:`moesd.predictor.collectives`'.
 
 The speedup built from these steps is :func:`moesd.predictor.predict.predict_sd`; the model fitted to a
 measured forward study is :mod:`moesd.model.calibrate`.
@@ -25,22 +26,18 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from moesd._checks import UsageError, as_array
-from moesd.predictor.kernels import (KERNELS, Efficiency, achieved_rates, grouped_gemm_roofline, per_expert_seconds,
-                                     per_kernel_seconds, tensor_peak)
-from moesd.predictor.layout import (DTYPE_BYTES, activation_bytes, attention_dtype, attention_per_gpu, check_dtype,
-                                    check_parallelism, ffn_dtype, kept_dtype)
+from moesd._checks import as_array
+from moesd.predictor.collectives import all_to_alls, collectives
+from moesd.predictor.experts import TRACE_ROUTING_MODELS, experts_per_token, moe_layers_time, zipf_popularity
+from moesd.predictor.kernels import KERNELS, Efficiency, achieved_rates, per_kernel_seconds, tensor_peak
+from moesd.predictor.layout import (DTYPE_BYTES, KV_DTYPES, activation_bytes, attention_dtype, attention_per_gpu,
+                                    check_dtype, check_kv_dtype, check_parallelism, ffn_dtype, kept_dtype)
 from moesd.predictor.models import resolve_model
-from moesd.routing.loads import activated_experts
-from moesd.routing.traces import RoutingTrace
-from moesd.theory.experts import expected_active_experts, most_loaded_share
 from moesd.theory.roofline import Hardware, hardware_record
 from moesd.architecture import Architecture
 
 __all__ = ["TRACE_ROUTING_MODELS", "COMPONENTS", "StepTime", "step_time", "zipf_popularity"]
 
-TRACE_ROUTING_MODELS = ("windows", "popularity")
-"""How :func:`step_time` reads a :class:`~moesd.routing.traces.RoutingTrace` (see :mod:`moesd.routing.loads`)."""
 COMPONENTS = ("attention", "kv_cache", "router", "shared_experts", "routed_experts", "dense_ffn", "lm_head",
               "communication", "fixed")
 """The parts of a forward pass that :func:`step_time` times."""
@@ -73,232 +70,35 @@ class StepTime:
                              "flops": {k: float(v) for k, v in self.flops.items()}})
 
 
-def _active_experts(arch: Architecture, B: np.ndarray, s: np.ndarray, top_k: np.ndarray, routing,
-                    routing_model: str) -> np.ndarray:
-    """Expected activated experts per MoE layer for ``B`` sequences x ``s`` tokens: shape ``(layers or 1, *B.shape)``.
-
-    A trace or a popularity vector is read by :func:`moesd.routing.loads.activated_experts` (its
-    ``"windows"`` or ``"popularity"`` model); uniform routing is Eq. 8
-    (:func:`moesd.theory.experts.expected_active_experts`) at each point's own ``K``, which may vary over a
-    grid (``top_k``), where ``activated_experts``'s ``"uniform"`` takes one ``K`` from its source; a
-    function of the token count is called as it is.
-    """
-    E = arch.num_experts
-    tokens = B * s
-    if routing is None:
-        return expected_active_experts(tokens, E, top_k)[None]
-    if isinstance(routing, RoutingTrace):
-        if routing.num_experts != E:
-            raise UsageError(f"routing: the trace has E = {routing.num_experts} experts, {arch.name} has {E}", "routing")
-        per_layer = activated_experts(routing, B, s, model=routing_model)  # (*B.shape, trace layers)
-        if np.isnan(per_layer).any():
-            raise UsageError(f"routing: some layer of the trace has no run of {int(s.max())} consecutive tokens of "
-                             "one sequence (select its decode tokens, or use shorter drafts)", "routing")
-        return np.moveaxis(per_layer, -1, 0)
-    if callable(routing):
-        active = np.asarray(routing(tokens), dtype=float)
-        if active.shape not in ((), tokens.shape, (arch.moe_layers, *tokens.shape)):
-            raise UsageError(f"routing(tokens) must return an array of shape {tokens.shape} (or one per MoE "
-                             f"layer), got {active.shape}", "routing")
-        if (active < 0).any() or (active > E).any() or np.isnan(active).any():
-            raise UsageError(f"routing(tokens) must return expected activated experts in [0, {E}]", "routing")
-        active = np.broadcast_to(active, np.broadcast_shapes(active.shape, tokens.shape))
-        return active if active.ndim > tokens.ndim else active[None]
-    p = as_array("routing", routing, low=0, high=1)
-    if p.ndim not in (1, 2) or p.shape[-1] != E or (p.ndim == 2 and p.shape[0] not in (1, arch.moe_layers)):
-        raise UsageError(f"routing must be a popularity vector of shape ({E},) or ({arch.moe_layers}, {E}) "
-                         f"for {arch.name}, got shape {p.shape}", "routing")
-    unique, inverse = np.unique(tokens, return_inverse=True)  # each token count once
-    per_layer = activated_experts(p, unique, model="popularity")  # (unique, layers)
-    return np.moveaxis(per_layer[inverse.reshape(tokens.shape)], -1, 0)
-
-
-def zipf_popularity(num_experts, top_k, exponent=1.0) -> np.ndarray:
-    """An illustrative skewed expert popularity: ``p_i`` proportional to ``i ** -exponent``, summing to ``K``.
-
-    Probabilities above 1 (an expert cannot be chosen twice by one token) are capped at 1 and the rest
-    rescaled until the vector sums to ``top_k``. A stand-in for a measured popularity
-    (:class:`moesd.routing.traces.RoutingTrace`), not a property of any real model.
-
-    Returns
-    -------
-    numpy.ndarray
-        Shape ``(num_experts,)``, each in (0, 1], summing to ``top_k``.
-    """
-    E = int(as_array("num_experts", num_experts, low=1, whole=True))
-    K = int(as_array("top_k", top_k, low=1, high=E, whole=True))
-    exponent = float(as_array("exponent", exponent, low=0))
-    p = np.arange(1, E + 1, dtype=float) ** -exponent
-    capped = np.zeros(E, dtype=bool)
-    for _ in range(E):
-        free = K - capped.sum()
-        p = np.where(capped, 1.0, p / p[~capped].sum() * free)
-        if (p[~capped] <= 1.0).all():
-            break
-        capped |= p > 1.0
-    return p
-
-
-def _routing_top_k(arch: Architecture, routing, top_k):
-    """Experts per token: ``top_k`` if given, a trace's or a popularity vector's (its sum), else the model's."""
-    if top_k is not None:
-        if routing is not None and not callable(routing):
-            raise UsageError("top_k: a popularity vector or trace (routing) already sets experts per token", "top_k")
-        return as_array("top_k", top_k, low=1, high=arch.num_experts, whole=True)
-    if isinstance(routing, RoutingTrace):
-        return np.asarray(float(routing.top_k))
-    if routing is not None and not callable(routing):
-        p = np.asarray(routing, dtype=float)
-        return np.asarray(float(np.round(p.reshape(-1, p.shape[-1]).sum(axis=-1).mean())))
-    return np.asarray(float(arch.top_k))
-
-
-def _routed_experts(arch: Architecture, hardware: Hardware, active, tokens, K, tp: int, ep: int, dtype: str,
-                    efficiency: Efficiency, grouped_kernel_seconds, cuda_graphs: bool):
-    """Seconds, bytes and FLOPs per GPU of the routed experts of every MoE layer.
-
-    ``active`` holds the activated experts ``N`` per traced layer (or one row for all); each gets
-    ``tokens K / N`` tokens. Grouped GEMMs (``grouped_kernel_seconds``, the cost of one kernel) add a fixed
-    number of kernels per layer; an eager loop (None) a fixed cost per activated expert.
-    """
-    d, w_bytes, a_bytes = arch.hidden_size, DTYPE_BYTES[dtype], activation_bytes(dtype)
-    layer_weight = arch.moe_layers / active.shape[0]
-    width = arch.expert_intermediate / (tp // ep)
-    local = most_loaded_share(active, arch.num_experts, ep)  # the step waits for the most loaded GPU
-    per_expert = tokens * K / np.maximum(active, 1e-12)
-    above = efficiency.expert_tile_rows_above
-    tile = efficiency.expert_tile_rows if above is None else np.where(tokens > arch.num_experts, above,
-                                                                      efficiency.expert_tile_rows)
-    gemm_seconds = sum(grouped_gemm_roofline(hardware, local, per_expert, i, o, dtype, efficiency, tile)
-                       for i, o in ((d, 2 * width), (width, d)))
-    fixed = ((2 + KERNELS["routed"]) * grouped_kernel_seconds if grouped_kernel_seconds is not None
-             else np.ceil(local) * per_expert_seconds(efficiency, cuda_graphs))
-    seconds = layer_weight * (gemm_seconds + fixed).sum(axis=0)
-    # activations read and written by the two products: d in, 2 width out; width in, d out
-    traffic = layer_weight * (local * 3 * d * width * w_bytes + tokens * K / ep * (2 * d + 3 * width) * a_bytes).sum(axis=0)
-    return seconds, traffic, arch.moe_layers * 2.0 * tokens * K / ep * 3 * d * width
-
-
-def _link_bandwidth(hardware: Hardware, tp: int) -> float:
-    """One direction's bandwidth of a GPU in a tensor-parallel group of ``tp`` (bytes/s): half the data
-    sheet's two-way figure, of which a full mesh (``interconnect_peers``) gives the group ``tp - 1`` links."""
-    bandwidth = hardware.interconnect_bandwidth / 2
-    if hardware.interconnect_peers:
-        bandwidth *= min(tp - 1, hardware.interconnect_peers) / hardware.interconnect_peers
-    return bandwidth
-
-
-def _collectives(arch: Architecture, hardware: Hardware, tokens, tp: int, a_bytes: int, latency: float):
-    """Seconds and bytes per GPU of tensor parallelism's collectives: an all-reduce of the hidden states after the
-    (vocabulary-split) embedding and two per layer, and a gather of the logits; none on one GPU.
-
-    Within one node (``tp <= g``, ``g = Hardware.gpus_per_node``) a ring all-reduce of ``M = tokens d a_bytes``
-    bytes takes ``latency + 2 (tp - 1) / tp M / b`` and the gather of the logits
-    ``latency + (tp - 1) / tp tokens V a_bytes / b``, ``b`` one direction of a GPU's link (:func:`_link_bandwidth`).
-    Over ``n = tp / g`` nodes the all-reduce is hierarchical: the node's reduce-scatter and all-gather (the
-    in-node all-reduce of ``g`` GPUs), and between them an all-reduce (ring) of each GPU's shard ``M / g`` with
-    its peers on the other nodes through its own network adapter (``b_net = Hardware.internode_bandwidth`` one
-    way, ``L_net = Hardware.internode_latency``)::
-
-        latency + 2 (g - 1) / g M / b + L_net + 2 (n - 1) / n M / (g b_net)
-
-    and the gather of the logits gathers each GPU's share ``S = tokens V a_bytes / tp`` from its peers on the
-    other nodes, then the node's ``n S`` per GPU over the node's link:
-    ``L_net + (n - 1) S / b_net + latency + (g - 1) / g tokens V a_bytes / b``.
-    """
-    if tp == 1:
-        zero = np.zeros_like(tokens)
-        return zero, zero
-    per_node = min(tp, hardware.gpus_per_node)
-    nodes = tp // per_node
-    one_way = _link_bandwidth(hardware, per_node)
-    ring = 2 * (per_node - 1) / per_node
-    all_reduces = 2 * arch.num_layers + 1
-    all_reduce = latency + ring * tokens * arch.hidden_size * a_bytes / one_way
-    gather = latency + (per_node - 1) / per_node * tokens * arch.vocab_size * a_bytes / one_way
-    traffic = all_reduces * ring * tokens * arch.hidden_size * a_bytes
-    if nodes > 1:
-        shard = 2 * (nodes - 1) / nodes * tokens * arch.hidden_size * a_bytes / per_node
-        all_reduce = all_reduce + hardware.internode_latency + shard / hardware.internode_bandwidth
-        gather = gather + hardware.internode_latency + (nodes - 1) / tp * tokens * arch.vocab_size * a_bytes \
-            / hardware.internode_bandwidth
-        traffic = traffic + all_reduces * shard
-    return all_reduces * all_reduce + gather, traffic
-
-
-def _all_to_alls(arch: Architecture, hardware: Hardware, local_tokens, K, tp: int, a_bytes: int, latency: float):
-    """Seconds and bytes per GPU of expert parallelism's all-to-alls under DP-attention: in every MoE layer a
-    dispatch of each of a GPU's ``local_tokens`` hidden states to the GPUs of its ``K`` experts, and a combine
-    that brings them back; none on one GPU.
-
-    A GPU sends ``C = local_tokens K d a_bytes`` bytes (one copy per token and expert, as DeepEP's low-latency
-    kernels send them), of which uniform routing keeps ``C / tp`` on the GPU itself. Within one node (``tp <= g``)
-    one all-to-all takes ``latency + (tp - 1) / tp C / b`` (``b``: one direction of the node's link,
-    :func:`_link_bandwidth`); across ``tp / g`` nodes the share ``(g - 1) / tp`` goes over the node's link and
-    ``(tp - g) / tp`` through the GPU's network adapter at the same time:
-    ``L_net + max((g - 1) / tp C / b, (tp - g) / tp C / b_net)``. Both directions carry activations
-    (``a_bytes``; DeepEP's fp8 dispatch, which halves the first, is not modelled). The latencies are the
-    records' all-reduce latencies (assumed; DeepEP's README and its PR #173 time one dispatch of 128 tokens
-    of 7168 values to top-8 experts at 37 us on eight NVLink H20s and 118 us on 16 H800s over 400 Gb/s
-    RDMA, mostly bandwidth).
-    """
-    if tp == 1:
-        zero = np.zeros_like(local_tokens)
-        return zero, zero
-    per_node = min(tp, hardware.gpus_per_node)
-    copies = local_tokens * K * arch.hidden_size * a_bytes
-    in_node, across = (per_node - 1) / tp * copies, (tp - per_node) / tp * copies
-    one_way = _link_bandwidth(hardware, per_node)
-    seconds = (latency + in_node / one_way if tp == per_node else hardware.internode_latency
-               + np.maximum(in_node / one_way, across / hardware.internode_bandwidth))
-    return 2 * arch.moe_layers * seconds, 2 * arch.moe_layers * (in_node + across)
-
-
-def _experts_per_token(arch: Architecture, routing, top_k, routing_model: str) -> np.ndarray:
-    """Check :func:`step_time`'s routing arguments; the experts per token ``K`` they give (0 for a dense model)."""
-    if routing is not None and not arch.num_experts:
-        raise UsageError(f"routing: {arch.name} is dense", "routing")
-    if top_k is not None and not arch.num_experts:
-        raise UsageError(f"top_k: {arch.name} is dense", "top_k")
-    if routing_model not in TRACE_ROUTING_MODELS:
-        raise UsageError(f"routing_model must be one of {TRACE_ROUTING_MODELS}, got {routing_model!r}", "routing_model")
-    return _routing_top_k(arch, routing, top_k) if arch.num_experts else np.asarray(0.0)
-
-
-def _kv_cache(arch: Architecture, B, tokens, context, kv_share: float, tp: int, a_bytes: int, bandwidth: float,
-              flops_rate: float):
+def _kv_cache(arch: Architecture, B, tokens, context, kv_share: float, tp: int, value_bytes: float, state_bytes: int,
+              bandwidth: float, flops_rate: float):
     """Seconds, bytes and FLOPs per GPU of attention over the KV cache of ``context`` tokens per sequence.
 
-    The cache is read once per sequence, whatever its number of new tokens (sliding-window layers read at
-    most their window); ``kv_share`` is the share of KV heads one GPU keeps (:func:`attention_per_gpu`),
-    ``a_bytes`` the bytes per cached value, ``bandwidth`` and ``flops_rate`` the achieved bytes/s and
-    FLOP/s.
+    The cache is read once per sequence, whatever its number of new tokens (sliding-window and chunked layers read
+    at most their window, a sparse-attention layer the keys its queries select); ``kv_share`` is the share of KV
+    heads one GPU keeps (:func:`attention_per_gpu`), ``value_bytes`` the bytes per cached value (the KV-cache
+    dtype's), ``bandwidth`` and ``flops_rate`` the achieved bytes/s and FLOP/s. DeepSeek Sparse Attention's
+    indexer reads its fp8 key cache of every cached token (with an fp32 scale per 128 values, as
+    deepseek-ai/DeepSeek-V3.2-Exp inference/model.py keeps it) and scores each against every new token; attention
+    then reads the ``index_topk`` keys each new token selects. A linear-attention layer reads and writes its
+    recurrent state (``state_bytes`` per value) once per sequence, about three multiply-adds per state value and
+    token.
     """
-    layers_full = arch.num_layers - arch.sliding_layers
-    keys = layers_full * context + arch.sliding_layers * np.minimum(context, arch.sliding_window or 0)
-    kv_bytes = B * keys * arch.kv_values_per_token * kv_share * a_bytes
-    kv_flops = tokens * keys * arch.attention_flops_per_key / tp
+    s = tokens / B
+    windowed, full = arch.sliding_layers, arch.full_layers - arch.sliding_layers
+    read = context if not arch.index_topk else np.minimum(context, s * arch.index_topk)
+    attended = context if not arch.index_topk else np.minimum(context, arch.index_topk)
+    window = np.minimum(context, arch.sliding_window or 0)
+    kv_bytes = B * (full * read + windowed * window) * arch.kv_values_per_token * kv_share * value_bytes
+    kv_flops = tokens * (full * attended + windowed * window) * arch.attention_flops_per_key / tp
+    if arch.index_topk:
+        index = arch.index_values_per_token
+        kv_bytes = kv_bytes + B * arch.num_layers * context * (index + 4 * index / 128)
+        kv_flops = kv_flops + tokens * arch.num_layers * context * arch.index_flops_per_key / tp
+    if arch.linear_layers:
+        kv_bytes = kv_bytes + 2 * B * arch.linear_layers * arch.linear_state_values / tp * state_bytes
+        kv_flops = kv_flops + tokens * arch.linear_layers * 6 * arch.linear_state_values / tp
     return np.maximum(kv_bytes / bandwidth, kv_flops / flops_rate), kv_bytes, kv_flops
-
-
-def _moe_layers(arch: Architecture, hardware: Hardware, gemm, split: int, dtype: str, B, s, K, tp: int, ep: int,
-                efficiency: Efficiency, routing, routing_model: str, grouped_kernel_seconds, cuda_graphs: bool) -> dict:
-    """Seconds, bytes and FLOPs per GPU of the MoE layers' router, shared experts and routed experts.
-
-    ``gemm`` prices a dense product over one GPU's tokens (:func:`step_time`'s); the router runs on every
-    GPU, the shared experts are split over ``split`` GPUs, the routed experts over ``tp`` (``ep`` of them
-    dealing whole experts).
-    """
-    d = arch.hidden_size
-    parts = {"router": gemm(arch.router_params, KERNELS["router"], arch.moe_layers, d, kept_dtype(dtype))}
-    if arch.shared_params:
-        kernels = KERNELS["shared"] + (KERNELS["shared_gate"] if arch.model_type == "qwen2_moe" else 0)
-        parts["shared_experts"] = gemm(arch.shared_params / split, kernels + KERNELS["moe_norm"], arch.moe_layers,
-                                       2 * d, ffn_dtype(dtype))
-    active = _active_experts(arch, B, s, K, routing, routing_model)  # (layers or 1, ...)
-    parts["routed_experts"] = _routed_experts(arch, hardware, active, s * B, K, tp, ep, dtype, efficiency,
-                                              grouped_kernel_seconds, cuda_graphs)
-    return parts
 
 
 def _attention_rates(hardware: Hardware, efficiency: Efficiency, bandwidth: float, flops_rate: float,
@@ -314,7 +114,7 @@ def _attention_rates(hardware: Hardware, efficiency: Efficiency, bandwidth: floa
 
 def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1, ep=1, dtype="bf16",
               routing=None, cuda_graphs=True, top_k=None, efficiency: Efficiency | None = None,
-              grouped_experts=True, routing_model="windows", dp_attention=False) -> StepTime:
+              grouped_experts=True, routing_model="windows", dp_attention=False, kv_dtype=None) -> StepTime:
     """Seconds of one forward pass of ``batch_size`` sequences with ``tokens_per_sequence`` new tokens.
 
     Summed per layer over the attention projections (GQA or MLA), the KV-cache reads of ``context``
@@ -329,7 +129,8 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     ``latency + 2 (tp - 1) / tp x bytes / (one-way link bandwidth)``, plus one after the embedding and
     one gather of the logits; a full mesh of links (``Hardware.interconnect_peers``) gives a group of
     ``tp`` GPUs ``tp - 1`` of its links. With ``dtype="fp8"`` the router, LM head and norms stay bf16
-    and attention over the (bf16) KV cache runs at the bf16 rate.
+    and attention over the (bf16) KV cache runs at the bf16 rate. A draft head's fusing projection
+    (``Architecture.fuse_params``) is one more product per pass.
     With ``ep`` > 1 the routed experts are dealt to ``ep`` of the ``tp`` GPUs (each keeps ``E / ep`` whole
     experts, widths split ``tp / ep`` ways), and the step waits for the GPU that loads the most activated
     experts: :func:`moesd.theory.experts.most_loaded_share` of ``N`` (above ``N / ep`` at small batches).
@@ -387,6 +188,9 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     dp_attention : bool, default False
         Attention and the other weights besides the routed experts data-parallel over the ``tp`` GPUs, the
         routed experts expert-parallel over them (MoE models only).
+    kv_dtype : {"bf16", "fp8", "fp32"}, optional
+        The KV cache's dtype (:data:`~moesd.predictor.layout.KV_DTYPES`; default: the activations', bf16 or fp32):
+        an fp8 cache halves the bytes its reads move; attention still multiplies at the bf16 rate.
 
     Returns
     -------
@@ -401,7 +205,7 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     B = as_array("batch_size", batch_size, low=1, whole=True)
     context = as_array("context", context, low=0, whole=True)
     tp, ep = check_parallelism(arch, hardware, tp, ep, dp_attention)
-    K = _experts_per_token(arch, routing, top_k, routing_model)
+    K = experts_per_token(arch, routing, top_k, routing_model)
     s, B, context, K = np.broadcast_arrays(s, B, context, K)
     tokens = s * B
     # the GPUs the weights besides the routed experts are split over, and one GPU's sequences and tokens
@@ -427,18 +231,28 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
     seconds, traffic, flops = {}, {}, {}
 
     attention_params, kv_share = attention_per_gpu(arch, split)
-    seconds["attention"], traffic["attention"], flops["attention"] = gemm(
-        attention_params, KERNELS[arch.attention], arch.num_layers, 2 * d, attention_dtype(dtype))
+    # no attention (Medusa heads): no kernels; a head's fusing projection (an MTP module's eh_proj): one product
+    attention = gemm(attention_params, KERNELS[arch.attention] if arch.num_kv_heads else 0, arch.full_layers, 2 * d,
+                     attention_dtype(dtype))
+    if arch.fuse_params:
+        fuse = gemm(arch.fuse_params / split, 1, 1, 3 * d, attention_dtype(dtype))
+        attention = tuple(a + b for a, b in zip(attention, fuse))
+    if arch.linear_layers or arch.index_params:  # linear-attention layers; a sparse-attention indexer
+        linear = gemm(arch.linear_params / split, KERNELS["linear"], arch.linear_layers, 2 * d, attention_dtype(dtype))
+        index = gemm(arch.index_params / split, KERNELS["index"], arch.num_layers, d, attention_dtype(dtype))
+        attention = tuple(a + b + c for a, b, c in zip(attention, linear, index))
+    seconds["attention"], traffic["attention"], flops["attention"] = attention
 
+    value_bytes = KV_DTYPES[check_kv_dtype(kv_dtype, dtype)]
     seconds["kv_cache"], traffic["kv_cache"], flops["kv_cache"] = _kv_cache(
-        arch, seqs, local, context, kv_share, split, a_bytes, *_attention_rates(
+        arch, seqs, local, context, kv_share, split, value_bytes, a_bytes, *_attention_rates(
             hardware, efficiency, bandwidth, kept_rate, kept))
 
     zero = np.zeros_like(tokens)
     for name in ("router", "shared_experts", "routed_experts", "dense_ffn"):
         seconds[name], traffic[name], flops[name] = zero, zero, zero
     if arch.moe_layers:
-        moe = _moe_layers(arch, hardware, gemm, split, dtype, B, s, K, tp, ep, efficiency, routing, routing_model,
+        moe = moe_layers_time(arch, hardware, gemm, split, dtype, B, s, K, tp, ep, efficiency, routing, routing_model,
                           per_kernel if grouped_experts else None, cuda_graphs)
         for name, (time, moved, work) in moe.items():
             seconds[name], traffic[name], flops[name] = time, moved, work
@@ -452,8 +266,8 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
 
     latency = hardware.interconnect_latency
     seconds["communication"], traffic["communication"] = (
-        _all_to_alls(arch, hardware, local, K, tp, a_bytes, latency) if dp_attention
-        else _collectives(arch, hardware, tokens, tp, a_bytes, latency))
+        all_to_alls(arch, hardware, local, K, tp, a_bytes, latency) if dp_attention
+        else collectives(arch, hardware, tokens, tp, a_bytes, latency))
     flops["communication"] = zero
 
     # Per pass: the engine's own step, the embedding lookup and the norms' weights.

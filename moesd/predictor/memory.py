@@ -14,34 +14,41 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import as_array
-from moesd.predictor.forward import step_time
-from moesd.predictor.layout import weights_per_gpu
+from moesd.predictor.layout import check_dtype, check_parallelism, kv_cache_bytes, weights_per_gpu
+from moesd.predictor.models import resolve_model
 from moesd.predictor.setup import Setup
+from moesd.theory.roofline import hardware_record
 
 __all__ = ["memory_per_gpu", "memory_fit"]
 
 
-def memory_per_gpu(model, hardware, batch_size, context, tp=1, ep=1, dtype="bf16", dp_attention=False) -> np.ndarray:
-    """Bytes each of the model's ``tp`` GPUs holds: its weights (:func:`weights_per_gpu`) and KV cache.
+def memory_per_gpu(model, hardware, batch_size, context, tp=1, ep=1, dtype="bf16", dp_attention=False,
+                   kv_dtype=None) -> np.ndarray:
+    """Bytes each of the model's ``tp`` GPUs holds: its weights (:func:`weights_per_gpu`) and caches.
 
-    The cache holds ``context`` tokens for each of ``batch_size`` sequences, what a decode step of
-    :func:`step_time` reads from it (KV heads split over the GPUs as there; bf16 values, fp32 for fp32 weights).
-    With ``dp_attention`` each GPU holds all weights but the routed experts (``E / tp`` of those) and the whole KV
-    cache of ``ceil(B / tp)`` sequences.
+    The caches hold ``context`` tokens for each of ``batch_size`` sequences (:func:`kv_cache_bytes`: KV heads split
+    over the GPUs as :func:`moesd.predictor.forward.step_time` splits them, values in ``kv_dtype``, default the
+    activations'). With ``dp_attention`` each GPU holds all weights but the routed experts (``E / tp`` of those)
+    and the whole cache of ``ceil(B / tp)`` sequences.
 
     Returns
     -------
     numpy.ndarray
         Bytes, broadcast over ``batch_size`` and ``context``.
     """
-    step = step_time(model, hardware, 1, batch_size, context, tp=tp, ep=ep, dtype=dtype, dp_attention=dp_attention)
-    return weights_per_gpu(model, dtype, tp, dp_attention) + step.bytes["kv_cache"]
+    arch, hardware = resolve_model(model), hardware_record(hardware)
+    B = as_array("batch_size", batch_size, low=1, whole=True)
+    context = as_array("context", context, low=0, whole=True)
+    tp, _ = check_parallelism(arch, hardware, tp, ep, dp_attention)
+    split, sequences = (1, -(-B // tp)) if dp_attention else (tp, B)
+    return weights_per_gpu(arch, dtype, tp, dp_attention) + kv_cache_bytes(arch, sequences, context, split,
+                                                                           check_dtype(dtype), kv_dtype)
 
 
 def memory_fit(setup: Setup, batch_size, context=None) -> pd.DataFrame:
     """Whether target and draft fit their GPUs' memory at each batch size.
 
-    The target's weights and KV cache on each of its ``tp`` GPUs, and the draft's on each of its GPUs
+    The target's weights and KV cache (in ``Setup.kv_dtype``) on each of its ``tp`` GPUs, and the draft's on each of its GPUs
     (:func:`memory_per_gpu`), each against its own GPU's memory, as :func:`moesd.predictor.predict.predict_sd`
     places them. A draft on the target's GPUs adds its weights and KV cache to theirs: a draft head on all of the
     target's GPUs and hardware always is there, as serving engines run MTP modules and EAGLE heads; any other
@@ -68,9 +75,9 @@ def memory_fit(setup: Setup, batch_size, context=None) -> pd.DataFrame:
                                               whole=True))
     hardware, device = setup.hardware, setup.draft_device
     target_bytes = memory_per_gpu(setup.target, hardware, B, context, setup.tp, setup.ep, setup.dtype,
-                                  setup.dp_attention)
+                                  setup.dp_attention, setup.kv_dtype)
     draft_bytes = memory_per_gpu(setup.draft, device, B, context, setup.draft_gpus, setup.draft_ep,
-                                 setup.draft_weights, setup.draft_dp_attention)
+                                 setup.draft_weights, setup.draft_dp_attention, setup.kv_dtype)
     if setup.shared or (setup.head and setup.draft_gpus == setup.tp and device == hardware):
         target_bytes = target_bytes + draft_bytes
     fits = (target_bytes <= hardware.memory_bytes) & (draft_bytes <= device.memory_bytes)

@@ -21,13 +21,15 @@ Pure numpy; no torch.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
 from moesd._checks import UsageError, as_array
-from moesd.predictor.engine import engine_profile
+from moesd.predictor.engine import Cost, engine_profile
 from moesd.predictor.forward import step_time
-from moesd.predictor.kernels import Efficiency, rejection_time
+from moesd.predictor.kernels import Efficiency, rejection_time, sampling_time
 from moesd.predictor.setup import Setup
 from moesd.theory.acceptance import position_acceptance, tokens_per_round
 from moesd.theory.speedup import sigma as emitted_fraction
@@ -81,6 +83,10 @@ def check_grid(setup: Setup, batch_size, gamma, sigma=None, alpha=None, alpha_de
     grid = _grid(**axes)
     if alpha is not None:
         grid = {**grid, "sigma": _emitted(grid["alpha"], grid["gamma"], alpha_decay)}
+    positions = setup.draft.draft_positions
+    if positions and (grid["gamma"] > positions).any():
+        raise UsageError(f"gamma: {setup.draft.name} propose {positions} positions per round, got gamma = "
+                         f"{int(grid['gamma'].max())}", "gamma")
     tree_tokens = setup.tree_tokens
     if tree_tokens is not None:
         capacity = tree_capacity(grid["gamma"], setup.draft_topk)
@@ -169,22 +175,8 @@ def predict_sd(setup: Setup, batch_size, gamma, sigma=None, *, alpha=None, alpha
     target_efficiency = setup.efficiency(efficiency)
     draft_efficiency = (setup.efficiency(draft_efficiency, "draft") if setup.engine is not None
                         else draft_efficiency or target_efficiency)
+    passes = _Passes(setup, target_efficiency, draft_efficiency, routing, routing_model, cuda_graphs, grouped_experts)
     k = grid.get("num_experts_per_tok")
-    target, draft = setup.target, setup.draft
-
-    def target_pass(tokens, batch, context, top_k=None):
-        """Seconds of one target pass of ``tokens`` new tokens per sequence."""
-        return step_time(target, setup.hardware, tokens, batch, context, setup.tp, setup.ep, setup.dtype,
-                         top_k=top_k, cuda_graphs=cuda_graphs, routing=routing, routing_model=routing_model,
-                         efficiency=target_efficiency, grouped_experts=grouped_experts,
-                         dp_attention=setup.dp_attention).total
-
-    def draft_pass(tokens, batch, context, graphs=cuda_graphs):
-        """Seconds of one draft pass of ``tokens`` new tokens per sequence."""
-        return step_time(draft, setup.draft_device, tokens, batch, context, setup.draft_gpus, setup.draft_ep,
-                         setup.draft_weights, cuda_graphs=graphs, efficiency=draft_efficiency,
-                         grouped_experts=grouped_experts, dp_attention=setup.draft_dp_attention).total
-
     tree_tokens = setup.tree_tokens
     verify = (np.full_like(grid["gamma"], tree_tokens) if tree_tokens is not None
               else grid["gamma"] + (1 if setup.verify_tokens == "gamma+1" else 0))
@@ -192,16 +184,20 @@ def predict_sd(setup: Setup, batch_size, gamma, sigma=None, *, alpha=None, alpha
     key = np.stack([grid["batch_size"], grid["context"], k if k is not None else np.zeros_like(grid["gamma"])])
     unique, inverse = np.unique(key, axis=1, return_inverse=True)
     inverse = inverse.ravel()
-    t1 = target_pass(1, unique[0], unique[1], unique[2] if k is not None else None)[inverse]
-    draft_step = draft_pass(setup.draft_topk, unique[0], unique[1])[inverse]
-    t_verify = target_pass(verify, grid["batch_size"], grid["context"], k)
-    t_reject = rejection_time(setup.hardware, grid["batch_size"], grid["gamma"], target.vocab_size,
-                              target_efficiency, cuda_graphs, verified=tree_tokens)
+    t1 = passes.plain(unique[0], unique[1], unique[2] if k is not None else None)[inverse]
+    draft_step = passes.draft_step(unique[0], unique[1])[inverse]
+    t_verify = passes.target(verify, grid["batch_size"], grid["context"], k)
+    t_reject = passes.reject(grid["batch_size"], grid["gamma"], verify)
+    steps = passes.steps(grid["gamma"])
     engine_columns = {}
     if setup.engine is not None or setup.step_seconds is not None:
-        engine_columns = _engine_round(setup, grid, t1, draft_step, target_pass, draft_pass)
+        extra = (_measured_round_extra(setup, efficiency, draft_efficiency if setup.engine is None else None,
+                                       cuda_graphs, grouped_experts) if setup.sd_step_seconds is not None else None)
+        engine_columns = _engine_round(setup, grid, t1, draft_step, passes, steps, extra)
         t1, t_verify = t1 + engine_columns["fixed_seconds"], t_verify + engine_columns.pop("verify_extra")
         draft_step = engine_columns.pop("draft_per_token")
+    else:
+        draft_step = draft_step * steps / grid["gamma"]
     terms = speedup_terms(grid["sigma"], grid["gamma"], t1, t_verify, draft_step, t_reject)
     return pd.DataFrame({
         **{name: values for name, values in grid.items()},
@@ -212,7 +208,90 @@ def predict_sd(setup: Setup, batch_size, gamma, sigma=None, *, alpha=None, alpha
     }).astype({"batch_size": int, "gamma": int, "context": int})
 
 
-def _engine_round(setup: Setup, grid: dict, t1, draft_step, target_pass, draft_pass) -> dict:
+class _Passes:
+    """The passes of one round of :func:`predict_sd` for a setup, each a function of the grid's arrays (seconds)."""
+
+    def __init__(self, setup: Setup, target_efficiency: Efficiency, draft_efficiency: Efficiency, routing,
+                 routing_model: str, cuda_graphs: bool, grouped_experts: bool):
+        self.setup, self.target_efficiency, self.draft_efficiency = setup, target_efficiency, draft_efficiency
+        self.routing, self.routing_model = routing, routing_model
+        self.cuda_graphs, self.grouped_experts = cuda_graphs, grouped_experts
+
+    def target(self, tokens, batch, context, top_k=None):
+        """One target pass of ``tokens`` new tokens per sequence."""
+        setup = self.setup
+        return step_time(setup.target, setup.hardware, tokens, batch, context, setup.tp, setup.ep, setup.dtype,
+                         top_k=top_k, cuda_graphs=self.cuda_graphs, routing=self.routing,
+                         routing_model=self.routing_model, efficiency=self.target_efficiency,
+                         grouped_experts=self.grouped_experts, dp_attention=setup.dp_attention,
+                         kv_dtype=setup.kv_dtype).total
+
+    def plain(self, batch, context, top_k=None):
+        """The target's plain decoding step: one pass of one token per sequence and, at a temperature, its sampling."""
+        seconds = self.target(1, batch, context, top_k)
+        if self.setup.temperature is None:
+            return seconds
+        return seconds + sampling_time(self.setup.hardware, batch, 1, self.setup.target.vocab_size,
+                                       self.setup.temperature, efficiency=self.target_efficiency,
+                                       cuda_graphs=self.cuda_graphs)
+
+    def draft(self, tokens, batch, context, graphs=None):
+        """One draft pass of ``tokens`` new tokens per sequence (none for the n-gram drafter)."""
+        setup = self.setup
+        if setup.drafting == "free":
+            return np.zeros(np.broadcast_shapes(np.shape(tokens), np.shape(batch), np.shape(context)))
+        return step_time(setup.draft, setup.draft_device, tokens, batch, context, setup.draft_gpus, setup.draft_ep,
+                         setup.draft_weights, cuda_graphs=self.cuda_graphs if graphs is None else graphs,
+                         efficiency=self.draft_efficiency, grouped_experts=self.grouped_experts,
+                         dp_attention=setup.draft_dp_attention, kv_dtype=setup.kv_dtype).total
+
+    def draft_step(self, batch, context):
+        """One draft step: a pass of ``draft_topk`` tokens per sequence (Medusa's heads: one, on the target's last
+        hidden state) and, at a temperature, drawing from the draft's distribution (an argmax for a head)."""
+        setup = self.setup
+        seconds = self.draft(1 if setup.drafting == "parallel" else setup.draft_topk, batch, context)
+        if setup.temperature is None or setup.drafting != "autoregressive":
+            return seconds
+        return seconds + sampling_time(setup.draft_device, batch, setup.draft_topk, setup.draft.vocab_size,
+                                       0.0 if setup.head else setup.temperature, efficiency=self.draft_efficiency,
+                                       cuda_graphs=self.cuda_graphs)
+
+    def reject(self, batch, gamma, verify):
+        """Verifying a round's drafts: rejection sampling (:func:`rejection_time`) or, at a temperature, the sampling
+        kernels over the ``verify`` positions (:func:`sampling_time`)."""
+        setup = self.setup
+        if setup.temperature is None:
+            return rejection_time(setup.hardware, batch, gamma, setup.target.vocab_size, self.target_efficiency,
+                                  self.cuda_graphs, verified=setup.tree_tokens)
+        return sampling_time(setup.hardware, batch, verify, setup.target.vocab_size, setup.temperature,
+                             drafted=verify - 1, draft_probs=not setup.head, efficiency=self.target_efficiency,
+                             cuda_graphs=self.cuda_graphs)
+
+    def steps(self, gamma):
+        """Draft passes per round: ``gamma``, one for Medusa's heads, none for the n-gram drafter."""
+        return {"free": 0 * gamma, "parallel": np.ones_like(gamma)}.get(self.setup.drafting, gamma)
+
+
+def _measured_round_extra(setup: Setup, efficiency, draft_efficiency, cuda_graphs, grouped_experts) -> float:
+    """What the measured SD round (``Setup.sd_step_seconds`` at ``step_batch_size`` and ``sd_step_gamma``) exceeds the
+    predicted one by, without the profile's exposed host time (seconds); a UsageError where it is below it."""
+    profile = setup.engine or engine_profile("device")
+    none = Cost(0.0, 0.0, 0.0, "replaced by the measured round")
+    base = dataclasses.replace(setup, sd_step_seconds=None, sd_step_gamma=None,
+                               engine=dataclasses.replace(profile, exposed_host_seconds=none))
+    gamma = setup.sd_step_gamma
+    row = predict_sd(base, setup.step_batch_size, gamma, 1 / (gamma + 1), efficiency=efficiency,
+                     draft_efficiency=draft_efficiency, cuda_graphs=cuda_graphs,
+                     grouped_experts=grouped_experts).iloc[0]
+    predicted = row["t_target_gamma"] + gamma * row["t_draft"] + row["t_reject"]
+    if predicted > setup.sd_step_seconds:
+        raise UsageError(f"sd_step_seconds must be at least the predicted round at batch size {setup.step_batch_size} "
+                         f"and gamma {gamma}, {predicted * 1e3:.3g} ms, got {setup.sd_step_seconds * 1e3:.3g} ms",
+                         "sd_step_seconds")
+    return setup.sd_step_seconds - predicted
+
+
+def _engine_round(setup: Setup, grid: dict, t1, draft_step, passes: _Passes, steps, measured_extra=None) -> dict:
     """Seconds an engine adds to a round (see :func:`predict_sd`'s ``Setup.engine`` and ``Setup.step_seconds``).
 
     Parameters
@@ -223,34 +302,42 @@ def _engine_round(setup: Setup, grid: dict, t1, draft_step, target_pass, draft_p
         :func:`predict_sd`'s rows (``batch_size``, ``gamma``, ``context``, ``num_experts_per_tok`` if given).
     t1, draft_step : numpy.ndarray
         The target's plain step and one draft step per row, from the GPUs' work, seconds.
-    target_pass, draft_pass : callable
-        ``(tokens per sequence, batch size, context[, top_k or graphs])`` to seconds of one pass.
+    passes : _Passes
+        The round's passes.
+    steps : numpy.ndarray
+        Draft passes per round and row.
+    measured_extra : float, optional
+        What a measured SD round exceeds the predicted one by (:func:`_measured_round_extra`): the exposed time of
+        every round in place of the profile's.
 
     Returns
     -------
     dict
         Per row, seconds: ``fixed_seconds`` (per target pass), ``exposed_host_seconds`` (per round: the
-        profile's, at most the plain step it is hidden behind), ``t_draft_extend``, ``verify_extra`` (what
-        verification adds) and ``draft_per_token`` (the round's drafting over ``gamma``).
+        profile's, at most the plain step it is hidden behind, or the measured round's), ``t_draft_extend``,
+        ``verify_extra`` (what verification adds) and ``draft_per_token`` (the round's drafting over ``gamma``).
     """
     profile = setup.engine or engine_profile("device")
     B, gamma, context = grid["batch_size"], grid["gamma"], grid["context"]
     fixed = np.zeros(B.shape)
     if setup.step_seconds is not None:
         measured, anchor = setup.step_seconds, setup.step_batch_size
-        alone = target_pass(1, anchor, context, grid.get("num_experts_per_tok"))
+        alone = passes.plain(anchor, context, grid.get("num_experts_per_tok"))
         if (alone > measured).any():
             raise UsageError(f"step_seconds must be at least the predicted step at "
-                             f"batch size {anchor}, {float(alone.max()) * 1e3:.3g} ms, got {measured * 1e3:.3g} ms", "step_seconds")
+                             f"batch size {anchor}, {float(alone.max()) * 1e3:.3g} ms, got {measured * 1e3:.3g} ms",
+                             "step_seconds")
         fixed = measured - alone
-    draft_fixed = fixed / setup.target.num_layers * setup.draft.num_layers + profile.draft_host_seconds.value
+    draft_fixed = (fixed / setup.target.num_layers * setup.draft.num_layers + profile.draft_host_seconds.value
+                   if setup.drafting != "free" else 0.0)
     # overlap scheduling hides host time behind the GPU's step: never more than the plain step itself
-    exposed = np.minimum(profile.exposed_host_seconds.value, t1 + fixed)
+    exposed = (np.minimum(profile.exposed_host_seconds.value, t1 + fixed) if measured_extra is None
+               else np.full(B.shape, measured_extra))
     extend = np.zeros(B.shape)
-    head = setup.head and profile.draft_extend
+    head = setup.head and profile.draft_extend and setup.drafting == "autoregressive"
     if head:
-        extend = draft_pass(gamma + 1, B, context, profile.extend_graphs) + draft_fixed
-    drafting = extend + (gamma - head) * (draft_step + draft_fixed)
+        extend = passes.draft(gamma + 1, B, context, profile.extend_graphs) + draft_fixed
+    drafting = extend + (steps - head) * (draft_step + draft_fixed)
     return {"fixed_seconds": fixed, "exposed_host_seconds": exposed, "t_draft_extend": extend,
             "verify_extra": fixed + exposed, "draft_per_token": drafting / gamma}
 

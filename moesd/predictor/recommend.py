@@ -3,8 +3,10 @@
 :func:`recommend` runs :func:`moesd.predictor.predict.predict_sd` over batch sizes and draft lengths for one
 :class:`~moesd.predictor.setup.Setup`, checks which batch sizes fit the GPUs' memory
 (:func:`moesd.predictor.memory.memory_fit`), and for each
-acceptance value says where SD pays: *on* where the best draft length's speedup exceeds
-``1 + SD_MARGIN``, *marginal* where it exceeds 1 by less, *off* elsewhere. It also says whether that
+acceptance value says where SD pays, by the low end of the error band around the best draft length's speedup
+(:mod:`moesd.predictor.band`: how far published speedups have fallen from predictions made the same way): *on* where
+it exceeds ``1 + SD_MARGIN``, *marginal* where it exceeds 1 by less, *off* elsewhere (off unless the band is above
+1). It also says whether that
 answer depends on the host cost per forward pass (it is recomputed at a serving engine's measured
 cost when none was given, and at none when one was; not with an engine profile or a measured step, which
 hold the host's cost). Where no batch size fits, SD is not judged (:data:`NOT_JUDGED`). ``moesd predict`` prints a
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from moesd.predictor.band import ErrorBand, error_band_of
 from moesd.predictor.engine import HOST_SECONDS_VLLM_V0
 from moesd.predictor.layout import DTYPE_BYTES, tensor_parallel_sizes
 from moesd.predictor.memory import memory_fit
@@ -34,7 +37,8 @@ NOT_JUDGED = "not judged"
 
 
 def sd_status(speedup) -> np.ndarray:
-    """``"on"``, ``"marginal"`` or ``"off"`` for each speedup (dimensionless), by :data:`SD_MARGIN`."""
+    """``"on"``, ``"marginal"`` or ``"off"`` for each speedup (dimensionless, the band's low end in
+    :func:`recommend`), by :data:`SD_MARGIN`."""
     speedup = np.asarray(speedup, dtype=float)
     return np.select([speedup > 1 + SD_MARGIN, speedup > 1], ["on", "marginal"], "off")
 
@@ -92,7 +96,8 @@ class Advice:
         ``"alpha"`` or ``"sigma"``; ``value`` its value.
     best : pandas.DataFrame
         One row per judged batch size: the best gamma's prediction (:func:`~moesd.predictor.predict.best_gamma`)
-        with its ``sd`` status (:data:`NOT_JUDGED` where nothing fits).
+        with ``speedup_low`` and ``speedup_high`` (its error band) and its ``sd`` status, by the band's low end
+        (:data:`NOT_JUDGED` where nothing fits).
     on, marginal : numpy.ndarray
         The batch sizes where SD is on and marginal (none where nothing fits).
     peak : float
@@ -137,8 +142,8 @@ class Recommendation:
     Attributes
     ----------
     frame : pandas.DataFrame
-        Every predicted row (:func:`~moesd.predictor.predict.predict_sd`), all batch sizes, with ``fits``: whether
-        the row's batch size fits target and draft in memory.
+        Every predicted row (:func:`~moesd.predictor.predict.predict_sd`), all batch sizes, with ``speedup_low`` and
+        ``speedup_high`` (the error band) and ``fits``: whether the row's batch size fits target and draft in memory.
     hardware : moesd.theory.roofline.Hardware
         The GPU.
     fits : numpy.ndarray
@@ -162,6 +167,8 @@ class Recommendation:
     draft_tp : int
         The draft's GPUs, as priced: ``draft_tp``, or by default the target's ``tp`` for a draft head
         (:func:`~moesd.predictor.predict.check_pair`) and 1 for a separate draft model.
+    band : ErrorBand or None
+        The error band the SD calls use (:func:`~moesd.predictor.band.error_band_of` the setup).
     """
 
     frame: pd.DataFrame
@@ -174,6 +181,7 @@ class Recommendation:
     engine_ends: dict = dataclasses.field(default_factory=dict)
     draft_head: bool = False
     draft_tp: int = 1
+    band: ErrorBand | None = None
 
 
 def _native_dtypes(hardware) -> list:
@@ -194,7 +202,7 @@ def _shortfalls(fit: pd.DataFrame, setup: Setup) -> list:
     hardware = setup.hardware
     capacity = hardware.memory_bytes
     batch = fit["batch_size"].to_numpy()
-    head_with_target = setup.draft_gpus == setup.tp and setup.head
+    head_with_target = setup.draft_gpus == setup.tp and setup.head and setup.drafting != "free"
     shortfalls = []
     for role, model, gpus, tp_name, dtype_name in (("target", setup.target, setup.tp, "tp", "dtype"),
                                                    ("draft", setup.draft, setup.draft_gpus, "draft_tp",
@@ -245,7 +253,7 @@ def _advice(column: str, value: float, rows: pd.DataFrame, other: pd.DataFrame, 
     ``judged`` False where no batch size fits; ``asked`` the batch sizes asked for (where the peak's edge lies)."""
     best = best_gamma(rows)
     alternative = best_gamma(other)
-    status, other_status = sd_status(best["speedup"]), sd_status(alternative["speedup"])
+    status, other_status = sd_status(best["speedup_low"]), sd_status(alternative["speedup_low"])
     if not judged:
         status = other_status = np.full(len(best), NOT_JUDGED)
     low, high, peak, at = batch_range(rows)
@@ -302,8 +310,12 @@ def recommend(setup: Setup, batch_sizes, gammas, column: str, values, *, other_h
         other_host_ms = 0.0 if host_ms else HOST_SECONDS_VLLM_V0 * 1e3
     decay = {"alpha_decay": alpha_decay} if column == "alpha" else {}
 
+    band = error_band_of(setup)
+
     def predict(batch, at=setup):
-        return predict_sd(at, batch, gammas, **decay, **{column: values})
+        frame = predict_sd(at, batch, gammas, **decay, **{column: values})
+        low, high = band.interval(frame["speedup"])
+        return frame.assign(speedup_low=low, speedup_high=high)
 
     frame = predict(batch_sizes)
     fit = memory_fit(setup, batch_sizes)
@@ -320,7 +332,7 @@ def recommend(setup: Setup, batch_sizes, gammas, column: str, values, *, other_h
         for end in ("low", "high"):
             rows = predict(judged, dataclasses.replace(setup, engine=profile.at(end)))
             ends[end] = [best_gamma(rows[rows[column] == value]).pipe(
-                lambda best: best.loc[sd_status(best["speedup"]) == "on", "batch_size"].to_numpy()) for value in values]
+                lambda best: best.loc[sd_status(best["speedup_low"]) == "on", "batch_size"].to_numpy()) for value in values]
     return Recommendation(frame, setup.hardware, fits, judged, _shortfalls(fit, setup),
                           (setup.target.vocab_size, setup.draft.vocab_size), advice, ends, setup.head,
-                          setup.draft_gpus)
+                          setup.draft_gpus, band)

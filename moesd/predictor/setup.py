@@ -21,8 +21,9 @@ from moesd._checks import UsageError, as_array
 from moesd.architecture import Architecture
 from moesd.predictor.engine import engine_profile
 from moesd.predictor.forward import step_time
-from moesd.predictor.kernels import Efficiency
-from moesd.predictor.layout import check_dtype, check_parallelism
+from moesd.predictor.kernels import Efficiency, sampling_time
+from moesd.predictor.drafters import resolve_draft
+from moesd.predictor.layout import check_dtype, check_kv_dtype, check_parallelism
 from moesd.predictor.models import resolve_model
 from moesd.theory.roofline import Hardware, hardware_record
 
@@ -37,10 +38,10 @@ def _name(model, arch: Architecture) -> str:
 def check_pair(target, draft) -> bool:
     """Whether ``draft`` is a draft head of ``target``, after refusing a pair that cannot run SD.
 
-    A draft head is one decoder layer that drafts from the target's hidden states: a record whose ``head_of`` names
-    its target (an EAGLE-3 head of :data:`moesd.zoo.DRAFT_HEADS`, an MTP module such as ``deepseek-v3-mtp``), or an
-    Architecture of one layer of the target's hidden size (:func:`~moesd.predictor.models.one_layer_draft`,
-    :func:`~moesd.predictor.models.eagle3_head`). Refused:
+    A draft head drafts from the target itself: a record whose ``head_of`` names its target (a drafter of
+    :mod:`moesd.predictor.drafters`: an MTP module such as ``deepseek-v3-mtp``, an EAGLE or EAGLE-3 head of
+    :data:`moesd.zoo.DRAFT_HEADS` or built for the target, Medusa heads, the n-gram drafter), or an Architecture of
+    one layer of the target's hidden size (:func:`~moesd.predictor.models.one_layer_draft`). Refused:
 
     * a head as the target: it serves no tokens of its own;
     * a zoo head with another target than ``target`` (by zoo name): it was trained on its own target's hidden
@@ -68,7 +69,8 @@ def check_pair(target, draft) -> bool:
     UsageError
         Naming ``target`` or ``draft``, and the models.
     """
-    target_arch, draft_arch = resolve_model(target, "target"), resolve_model(draft, "draft")
+    target_arch = resolve_model(target, "target")
+    draft_arch = resolve_draft(draft, target_arch, "draft")
     target_name, draft_name = _name(target, target_arch), _name(draft, draft_arch)
     owner = target_arch.head_of
     if owner is not None:
@@ -81,6 +83,9 @@ def check_pair(target, draft) -> bool:
         raise UsageError(f"draft: {draft_name} is a draft head of {owner} and cannot draft "
                          f"for {target_name}{widths}: a head drafts from its own target's hidden states", "draft")
     head = owner is not None or (draft_arch.num_layers == 1 and draft_arch.hidden_size == target_arch.hidden_size)
+    if draft_arch.drafter is not None and draft_arch.hidden_size != target_arch.hidden_size:
+        raise UsageError(f"draft: {draft_name} reads hidden states of width {draft_arch.hidden_size}, {target_name}'s "
+                         f"are {target_arch.hidden_size}", "draft")
     if not head and draft_arch.vocab_size != target_arch.vocab_size:
         raise UsageError(f"draft: {draft_name}'s vocabulary has {draft_arch.vocab_size} "
                          f"tokens, {target_name}'s {target_arch.vocab_size}: SD checks the draft's tokens by their "
@@ -113,7 +118,9 @@ class Setup:
     Parameters
     ----------
     target, draft : str, ModelSpec or Architecture
-        The models (:data:`moesd.zoo.MODELS` or :data:`moesd.zoo.DRAFT_HEADS` names, or records); kept as
+        The models (:data:`moesd.zoo.MODELS` names, ``config.json`` paths, or records; the draft also a name of
+        :data:`moesd.zoo.DRAFT_HEADS` or a drafter keyword of :data:`moesd.predictor.drafters.DRAFTERS`, ``"mtp"``,
+        ``"eagle"``, ``"eagle3"``, ``"medusa"``, ``"ngram"``, built for the target); kept as
         :class:`~moesd.architecture.Architecture` records. :func:`check_pair` refuses a pair that cannot run SD.
     hardware : str or Hardware
         The target's GPU (:data:`moesd.theory.roofline.HARDWARE` name or record); kept as a record.
@@ -131,6 +138,8 @@ class Setup:
         A draft that is not a head on the target's GPUs too (``draft_tp`` must be ``tp``).
     dtype, draft_dtype : str
         Weight dtypes (:data:`~moesd.predictor.layout.DTYPE_BYTES`; the draft's defaults to ``dtype``).
+    kv_dtype : {"bf16", "fp8", "fp32"}, optional
+        The KV cache's dtype (:data:`~moesd.predictor.layout.KV_DTYPES`; default the activations', bf16 or fp32).
     context : int, default 1024
         Tokens in each sequence's KV cache.
     engine : str or EngineProfile, optional
@@ -140,7 +149,17 @@ class Setup:
         A measured plain decoding step at ``step_batch_size`` sequences (seconds, at ``context``): what it exceeds
         the predicted step by becomes a fixed cost per forward pass. It must be at least the predicted step.
     step_batch_size : int, default 1
-        Where ``step_seconds`` was measured.
+        Where ``step_seconds`` (and ``sd_step_seconds``) was measured.
+    sd_step_seconds : float, optional
+        A measured round of SD at ``step_batch_size`` sequences and ``sd_step_gamma`` drafts (seconds; with
+        ``step_seconds``): what it exceeds the predicted round by becomes a fixed cost per round, in place of the
+        engine profile's exposed host time.
+    sd_step_gamma : int, optional
+        The draft length ``sd_step_seconds`` was measured at.
+    temperature : float, optional
+        Sampling temperature: None prices rejection sampling as the paper's engine does (both distributions read
+        once); 0 greedy verification (an argmax over the target's logits); above 0 the sampling kernels of
+        :func:`~moesd.predictor.kernels.sampling_time` in the plain step and the round.
     host_seconds : float, default 0
         A fixed host cost added to every forward pass of target and draft (seconds); not with ``engine`` or
         ``step_seconds``, which hold the host's cost.
@@ -188,6 +207,10 @@ class Setup:
     host_seconds: float = 0.0
     draft_topk: int = 1
     verify_tokens: object = "gamma+1"
+    kv_dtype: str | None = None
+    temperature: float | None = None
+    sd_step_seconds: float | None = None
+    sd_step_gamma: int | None = None
     head: bool = dataclasses.field(init=False, repr=False)
     draft_gpus: int = dataclasses.field(init=False, repr=False)
     draft_device: Hardware = dataclasses.field(init=False, repr=False)
@@ -200,8 +223,9 @@ class Setup:
             for name, value in values.items():
                 object.__setattr__(self, name, value)
 
-        head = check_pair(self.target, self.draft)
-        target, draft = resolve_model(self.target, "target"), resolve_model(self.draft, "draft")
+        target = resolve_model(self.target, "target")
+        draft = resolve_draft(self.draft, target, "draft")
+        head = check_pair(target, draft)
         hardware = hardware_record(self.hardware, "hardware")
         draft_hardware = None if self.draft_hardware is None else hardware_record(self.draft_hardware,
                                                                                   "draft_hardware")
@@ -210,12 +234,15 @@ class Setup:
              dtype=check_dtype(self.dtype), draft_device=device,
              draft_dtype=None if self.draft_dtype is None else check_dtype(self.draft_dtype, "draft_dtype"),
              context=int(as_array("context", self.context, low=0, whole=True)),
-             dp_attention=bool(self.dp_attention), shared=bool(self.shared))
+             dp_attention=bool(self.dp_attention), shared=bool(self.shared),
+             kv_dtype=None if self.kv_dtype is None else check_kv_dtype(self.kv_dtype, self.dtype),
+             temperature=None if self.temperature is None else float(as_array("temperature", self.temperature, low=0)))
         tp, ep = check_parallelism(target, hardware, self.tp, self.ep, self.dp_attention)
         keep(tp=tp, ep=ep, draft_weights=self.draft_dtype or self.dtype)
         self._place_draft()
         self._check_engine()
         self._check_tree()
+        self._check_round()
 
     def _place_draft(self):
         """Check and work out where the draft runs: its GPUs, their hardware, its parallelism."""
@@ -275,6 +302,28 @@ class Setup:
         object.__setattr__(self, "draft_topk", topk)
         object.__setattr__(self, "verify_tokens", verify)
 
+    def _check_round(self):
+        """Check a measured SD round: it comes with the plain step it is compared with and the gamma it ran at."""
+        if self.sd_step_seconds is None:
+            if self.sd_step_gamma is not None:
+                raise UsageError("sd_step_gamma applies only with sd_step_seconds (the measured round)", "sd_step_gamma")
+            return
+        if self.step_seconds is None:
+            raise UsageError("sd_step_seconds: a measured SD round needs the measured plain step (step_seconds) "
+                             "at the same batch size, which holds the engine's fixed cost per pass", "sd_step_seconds")
+        if self.sd_step_gamma is None:
+            raise UsageError("sd_step_gamma: give the draft length the SD round was measured at", "sd_step_gamma")
+        object.__setattr__(self, "sd_step_seconds",
+                           float(as_array("sd_step_seconds", self.sd_step_seconds, low=0, low_open=True)))
+        object.__setattr__(self, "sd_step_gamma", int(as_array("sd_step_gamma", self.sd_step_gamma, low=1, high=64,
+                                                               whole=True)))
+
+    @property
+    def drafting(self) -> str:
+        """How the draft proposes: ``"free"`` (the n-gram drafter: no GPU pass), ``"parallel"`` (Medusa heads: every
+        position in one pass) or ``"autoregressive"`` (one pass per position)."""
+        return {"ngram": "free", "medusa": "parallel"}.get(self.draft.drafter, "autoregressive")
+
     @property
     def tree_tokens(self) -> int | None:
         """Tokens a tree verifies per sequence (``verify_tokens`` when a number), None for a chain."""
@@ -282,16 +331,22 @@ class Setup:
 
     def efficiency(self, base: Efficiency | None = None, role: str = "target") -> Efficiency:
         """The :class:`~moesd.predictor.kernels.Efficiency` the ``role``'s passes are priced with: ``base`` (default:
-        the host cost as a fixed cost per forward pass) with the engine's kernels for its dtype and attention."""
+        the host cost as a fixed cost per forward pass) with the engine's kernels for its dtype, attention and GPU."""
         base = base or Efficiency(step_seconds=self.host_seconds)
         if self.engine is None:
             return base
-        arch, dtype = (self.target, self.dtype) if role == "target" else (self.draft, self.draft_weights)
-        return self.engine.efficiency(base, dtype, arch.attention)
+        arch, dtype, device = ((self.target, self.dtype, self.hardware) if role == "target"
+                               else (self.draft, self.draft_weights, self.draft_device))
+        return self.engine.efficiency(base, dtype, arch.attention, device)
 
     def plain_step(self, batch_size, context=None, top_k=None, efficiency: Efficiency | None = None):
         """Seconds of the target's plain decoding step at ``batch_size`` sequences (default ``context``: the
         setup's), from the GPUs' work and the engine's kernels, without a measured step's fixed cost."""
-        return step_time(self.target, self.hardware, 1, batch_size, self.context if context is None else context,
-                         self.tp, self.ep, self.dtype, top_k=top_k, efficiency=self.efficiency(efficiency),
-                         dp_attention=self.dp_attention).total
+        efficiency = self.efficiency(efficiency)
+        seconds = step_time(self.target, self.hardware, 1, batch_size, self.context if context is None else context,
+                            self.tp, self.ep, self.dtype, top_k=top_k, efficiency=efficiency,
+                            dp_attention=self.dp_attention, kv_dtype=self.kv_dtype).total
+        if self.temperature is None:
+            return seconds
+        return seconds + sampling_time(self.hardware, batch_size, 1, self.target.vocab_size, self.temperature,
+                                       efficiency=efficiency)
