@@ -1099,7 +1099,7 @@ CLI_COMMANDS = [
     cli("predict on 0 GPUs", _predict_argv("--tp", "0"), "--tp must be >= 1, got 0"),
     cli("predict with ep not dividing tp", _predict_argv("--tp", "4", "--ep", "3"), "--ep: ep must divide tp"),
     cli("predict on an unknown GPU", _predict_argv()[:-1] + ["TPU"],
-        "--hardware: hardware must be one of A800, A100, H800, H20, H20-141GB, H100, H200, L40, B200, MI300X, B300, GB200, GB300, MI325X, MI355X, L40S, CPU, got 'TPU'"),
+        "--hardware: hardware must be one of A800, A100, H800, H20, H20-141GB, H100, H200, L40, B200, MI300X, B300, GB200, GB300, MI325X, L40S, CPU, got 'TPU'"),
     cli("predict of an unknown model", ["predict", "--target", "gpt-5", "--draft", "qwen3-0.6b", "--hardware", "H100"],
         "--target: target must be a moesd.zoo name (qwen2-57b-a14b, "),
     cli("predict in an unknown dtype", _predict_argv("--dtype", "int3"), "--dtype: dtype must be one of"),
