@@ -340,3 +340,10 @@ def test_the_readme_states_the_shipped_bands_coverage():
     text = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
     covered = ", ".join(str(BANDS[v].loso_covered) for v in ("device", "profile")) + f" and {BANDS['anchored'].loso_covered}"
     assert f"it held at {covered} of the {BANDS['device'].points} points" in text
+
+
+def test_what_would_fit_is_found_for_a_setup_with_a_measured_round():
+    setup = Setup("qwen3-235b-a22b", "qwen3-0.6b", "H100", tp=4, engine="vllm-v1", step_seconds=0.03,
+                  sd_step_seconds=0.08, sd_step_gamma=3)
+    (short,) = recommend(setup, np.array([1, 64, 256]), np.arange(1, 4), "alpha", [0.8]).shortfalls
+    assert short.role == "target" and short.more_gpus == (8,) and "fp8" in short.smaller_dtypes

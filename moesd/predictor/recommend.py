@@ -216,7 +216,8 @@ def _shortfalls(fit: pd.DataFrame, setup: Setup) -> list:
             if "tp" in changes and head_with_target:  # a head on the target's GPUs moves with them
                 changes = {"draft_tp": changes["tp"], **changes}
             try:
-                changed = dataclasses.replace(setup, ep=1, engine=None, step_seconds=None, **changes)
+                changed = dataclasses.replace(setup, ep=1, engine=None, step_seconds=None, sd_step_seconds=None,
+                                              sd_step_gamma=None, **changes)
             except ValueError:  # a layout the model refuses
                 return 0
             return int((memory_fit(changed, batch)[f"{role}_bytes"] <= capacity).sum())
