@@ -492,7 +492,7 @@ def predict_setup(setup, target: str, draft: str, other_host_ms: float) -> str:
         f"{setup.draft_dtype} weights" if setup.draft_dtype not in (None, setup.dtype) else "",
         f"{setup.draft_topk} candidates per position" if setup.draft_topk != 1 else "",
         f"{setup.tree_tokens} tokens verified per sequence" if setup.tree_tokens is not None else ""] if part)
-    where = ("no GPU pass: the drafts are looked up in the context" if setup.drafting == "free"
+    where = ("(no GPU pass: the drafts are looked up in the context)" if setup.drafting == "free"
              else f"on {setup.draft_gpus} GPU(s)")
     extras = "".join([f", {setup.kv_dtype} KV cache" if setup.kv_dtype else "",
                       f", sampling at temperature {setup.temperature:g}" if setup.temperature else
