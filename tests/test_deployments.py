@@ -347,3 +347,14 @@ def test_what_would_fit_is_found_for_a_setup_with_a_measured_round():
                   sd_step_seconds=0.08, sd_step_gamma=3)
     (short,) = recommend(setup, np.array([1, 64, 256]), np.arange(1, 4), "alpha", [0.8]).shortfalls
     assert short.role == "target" and short.more_gpus == (8,) and "fp8" in short.smaller_dtypes
+
+
+@pytest.mark.parametrize("target", sorted(FAMILIES))
+def test_every_family_predicts_with_every_drafter_on_the_new_gpus(target):
+    drafters = ["eagle", "eagle3", "medusa", "ngram"] + (["mtp"] if resolve_model(target).mtp_layers else [])
+    for hardware in ("B300", "GB200", "GB300", "MI325X", "L40S"):
+        for dtype in ("fp8", "mxfp8", "w4a16"):
+            for draft in drafters:
+                setup = Setup(target, draft, hardware, tp=8, dtype=dtype, kv_dtype="fp8")
+                frame = predict_sd(setup, [1, 64], 2, 0.6)
+                assert (frame["speedup"] > 0).all() and np.isfinite(frame["speedup"]).all(), (hardware, draft)
