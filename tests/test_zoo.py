@@ -52,7 +52,7 @@ CARDS = {
     "qwen3-0.6b": (0.6e9, 0.6e9, False, "Qwen3-0.6B model card: 0.6B parameters, dense"),
     "deepseek-r1": (671e9, 37e9, True, "DeepSeek-R1 model card: 671B total, 37B activated"),
     "deepseek-v3.1": (671e9, 37e9, True, "DeepSeek-V3.1 model card: 671B total, 37B activated"),
-    "glm-4.5": (355e9, 32e9, False, "GLM-4.5 model card: 355B total, 32B active"),
+    "glm-4.5": (355e9, 32e9, True, "GLM-4.5 model card: 355B total, 32B active"),
     "minimax-m1": (456e9, 45.9e9, True, "MiniMax-M1 README: 456B total, 45.9B activated per token"),
     "minimax-m2": (230e9, 10e9, True, "MiniMax-M2 model card: 230B total, 10B active"),
     "qwen3-coder-480b-a35b": (480e9, 35e9, False, "Qwen3-Coder-480B-A35B-Instruct model card: 480B total, 35B "
