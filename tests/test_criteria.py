@@ -169,7 +169,7 @@ def test_fig4_attention_dominated_context_tests_the_fall_and_carves_k1_k2_out():
 
 
 def test_attention_dominated_context_is_where_attention_reads_half_the_step():
-    from moesd.model.forward import step_time
+    from moesd.predictor.forward import step_time
     from moesd.measure.regime import attention_dominated_context
 
     contexts = [attention_dominated_context("qwen2-57b-a14b", b, 1) for b in (1, 8, 32, 100)]
