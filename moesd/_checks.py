@@ -39,7 +39,26 @@ import numpy as np
 
 
 class UsageError(ValueError):
-    """A bad argument: the caller's mistake, reported in one line, never a program failure."""
+    """A bad argument: the caller's mistake, reported in one line, never a program failure.
+
+    Parameters
+    ----------
+    message : str
+        What is wrong and what is allowed (``str(error)``).
+    argument : str, optional
+        The argument it concerns, as the function that raised it names it (``"tp"``, ``"draft_dtype"``,
+        ``"hardware.peak_flops"``): the ``moesd`` command maps it to its flag, never the message's text.
+
+    Attributes
+    ----------
+    message, argument
+        As given.
+    """
+
+    def __init__(self, message: str = "", argument: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.argument = argument
 
 
 @contextlib.contextmanager
@@ -54,7 +73,8 @@ def usage_errors():
     except UsageError:
         raise
     except (ValueError, KeyError, FileNotFoundError, FileExistsError) as error:
-        raise UsageError(str(error.args[0]) if error.args else repr(error)) from error
+        raise UsageError(str(error.args[0]) if error.args else repr(error), getattr(error, "argument", None)) \
+            from error
 
 
 def _describe(low, high, low_open, high_open, whole) -> str:
@@ -114,7 +134,8 @@ def as_array(name: str, value, *, low=None, high=None, low_open=False, high_open
     Raises
     ------
     UsageError
-        A ``ValueError`` naming the argument, the offending value and the domain, if any element
+        A ``ValueError`` naming the argument (its ``argument`` is ``name``), the offending value and the domain,
+        if any element
         is not a real number, an integer beyond int64, NaN, infinite (unless ``finite`` is False),
         outside the bounds, or not whole (or not below 2^53) when ``whole`` is set.
     """
@@ -124,45 +145,45 @@ def as_array(name: str, value, *, low=None, high=None, low_open=False, high_open
         try:
             raw = np.asarray(value)
         except (TypeError, ValueError) as error:  # ragged nesting
-            raise UsageError(f"{name} must be {allowed} or an array of them, got {value!r}") from error
+            raise UsageError(f"{name} must be {allowed} or an array of them, got {value!r}", name) from error
     kind = raw.dtype.kind
     if kind not in "iufO":
         raise UsageError(f"{name} must be {allowed}, got {_short(value)} "
-                         f"(of type {type(value).__name__}, dtype {raw.dtype})")
+                         f"(of type {type(value).__name__}, dtype {raw.dtype})", name)
     # Python objects numpy converts silently: [True, 2] to [1, 2], [2**63, 1] to floats, 2**63 to uint64.
     items = raw.ravel().tolist() if kind == "O" else value if isinstance(value, (list, tuple)) and raw.ndim == 1 else ()
     for item in items:
         if isinstance(item, (bool, np.bool_)) or (kind == "O" and not isinstance(item, numbers.Real)):
-            raise UsageError(f"{name} must be {allowed}, got {item!r} (a {type(item).__name__})")
+            raise UsageError(f"{name} must be {allowed}, got {item!r} (a {type(item).__name__})", name)
         if isinstance(item, numbers.Integral) and not _INT64[0] <= item <= _INT64[1]:
-            raise UsageError(f"{name} must be {allowed} {_integer_range(whole)}, got {_short(item)}")
+            raise UsageError(f"{name} must be {allowed} {_integer_range(whole)}, got {_short(item)}", name)
     if kind == "u" and raw.size and raw.max() > _INT64[1]:
-        raise UsageError(f"{name} must be {allowed} {_integer_range(whole)}, got {raw.max()}")
+        raise UsageError(f"{name} must be {allowed} {_integer_range(whole)}, got {raw.max()}", name)
     try:
         array = np.asarray(raw, dtype=float)
     except OverflowError as error:  # Python integers beyond float range
-        raise UsageError(f"{name} must be {allowed} within float range, got {_short(value)}") from error
+        raise UsageError(f"{name} must be {allowed} within float range, got {_short(value)}", name) from error
     nan = np.isnan(array)
     if nan.any():
-        raise UsageError(f"{name} must be {allowed}, got NaN")
+        raise UsageError(f"{name} must be {allowed}, got NaN", name)
     if finite and np.isinf(array).any():
-        raise UsageError(f"{name} must be {allowed}, got {_first(array, np.isinf(array))}")
+        raise UsageError(f"{name} must be {allowed}, got {_first(array, np.isinf(array))}", name)
     if low is not None:
         bad = array <= low if low_open else array < low
         if bad.any():
-            raise UsageError(f"{name} must be {allowed}, got {_first(array, bad)}")
+            raise UsageError(f"{name} must be {allowed}, got {_first(array, bad)}", name)
     if high is not None:
         bad = array >= high if high_open else array > high
         if bad.any():
-            raise UsageError(f"{name} must be {allowed}, got {_first(array, bad)}")
+            raise UsageError(f"{name} must be {allowed}, got {_first(array, bad)}", name)
     if whole:
         bad = np.isinf(array) | (array != np.round(array))
         if bad.any():
-            raise UsageError(f"{name} must be {allowed}, got {_first(array, bad)}")
+            raise UsageError(f"{name} must be {allowed}, got {_first(array, bad)}", name)
         bad = np.abs(array) >= LARGEST_WHOLE
         if bad.any():
             raise UsageError(f"{name} must be {allowed} {_integer_range(whole)}, "
-                             f"got {_first(raw if kind in 'iu' else array, bad)}")
+                             f"got {_first(raw if kind in 'iu' else array, bad)}", name)
     return array
 
 
@@ -206,7 +227,7 @@ def broadcast(**arrays: np.ndarray) -> tuple[int, ...]:
 def one_of(name: str, value, allowed) -> None:
     """Refuse ``value`` unless it is one of the strings ``allowed``, naming them."""
     if not isinstance(value, str) or value not in allowed:
-        raise UsageError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {_short(value)}")
+        raise UsageError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {_short(value)}", name)
 
 
 DEVICE_PATHS = re.compile(r"/dev(/.*)?|/proc/(self|thread-self|[0-9]+)/fd(/.*)?")
@@ -228,23 +249,24 @@ def output_path(name: str, path) -> Path:
     """
     text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
     if not isinstance(text, str) or not text.strip():
-        raise UsageError(f"{name} is {_short(path)}: give a path")
+        raise UsageError(f"{name} is {_short(path)}: give a path", name)
     shown = repr(text) if len(text) <= 80 else f"'...{text[-60:]}'"  # a long path's end names its file
     try:
         if "\x00" in text:
             raise ValueError
         os.fsencode(text)
     except (UnicodeError, ValueError):
-        raise UsageError(f"{name} {shown} holds a character no file name can (a NUL or a lone surrogate)") from None
+        raise UsageError(f"{name} {shown} holds a character no file name can (a NUL or a lone surrogate)",
+                         name) from None
     for spelled in (os.path.abspath(text), os.path.realpath(text)):
         if DEVICE_PATHS.fullmatch(spelled):
             raise UsageError(f"{name} {shown} is a device or another program's open file ({spelled}): write to a "
-                             "file in a folder of your own")
+                             "file in a folder of your own", name)
     from moesd._files import lookup_problem
 
     problem = lookup_problem(text)
     if problem:
-        raise UsageError(f"{name} {shown} cannot be a path: {problem}")
+        raise UsageError(f"{name} {shown} cannot be a path: {problem}", name)
     return Path(text)
 
 
@@ -256,7 +278,7 @@ def seed(name: str, value) -> int:
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or \
             not 0 <= value <= MAX_SEED:
-        raise UsageError(f"{name} must be a whole number in [0, 2^32 - 1 = {MAX_SEED}], got {_short(value)}")
+        raise UsageError(f"{name} must be a whole number in [0, 2^32 - 1 = {MAX_SEED}], got {_short(value)}", name)
     return int(value)
 
 
@@ -272,14 +294,14 @@ def writable_folder(name: str, path) -> Path:
     """
     folder = output_path(name, path)
     if folder.exists() and not folder.is_dir():
-        raise UsageError(f"{name} {str(folder)!r} is not a folder")
+        raise UsageError(f"{name} {str(folder)!r} is not a folder", name)
     existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
     try:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as error:
         raise UsageError(f"{name} {str(folder)!r} cannot be written ({existing}: {error.strerror}); "
-                         "choose a writable folder") from None
+                         "choose a writable folder", name) from None
     return folder
 
 
@@ -293,9 +315,9 @@ def new_file(name: str, path, overwrite: bool = False) -> Path:
     """
     file = output_path(name, path)
     if file.exists() and not file.is_file():
-        raise UsageError(f"{name} {str(file)!r} is not a regular file (a folder or a device): refusing to replace it")
+        raise UsageError(f"{name} {str(file)!r} is not a regular file (a folder or a device): refusing to replace it", name)
     if file.exists() and not overwrite:
-        raise UsageError(f"{name} {str(file)!r} exists; pass --overwrite to replace it")
+        raise UsageError(f"{name} {str(file)!r} exists; pass --overwrite to replace it", name)
     writable_folder(f"the folder of {name}", file.absolute().parent)
     return file
 
@@ -340,13 +362,13 @@ def torch_device(name: str, device: str) -> None:
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError):
-        raise UsageError(f"{name} {device!r} is not a torch device (cpu, cuda, cuda:1...)") from None
+        raise UsageError(f"{name} {device!r} is not a torch device (cpu, cuda, cuda:1...)", name) from None
     if parsed.type == "cuda":
         if not torch.cuda.is_available():
             raise UsageError(f"{name} {device!r} is not available: this torch ({torch.__version__}) sees no CUDA "
-                             "device; use cpu")
+                             "device; use cpu", name)
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise UsageError(f"{name} {device!r} is not available: {torch.cuda.device_count()} CUDA device(s)")
+            raise UsageError(f"{name} {device!r} is not available: {torch.cuda.device_count()} CUDA device(s)", name)
 
 
 def hub_model(name: str, hub_id: str, option: str) -> None:
@@ -373,7 +395,7 @@ def hub_model(name: str, hub_id: str, option: str) -> None:
     if not isinstance(cached, str):
         raise UsageError(f"{name} {hub_id!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and "
                          f"the hub is offline (HF_HUB_OFFLINE=1): download it where the hub is reachable, or give "
-                         f"{option}")
+                         f"{option}", name)
 
 
 def finite_results(function):

@@ -35,7 +35,7 @@ import pandas as pd
 
 from moesd._checks import UsageError, seed
 from moesd._files import lookup_problem
-from moesd.model.predict import PAPER_BATCH_SIZES as BATCH_SIZES  # the paper's 19 batch sizes, 1 to 100 (one home)
+from moesd.predictor.predict import PAPER_BATCH_SIZES as BATCH_SIZES  # the paper's 19 batch sizes, 1 to 100 (one home)
 from moesd.measure.sweep_checks import check_size, checkpoint_config, checkpoint_folder, positions
 from moesd.zoo import get_model
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moesd._checks import as_array
+from moesd._checks import UsageError, as_array
 from moesd.model.algorithm1 import SpeedupInputs
 
 __all__ = ["COLUMNS", "read_result_file", "from_sweep", "mean_over_repeats", "sigma_adjusted_speedup", "check_measurements",
@@ -76,43 +76,44 @@ def read_result_file(path, allow_incomplete: bool = False,
     sidecar_path = Path(path).with_suffix(".json")
     sidecar = read_sidecar(sidecar_path) if sidecar_path.exists() else None
     if {"role", "tokens", "seconds"} <= set(rows.columns):
-        raise ValueError(f"{path} is a forward study (stage times per forward, no speedups); Algorithm 1 is fitted "
+        raise UsageError(f"{path} is a forward study (stage times per forward, no speedups); Algorithm 1 is fitted "
                          "to an e2e or sparsity result file (e2e.csv or sparsity.csv beside it, or measure one with "
-                         "`moesd sweep sparsity`)")
+                         "`moesd sweep sparsity`)", "path")
     missing = [column for column in FITTING_COLUMNS if column not in rows.columns]
     if missing:
-        raise ValueError(f"{path} lacks the column(s) {', '.join(missing)}; Algorithm 1 is fitted to the e2e or "
-                         "sparsity result files of `moesd sweep`")
+        raise UsageError(f"{path} lacks the column(s) {', '.join(missing)}; Algorithm 1 is fitted to the e2e or "
+                         "sparsity result files of `moesd sweep`", "path")
     if rows["num_experts_per_tok"].isna().all():
-        raise ValueError(f"{path} has no experts per token (a dense target?); Algorithm 1 fits an MoE target")
+        raise UsageError(f"{path} has no experts per token (a dense target?); Algorithm 1 fits an MoE target", "path")
     for column in FITTING_COLUMNS:
         values = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float)
         bad = np.flatnonzero(~np.isfinite(values) & rows[column].map(lambda v: isinstance(v, (int, float))))
         if bad.size:
-            raise ValueError(f"{path}: line {bad[0] + 2}, column {column} is {rows[column].iloc[bad[0]]} (empty or "
-                             "not finite); Algorithm 1 needs a number in every row")
+            raise UsageError(f"{path}: line {bad[0] + 2}, column {column} is {rows[column].iloc[bad[0]]} (empty or "
+                             "not finite); Algorithm 1 needs a number in every row", "path")
     _check_whole_columns(path, rows)
     _check_labels(path, rows)
     if sidecar is not None and sidecar.get("complete") is True and isinstance(sidecar.get("rows"), int) \
             and sidecar["rows"] != len(rows):
-        raise ValueError(f"{path} holds {len(rows)} rows but its sidecar ({sidecar_path.name}) says the finished "
+        raise UsageError(f"{path} holds {len(rows)} rows but its sidecar ({sidecar_path.name}) says the finished "
                          f"sweep wrote {sidecar['rows']}: rows were lost or added since; measure it again "
-                         "(`moesd sweep` with --overwrite) rather than fit a file that is not what was measured")
+                         "(`moesd sweep` with --overwrite) rather than fit a file that is not what was measured",
+                         "path")
     if sidecar is not None and sidecar.get("complete") is False and not allow_incomplete:
-        raise ValueError(f"{sidecar_path} says complete: false: the sweep stopped before its last point; finish it "
+        raise UsageError(f"{sidecar_path} says complete: false: the sweep stopped before its last point; finish it "
                          "by running the same `moesd sweep` again, or pass allow_incomplete=True "
-                         "(--allow-incomplete) to fit the rows it has")
+                         "(--allow-incomplete) to fit the rows it has", "allow_incomplete")
     repeats = repeated_points(rows)
     if repeats:
         index, first = next(iter(repeats.items()))
-        raise ValueError(f"{path}: line {index + 2} repeats the point of line {first + 2} (a row copied twice?); "
-                         "remove one of them")
+        raise UsageError(f"{path}: line {index + 2} repeats the point of line {first + 2} (a row copied twice?); "
+                         "remove one of them", "path")
     high = np.flatnonzero(above_ceiling(rows))
     if high.size and not allow_above_ceiling:
         row = rows.iloc[high[0]]
-        raise ValueError(f"{path}: line {high[0] + 2} (and {high.size - 1} more): speedup = {row['speedup']:.4g} "
+        raise UsageError(f"{path}: line {high[0] + 2} (and {high.size - 1} more): speedup = {row['speedup']:.4g} "
                          f"exceeds Eq. 4's ceiling sigma (gamma + 1) = {row['sigma'] * (row['gamma'] + 1):.4g}; "
-                         "pass allow_above_ceiling=True (--allow-above-ceiling) to fit such rows anyway")
+                         "pass allow_above_ceiling=True (--allow-above-ceiling) to fit such rows anyway", "allow_above_ceiling")
     return rows, sidecar
 
 
@@ -131,7 +132,8 @@ def _check_whole_columns(path, rows: pd.DataFrame) -> None:
             allowed = f"in [{low}, {high}]" if high is not None else f">= {low}"
             cell = rows[column].iloc[index]
             cell = cell.item() if isinstance(cell, np.generic) else cell  # 2.5, not np.float64(2.5)
-            raise ValueError(f"{path}: line {index + 2}, column {column} is {cell!r}, not a whole number {allowed}")
+            raise UsageError(f"{path}: line {index + 2}, column {column} is {cell!r}, not a whole number {allowed}",
+                             "path")
 
 
 def _check_labels(path, rows: pd.DataFrame) -> None:
@@ -149,20 +151,21 @@ def _check_labels(path, rows: pd.DataFrame) -> None:
             if hidden or value != value.strip():
                 what = (f"U+{ord(hidden[0]):04X} ({unicodedata.name(hidden[0], 'unnamed')})" if hidden
                         else "a space at its end")
-                raise ValueError(f"{path}: line {index + 2}, column {column} holds {value!r}, with {what} that no "
-                                 "one sees: remove it (labels that look alike would be fitted as different)")
+                raise UsageError(f"{path}: line {index + 2}, column {column} holds {value!r}, with {what} that no "
+                                 "one sees: remove it (labels that look alike would be fitted as different)", "path")
             plain = unicodedata.normalize("NFKC", value).casefold()
             if seen.setdefault(plain, (value, index))[0] != value:
                 other, line = seen[plain]
-                raise ValueError(f"{path}: line {index + 2}, column {column} holds {value!r} and line {line + 2} "
-                                 f"{other!r}, which differ only in case or Unicode form: write one label one way")
+                raise UsageError(f"{path}: line {index + 2}, column {column} holds {value!r} and line {line + 2} "
+                                 f"{other!r}, which differ only in case or Unicode form: write one label one way",
+                                 "path")
 
 
 def from_sweep(rows: pd.DataFrame, num_experts: int) -> pd.DataFrame:
     """The fitting frame (columns :data:`COLUMNS`) of an e2e or sparsity result file of :mod:`moesd.measure.bench`."""
     missing = [c for c in ("batch_size", "gamma", "num_experts_per_tok", "sigma", "speedup") if c not in rows]
     if missing:
-        raise ValueError(f"rows lack the column(s) {', '.join(missing)} of an e2e or sparsity result file")
+        raise UsageError(f"rows lack the column(s) {', '.join(missing)} of an e2e or sparsity result file", "rows")
     num_experts = int(as_array("num_experts", num_experts, low=1, whole=True))
     return pd.DataFrame({"B": rows["batch_size"], "gamma": rows["gamma"], "K": rows["num_experts_per_tok"],
                          "E": num_experts, "sigma": rows["sigma"], "speedup": rows["speedup"]})
@@ -191,10 +194,10 @@ def mean_over_repeats(rows: pd.DataFrame, errors=("speedup",)) -> pd.DataFrame:
         and ``runs`` (the repeats averaged), sorted by the point's columns, with a fresh index.
     """
     if not isinstance(rows, pd.DataFrame):
-        raise ValueError(f"rows must be a pandas DataFrame, got {type(rows).__name__}")
+        raise UsageError(f"rows must be a pandas DataFrame, got {type(rows).__name__}", "rows")
     missing = [c for c in ("batch_size", "gamma", *errors) if c not in rows]
     if missing:
-        raise ValueError(f"rows lack the column(s) {', '.join(missing)} of an e2e-type result file")
+        raise UsageError(f"rows lack the column(s) {', '.join(missing)} of an e2e-type result file", "rows")
     keys = [c for c in ("batch_size", "gamma", "num_experts_per_tok") if c in rows]
     numeric = [c for c in rows.select_dtypes("number").columns if c not in (*keys, "run", "seed")]
     groups = rows.groupby(keys, dropna=False)
@@ -214,7 +217,7 @@ def sigma_adjusted_speedup(frame: pd.DataFrame, reference_k: int = 8) -> pd.Seri
     group_sigma = frame.groupby(["K", "gamma"])["sigma"].transform("mean")
     reference = frame[frame["K"] == reference_k]
     if reference.empty:
-        raise ValueError(f"no measurement with K = {reference_k} to rescale against")
+        raise UsageError(f"no measurement with K = {reference_k} to rescale against", "reference_k")
     reference_sigma = frame["gamma"].map(reference.groupby("gamma")["sigma"].mean())
     return frame["speedup"] * reference_sigma / group_sigma
 
@@ -248,13 +251,14 @@ def measurement_array(frame: pd.DataFrame) -> np.ndarray:
         message names the column and the row (the frame's index label) of the first bad cell.
     """
     if not isinstance(frame, pd.DataFrame):
-        raise ValueError(f"measurements must be a pandas DataFrame, got {type(frame).__name__}")
+        raise UsageError(f"measurements must be a pandas DataFrame, got {type(frame).__name__}", "measurements")
     missing = [column for column in COLUMNS if column not in frame.columns]
     if missing:
-        raise ValueError(f"measurements lack the column(s) {', '.join(missing)}")
+        raise UsageError(f"measurements lack the column(s) {', '.join(missing)}", "measurements")
     if len(frame) > MAX_FIT_ROWS:
-        raise ValueError(f"measurements hold {len(frame)} rows, more than the {MAX_FIT_ROWS} a fit takes (each step "
-                         "of its least squares evaluates every row): sample them first (moesd.model.samples)")
+        raise UsageError(f"measurements hold {len(frame)} rows, more than the {MAX_FIT_ROWS} a fit takes (each step "
+                         "of its least squares evaluates every row): sample them first (moesd.model.samples)",
+                         "measurements")
     values = frame[list(COLUMNS)]
     if not all(pd.api.types.is_numeric_dtype(dtype) for dtype in values.dtypes):
         for column in COLUMNS:
@@ -262,8 +266,8 @@ def measurement_array(frame: pd.DataFrame) -> np.ndarray:
             text = numbers.isna() & values[column].notna()
             if text.any():
                 label = text.idxmax()
-                raise ValueError(f"measurements column {column} holds {values[column][label]!r} (row {label}), "
-                                 "not a number")
+                raise UsageError(f"measurements column {column} holds {values[column][label]!r} (row {label}), "
+                                 "not a number", "measurements")
         values = values.apply(pd.to_numeric)
     array = values.to_numpy(dtype=float)
 
@@ -274,24 +278,24 @@ def measurement_array(frame: pd.DataFrame) -> np.ndarray:
     if not np.isfinite(array).all():
         bad = [column for column, wrong in zip(COLUMNS, ~np.isfinite(array).all(axis=0)) if wrong]
         kind = "NaN" if np.isnan(array).any() else "infinite values"
-        raise ValueError(f"measurements have {kind} in {', '.join(bad)}: "
-                         f"{where(~np.isfinite(array[:, COLUMNS.index(bad[0])]), bad[0])}")
+        raise UsageError(f"measurements have {kind} in {', '.join(bad)}: "
+                         f"{where(~np.isfinite(array[:, COLUMNS.index(bad[0])]), bad[0])}", "measurements")
     B, gamma, K, E, sigma, speedup = array.T
     for column, values in (("B", B), ("gamma", gamma)):
         if (values < 1).any():
-            raise ValueError(f"B and gamma must be >= 1: {where(values < 1, column)}")
+            raise UsageError(f"B and gamma must be >= 1: {where(values < 1, column)}", column)
     for column, values, high in (("B", B, MAX_BATCH_SIZE), ("gamma", gamma, MAX_GAMMA), ("K", K, None),
                                  ("E", E, None)):
         bad = (values != np.round(values)) | (values > (2**53 - 1 if high is None else high))
         if bad.any():
             allowed = f"in [1, {high}]" if high is not None else "in [1, 2^53)"
-            raise ValueError(f"{column} must be a whole number {allowed}: {where(bad, column)}")
+            raise UsageError(f"{column} must be a whole number {allowed}: {where(bad, column)}", column)
     for column, bad in (("K", (K < 1) | (K > E)), ("sigma", (sigma < 1 / (gamma + 1) - 1e-9) | (sigma > 1)),
                         ("speedup", speedup <= 0)):
         if bad.any():
             rule = {"K": "K must be in [1, E]", "sigma": "sigma must be in [1/(gamma+1), 1] (Eq. 5)",
                     "speedup": "speedup must be > 0"}[column]
-            raise ValueError(f"{rule}: {where(bad, column)}")
+            raise UsageError(f"{rule}: {where(bad, column)}", column)
     return array
 
 

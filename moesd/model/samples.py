@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moesd._checks import as_array
+from moesd._checks import UsageError, as_array
 
 __all__ = ["PAPER_STRIDES", "PAPER_CURVES", "stride_sample", "spread_sample", "stride_coverage", "stride_points"]
 
@@ -61,7 +61,7 @@ def spread_sample(frame: pd.DataFrame, m: int, begin: int = 0) -> pd.DataFrame:
     m = int(as_array("m", m, low=1, high=max(n, 1), whole=True))
     begin = int(as_array("begin", begin, low=0, whole=True))
     if begin * m >= n:
-        raise ValueError(f"begin must lie below n / m = {n} / {m}, got {begin}")
+        raise UsageError(f"begin must lie below n / m = {n} / {m}, got {begin}", "begin")
     return ordered.iloc[begin + (np.arange(m) * n) // m]
 
 
@@ -81,7 +81,7 @@ def stride_coverage(batch_sizes, curves: int, strides=PAPER_STRIDES) -> pd.Serie
     """
     grid = np.sort(as_array("batch_sizes", batch_sizes, low=1, whole=True))
     if grid.size == 0:
-        raise ValueError("batch_sizes must name at least one batch size")
+        raise UsageError("batch_sizes must name at least one batch size", "batch_sizes")
     curves = int(as_array("curves", curves, low=1, whole=True))
     rows = np.tile(grid, curves)
     covered = {}

@@ -138,18 +138,19 @@ def forward_efficiency(forward: pd.DataFrame, gamma: int) -> pd.DataFrame:
     return (seconds[1] / seconds[gamma + 1]).rename("efficiency").dropna().reset_index()
 
 
-def memory_bound_efficiency(sidecar: dict, batch_sizes, gamma: int) -> np.ndarray:
+def memory_bound_efficiency(sidecar: dict, batch_sizes, gamma: int, top_k: int | None = None) -> np.ndarray:
     """What Eq. 8 predicts for a forward study's target efficiency where a step is its bytes: bytes of a decode step
     over bytes of a verification pass, ``bytes(B, 1) / bytes(B, gamma + 1)``.
 
     The bytes (:func:`moesd.measure.regime.step_bytes`: the weights a pass uses with Eq. 8's expected activated
     experts, its KV cache) are those of the sidecar's model as the sweep built it; a step that only reads its bytes
-    has this efficiency. For Qwen2-57B-A14B, whose shared expert is as wide as eight routed experts, the ratio can
-    fall from B = 1 to 2 before it rises.
+    has this efficiency (``top_k``: the K of the passes, default the checkpoint's). For Qwen2-57B-A14B, whose shared
+    expert is as wide as eight routed experts, the ratio can fall from B = 1 to 2 before it rises.
     """
     from moesd.measure.regime import step_bytes
 
-    return np.array([step_bytes(sidecar, int(b), 1) / step_bytes(sidecar, int(b), gamma + 1) for b in batch_sizes])
+    return np.array([step_bytes(sidecar, int(b), 1, top_k) / step_bytes(sidecar, int(b), gamma + 1, top_k)
+                     for b in batch_sizes])
 
 
 def efficiency_moe_rises_dense_falls(forward: pd.DataFrame | None, dense_forward: pd.DataFrame | None,
