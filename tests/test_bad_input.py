@@ -2283,7 +2283,21 @@ BOUNDS = [
     Case("bounds", "a gzip prompt file that unpacks to more than 1 GiB (read whole)",
          _unpacking, ValueError,
          "HumanEval.jsonl.gz: unpacks to more than"),
+    # predict's context against the positions a model's config names
+    Case("bounds", "a deployment's context past OPT's 2048 positions", lambda: Setup("opt-30b", "opt-350m", "H100",
+                                                                                      context=5000), UsageError,
+         "context: 5000 tokens in each KV cache and the token a step adds pass the 2048 positions of opt-30b"),
+    Case("bounds", "a context past the positions of a config.json", lambda tmp: Setup(
+        str(Path(_checkpoint(tmp, "target", {**_zoo("qwen3-30b-a3b").config_dict(), "model_type": "qwen3_moe",
+                                             "max_position_embeddings": 64})) / "config.json"),
+        "qwen3-0.6b", "H100", context=100), UsageError, "pass the 64 positions of"),
     # the same through the command line
+    cli("predict at a context past OPT's positions (priced a cache it cannot hold)",
+        ["predict", "--target", "opt-30b", "--draft", "opt-350m", "--hardware", "H100", "--context", "5000"],
+        "--context: 5000 tokens in each KV cache and the token a step adds pass the 2048 positions of opt-30b"),
+    cli("predict at a context of exactly OPT's positions", ["predict", "--target", "opt-30b", "--draft", "opt-350m",
+                                                           "--hardware", "H100", "--context", "2048"],
+        "--context: 2048 tokens in each KV cache"),
     cli("sweep of a billion repeats (ran until stopped)", _sweep_argv("e2e", "--repeats", "1000000000"),
         "--repeats 1000000000 x 1 K x 10 batch sizes x 3 gammas x 1 workload(s) make 30000000000 rows, more than the "
         "20000", before=NO_MODELS),
@@ -2772,6 +2786,23 @@ OPTIONS = [
     cli("hardware --measure with an empty --json", ["hardware", "--measure", "--json", ""],
         "--json is '': give a path", stops=_MEASURING),
     cli("fit of an empty path", ["fit", ""], "measurements is '': give a path"),
+    # a weight dtype that quantises routed experts only, on a model without them (its label over bf16 or fp8 numbers)
+    Case("options", "w4a8 on a dense target", lambda: Setup("qwen3-0.6b", "qwen3-0.6b", "H100", dtype="w4a8"),
+         UsageError, "dtype: w4a8 quantises routed experts only, and qwen3-0.6b is dense: its weights would be priced "
+         "as fp8; give dtype fp8"),
+    Case("options", "mxfp4 on a dense target", lambda: Setup("opt-30b", "opt-350m", "H100", dtype="mxfp4"),
+         UsageError, "dtype: mxfp4 quantises routed experts only, and opt-30b is dense"),
+    Case("options", "mxfp4 for a dense draft", lambda: Setup("qwen3-30b-a3b", "qwen3-0.6b", "H100",
+                                                             draft_dtype="mxfp4"), UsageError,
+         "draft_dtype: mxfp4 quantises routed experts only, and qwen3-0.6b is dense"),
+    cli("predict of a dense model in w4a8 (fp8 numbers under the w4a8 label)",
+        ["predict", "--target", "qwen3-0.6b", "--draft", "qwen3-0.6b", "--hardware", "H100", "--dtype", "w4a8"],
+        "--dtype: w4a8 quantises routed experts only, and qwen3-0.6b is dense"),
+    cli("predict of a dense model in mxfp4 (bf16 numbers under the mxfp4 label)",
+        ["predict", "--target", "opt-30b", "--draft", "opt-350m", "--hardware", "H100", "--dtype", "mxfp4"],
+        "--dtype: mxfp4 quantises routed experts only, and opt-30b is dense: its weights would be priced as bf16"),
+    cli("predict with a dense draft in mxfp4", _predict_argv("--draft-dtype", "mxfp4"),
+        "--draft-dtype: mxfp4 quantises routed experts only, and qwen3-0.6b is dense"),
     # a draft head is no model to time or trace (predict refuses it as a target)
     Case("options", "a draft head as a sweep's target", lambda: _sweep(target="deepseek-v3-mtp", layers=None),
          UsageError, "target deepseek-v3-mtp is a draft head of deepseek-v3, not a model of its own: give a target "
@@ -3348,3 +3379,22 @@ def test_a_fitting_frame_takes_whole_points_within_bounds_only(value, column):
         assert not good and "(row 3)" in str(error), error
         return
     assert good
+
+
+@pytest.mark.parametrize("model", ["qwen3-0.6b", "opt-30b", "qwen3-30b-a3b", "deepseek-v3"])
+def test_a_weight_dtype_is_refused_exactly_where_it_changes_nothing(model):
+    """Every weight dtype is taken for an MoE model; for a dense one, exactly those that quantise more than the
+    routed experts (the others would price another dtype's numbers under their label)."""
+    from moesd.predictor.layout import DTYPE_BYTES, ffn_dtype
+    from moesd.zoo import get_model
+
+    draft = {"qwen3-0.6b": "qwen3-0.6b", "opt-30b": "opt-350m", "qwen3-30b-a3b": "qwen3-0.6b",
+             "deepseek-v3": "deepseek-v3-mtp"}[model]
+    for dtype in DTYPE_BYTES:
+        applies = get_model(model).is_moe or ffn_dtype(dtype) == dtype
+        try:
+            Setup(model, draft, "H200", tp=8 if model == "deepseek-v3" else 1, dtype=dtype)
+        except UsageError as error:
+            assert not applies and error.argument == "dtype", (dtype, error)
+            continue
+        assert applies, dtype

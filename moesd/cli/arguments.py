@@ -132,12 +132,10 @@ def local_model(model: str) -> dict | None:
 def positions_left(flag: str, model_type: str, config: dict, prompt_tokens: int, new_tokens: int) -> None:
     """Refuse ``new_tokens`` after ``prompt_tokens`` that pass a model's positions
     (:func:`moesd.architecture.max_positions`), naming ``flag`` and the model's limit."""
-    from moesd.architecture import POSITION_DEFAULTS, max_positions
+    from moesd.architecture import max_positions
 
-    if model_type not in POSITION_DEFAULTS and "max_position_embeddings" not in config:
-        return  # a model this project does not know: its loader knows its positions
-    limit = max_positions(model_type, config)
-    if prompt_tokens + new_tokens > limit:
+    limit = max_positions(model_type, config)  # None: a model type this project does not know
+    if limit is not None and prompt_tokens + new_tokens > limit:
         raise UsageError(f"{flag} {new_tokens} after prompts of up to {prompt_tokens} tokens reaches "
                          f"{prompt_tokens + new_tokens} positions, more than the model's {limit}: lower {flag}")
 

@@ -44,7 +44,7 @@ def check_size(config) -> None:
     for name, path in ((config.target, config.target_path), (config.draft, config.draft_path)):
         spec = get_model(name)
         limit = max_positions(spec.model_type, checkpoint_config(name, path) if path else spec.config_dict())
-        if positions(config) > limit:
+        if limit is not None and positions(config) > limit:
             raise UsageError(f"context, rounds and gammas make a sequence reach {positions(config)} positions, "
                              f"more than the {limit} of {spec.name}; lower context or rounds")
     rows = sweep_rows(config)
