@@ -4,7 +4,8 @@ Every public theory function turns its inputs into float arrays with :func:`as_a
 rejects values outside their domain with a :class:`UsageError` (a ``ValueError``) naming the
 argument, the value and what is allowed, e.g. ``gamma must be a whole number >= 1, got 2.5``;
 :func:`broadcast` names arguments whose shapes clash and :func:`one_of` a name not in a list;
-:func:`within_memory` refuses work whose arrays would pass :data:`MEMORY_LIMIT`, with the estimate.
+:func:`within_memory` refuses work whose arrays would pass :data:`MEMORY_LIMIT`, with the estimate;
+:func:`finite_results` makes a function refuse finite input whose result a float64 cannot hold.
 
 :class:`UsageError` is how the ``moesd`` command tells a bad argument from a failure inside
 the program: ``moesd.cli.main`` prints a ``UsageError`` as a one-line usage error (exit code
@@ -14,18 +15,24 @@ before any work: it raises ``UsageError`` itself, calls the package's validating
 ``pandas.read_csv``'s ParserError on the user's file) in ``with usage_errors():``. The work
 itself runs outside that block, so an internal error stays an internal error.
 
-Output paths and devices are checked before any work too: :func:`writable_folder` (a folder, and
-writable), :func:`new_file` (not there unless overwriting, a regular file, in a writable folder; :func:`new_files` for
-several, no two at one path) and
-:func:`torch_device` (a device torch knows and this machine has).
+Output paths and devices are checked before any work too: :func:`output_path` (not empty, not a device or
+kernel path, no name too long, no loop of symbolic links: the rule every output path follows),
+:func:`writable_folder` (a folder, and writable), :func:`new_file` (not there unless overwriting, a regular file,
+in a writable folder; :func:`new_files` for several, no two at one path) and :func:`torch_device` (a device torch
+knows and this machine has). Seeds are whole numbers in [0, :data:`MAX_SEED`] (:func:`seed`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import inspect
 import numbers
 import os
+import re
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -223,12 +230,69 @@ def one_of(name: str, value, allowed) -> None:
         raise UsageError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {_short(value)}", name)
 
 
+DEVICE_PATHS = re.compile(r"/dev(/.*)?|/proc/(self|thread-self|[0-9]+)/fd(/.*)?")
+"""Paths of devices and of a process's open files: an output path there is refused (``/dev/stdout`` redirected
+to a file would have a command rename its output over that file)."""
+
+
+def output_path(name: str, path) -> Path:
+    """Refuse an output path that cannot be one: empty, one of :data:`DEVICE_PATHS` (as written or once its
+    links are followed), with a name longer than the file system takes, or through a loop of symbolic links.
+
+    Every output flag (``--out``, ``--out-dir``, ``--csv``, ``--plot``, ``--json``) is checked here, through
+    :func:`writable_folder` and :func:`new_file`, before any work.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+    """
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    if not isinstance(text, str) or not text.strip():
+        raise UsageError(f"{name} is {_short(path)}: give a path", name)
+    shown = repr(text) if len(text) <= 80 else f"'...{text[-60:]}'"  # a long path's end names its file
+    try:
+        if "\x00" in text:
+            raise ValueError
+        os.fsencode(text)
+    except (UnicodeError, ValueError):
+        raise UsageError(f"{name} {shown} holds a character no file name can (a NUL or a lone surrogate)",
+                         name) from None
+    for spelled in (os.path.abspath(text), os.path.realpath(text)):
+        if DEVICE_PATHS.fullmatch(spelled):
+            raise UsageError(f"{name} {shown} is a device or another program's open file ({spelled}): write to a "
+                             "file in a folder of your own", name)
+    from moesd._files import lookup_problem
+
+    problem = lookup_problem(text)
+    if problem:
+        raise UsageError(f"{name} {shown} cannot be a path: {problem}", name)
+    return Path(text)
+
+
+def seed(name: str, value) -> int:
+    """``value`` as an int if it is a whole number in [0, :data:`MAX_SEED`], else a ``UsageError`` naming ``name``.
+
+    torch, numpy and vLLM take seeds of different widths (torch refuses 2^64 with an ``OverflowError`` deep in
+    model building); 32 bits is what all of them take.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or \
+            not 0 <= value <= MAX_SEED:
+        raise UsageError(f"{name} must be a whole number in [0, 2^32 - 1 = {MAX_SEED}], got {_short(value)}", name)
+    return int(value)
+
+
+MAX_SEED = 2**32 - 1
+"""The largest seed :func:`seed` takes (numpy's legacy generators and many engines take 32 bits)."""
+
+
 def writable_folder(name: str, path) -> Path:
-    """Refuse a folder that is a file or cannot be written (the nearest existing parent is tried).
+    """Refuse a folder that is a file or cannot be written (the nearest existing parent is tried), or a path
+    :func:`output_path` refuses.
 
     Returns the folder as a ``pathlib.Path``; it need not exist yet (writers create it).
     """
-    folder = Path(path)
+    folder = output_path(name, path)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{name} {str(folder)!r} is not a folder", name)
     existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
@@ -249,7 +313,7 @@ def new_file(name: str, path, overwrite: bool = False) -> Path:
     several files checks them together with :func:`new_files`), then written with
     :func:`moesd._files.atomic_write`, so that a write that fails or is interrupted leaves the old file.
     """
-    file = Path(path)
+    file = output_path(name, path)
     if file.exists() and not file.is_file():
         raise UsageError(f"{name} {str(file)!r} is not a regular file (a folder or a device): refusing to replace it", name)
     if file.exists() and not overwrite:
@@ -305,3 +369,105 @@ def torch_device(name: str, device: str) -> None:
                              "device; use cpu", name)
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
             raise UsageError(f"{name} {device!r} is not available: {torch.cuda.device_count()} CUDA device(s)", name)
+
+
+def hub_model(name: str, hub_id: str, option: str) -> None:
+    """Refuse, before any load, a hub id whose weights cannot be had: the hub is offline (``HF_HUB_OFFLINE``) and
+    its ``config.json`` is not in the local cache. Online, the hub answers for itself.
+
+    Parameters
+    ----------
+    name : str
+        The argument or option naming the model (``--model``, ``target``).
+    hub_id : str
+        The hub id (``deepseek-ai/DeepSeek-V2-Lite-Chat``).
+    option : str
+        What to give instead (``--target-path``, a local folder).
+    """
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if not constants.HF_HUB_OFFLINE:
+        return
+    try:
+        cached = try_to_load_from_cache(hub_id, "config.json")
+    except ValueError:  # not a valid repository id
+        cached = None
+    if not isinstance(cached, str):
+        raise UsageError(f"{name} {hub_id!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and "
+                         f"the hub is offline (HF_HUB_OFFLINE=1): download it where the hub is reachable, or give "
+                         f"{option}", name)
+
+
+def finite_results(function):
+    """Make ``function`` refuse, naming its arguments, input whose result a float64 cannot hold.
+
+    Input inside a domain can still overflow (``target_efficiency(1e300, 1e-300)``) or underflow into ``0 / 0``:
+    the decorated function returns finite numbers or raises a :class:`UsageError` that names the function,
+    each argument's value at the first element that is not finite, and what the element became. Arrays,
+    tuples and dataclass records of them (their fields and properties) are checked; ``None`` and other values
+    pass. Numpy's overflow warnings
+    inside the function are silenced (the refusal says it).
+    """
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def checked(*args, **kwargs):
+        if getattr(_CHECKING, "active", False):  # called by another checked function: that one's result is judged
+            return function(*args, **kwargs)
+        _CHECKING.active = True
+        try:
+            with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+                result = function(*args, **kwargs)
+        finally:
+            _CHECKING.active = False
+        for value in _numbers_in(result):
+            bad = ~np.isfinite(value)
+            if bad.any():
+                index = tuple(np.argwhere(bad)[0]) if value.ndim else ()
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                shown = ", ".join(f"{name} = {_value_at(argument, value.shape, index)}"
+                                  for name, argument in bound.arguments.items() if _is_numeric(argument))
+                raise UsageError(f"{function.__name__}: {shown} make a result a float64 cannot hold "
+                                 f"({value[index] if index else value.item()}): bring the arguments' magnitudes "
+                                 "closer together")
+        return result
+
+    return checked
+
+
+_CHECKING = threading.local()
+"""Whether a :func:`finite_results` function is running in this thread (the outermost one checks its result)."""
+
+
+def _numbers_in(result) -> list:
+    """The float arrays a function's result holds: itself, the items of a tuple, the fields and the properties of a
+    dataclass."""
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):
+        parts = [getattr(result, field.name) for field in dataclasses.fields(result)]
+        parts += [getattr(result, name) for name, value in vars(type(result)).items()
+                  if isinstance(value, property) and not name.startswith("_")]
+    else:
+        parts = list(result) if isinstance(result, tuple) else [result]
+    arrays = []
+    for part in parts:
+        if isinstance(part, (numbers.Real, np.ndarray)) and not isinstance(part, (bool, np.bool_)):
+            array = np.asarray(part)
+            if array.dtype.kind == "f":
+                arrays.append(array)
+    return arrays
+
+
+def _is_numeric(argument) -> bool:
+    return not isinstance(argument, (str, bool)) and (isinstance(argument, numbers.Real) or (
+        isinstance(argument, (list, tuple, np.ndarray)) and np.asarray(argument).dtype.kind in "iuf"))
+
+
+def _value_at(argument, shape: tuple, index: tuple) -> str:
+    """An argument's value at ``index`` of a result of ``shape`` (its broadcast), or its value if it does not
+    broadcast there."""
+    array = np.asarray(argument, dtype=float)
+    try:
+        return f"{np.broadcast_to(array, shape)[index]:g}"
+    except ValueError:
+        return _short(argument)

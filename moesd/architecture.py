@@ -18,6 +18,21 @@ from moesd.families import EXPERT_COUNT_KEY, FAMILIES
 
 __all__ = ["Architecture", "EXPERT_COUNT_KEY", "FAMILIES", "read_config"]
 
+POSITION_DEFAULTS = {"qwen2": 32768, "qwen3": 32768, "qwen2_moe": 32768, "qwen3_moe": 32768, "qwen3_next": 32768,
+                     "mixtral": 131072, "olmoe": 4096, "opt": 2048, "deepseek_v2": 2048, "deepseek_v3": 4096,
+                     "deepseek_v32": 163840, "glm4_moe": 131072, "gpt_oss": 131072, "llama4_text": 131072,
+                     "minimax": 131072, "minimax_m2": 196608}
+"""Transformers' default ``max_position_embeddings`` of each config class of the zoo's models (the pinned
+transformers'; a test compares them): the positions a model built from a config that does not name them has
+(OPT's learned position table, the others' rotary embeddings precomputed up to it)."""
+
+
+def max_positions(model_type: str, config: dict) -> int | None:
+    """The token positions a model of ``config`` has: its ``max_position_embeddings``, else its class's default
+    (:data:`POSITION_DEFAULTS`); None for a model type without one (its loader knows its positions)."""
+    value = config.get("max_position_embeddings", POSITION_DEFAULTS.get(model_type))
+    return None if value is None else int(value)
+
 
 @dataclass(frozen=True)
 class Architecture:
@@ -89,6 +104,8 @@ class Architecture:
     fuse_params : int
         A head's projection fusing the token's embedding with the target's hidden state (an MTP module's
         ``eh_proj``), priced as one matrix product per pass.
+    max_positions : int or None
+        The token positions its config names (``max_position_embeddings``); None where the record names none.
     """
 
     name: str
@@ -133,6 +150,7 @@ class Architecture:
     borrowed_params: int = 0
     draft_positions: int = 0
     fuse_params: int = 0
+    max_positions: int | None = None
 
     @property
     def dense_layers(self) -> int:
@@ -184,6 +202,7 @@ class Architecture:
                    moe_layers=moe_layers, vocab_size=c["vocab_size"], num_experts=experts,
                    top_k=(c.get("num_experts_per_tok") or 0) if experts else 0,
                    tied_embeddings=bool(c.get("tie_word_embeddings", False)), mtp_layers=families.mtp_layer_count(model_type, c),
+                   max_positions=c.get("max_position_embeddings"),
                    **families.attention_fields(model_type, c),
                    **families.feed_forward_fields(model_type, c, experts, moe_layers < layers),
                    **families.norm_fields(model_type, c))

@@ -8,7 +8,16 @@ for a ``moesd`` command line, which must exit with status 2 and print the fragme
 
 A call takes no argument, or one: a fresh temporary folder (``pathlib.Path``) for cases that need
 files. The property tests at the end check that no public theory function (experts, speedup,
-roofline) returns NaN or infinity for finite input inside its domain.
+roofline) returns NaN or infinity for finite input inside its domain, and (issue 43) that each is finite or
+refused over its whole domain, that a resume keeps only its sweep's rows (and every shipped result file passes
+under its own settings), that sweeps are refused exactly when their rows or positions pass the bounds, and that
+output paths, nested JSON, seeds and a fitting frame's points are taken or refused in one line.
+
+The third round's rows (issue 43) are grouped by kind, one rule each in its one home: ``resume`` (the rows a
+resume keeps, moesd.measure.result_file), ``bounds`` (sizes before work), ``fit-domain`` (moesd.model.measurements),
+``paths`` (moesd._checks.output_path), ``mid-sweep`` (a failed write), ``models`` (checks before a model is built
+or loaded), ``options`` (options with no effect) and ``raw`` (raw exceptions); a command line's rows are counted
+as ``"<kind> cli"``.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import dataclasses
 import inspect
 import io
 import json
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -33,9 +43,10 @@ from hypothesis import strategies as st
 from moesd import cli as moesd_cli
 from moesd.measure import analysis
 from moesd.measure import studies as measurements
-from moesd.measure import presets, sweeps
+from moesd.measure import presets, sweep_checks, sweeps
 from moesd.model import diagnostics, fit
 from moesd.predictor import forward, memory, predict
+from moesd.predictor import recommend as _recommend  # noqa: F401 (bound to the real predict_sd before any patch)
 from moesd.predictor.kernels import Efficiency
 from moesd.predictor.setup import Setup
 from moesd.model.measurements import check_measurements, from_sweep
@@ -44,6 +55,7 @@ from moesd.paper import tables as paper
 from moesd.routing import importers, traces, unions, vllm_logs
 from moesd.theory import experts, roofline, speedup
 from moesd._checks import UsageError
+from moesd._files import npz_arrays
 from moesd.routing.prompts import load_prompts
 
 EXCERPTS = Path(__file__).resolve().parent / "data" / "prompts"
@@ -376,7 +388,7 @@ PROMPTS = [
          lambda tmp: load_prompts("gsm8k", _write(tmp, "test.jsonl", b'{"question": "\xff\xfe"}\n')),
          ValueError, "cannot be read as UTF-8 JSON lines"),
     Case("prompts", "a line that is not JSON", lambda tmp: load_prompts("gsm8k", _write(tmp, "bad.jsonl", b"{oops\n")),
-         ValueError, "bad.jsonl: line 1 is not JSON"),
+         ValueError, "bad.jsonl: line 1: not JSON"),
     Case("prompts", "a JSON list instead of a record",
          lambda tmp: load_prompts("gsm8k", _write(tmp, "list.jsonl", b'{"question": "q"}\n[1, 2]\n')), ValueError,
          "list.jsonl: line 2 holds a list, not a JSON object"),
@@ -643,7 +655,10 @@ def _frame(**changes):
     rows = pd.DataFrame([dict(B=b, gamma=g, K=k, E=8, sigma=0.9, speedup=1.5) for k in (1, 2) for g in (2, 4)
                          for b in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 100)])
     for column, value in changes.items():
-        rows[column] = rows[column].astype(object) if isinstance(value, str) else rows[column]
+        if isinstance(value, str):
+            rows[column] = rows[column].astype(object)
+        elif isinstance(value, float) and rows[column].dtype.kind == "i":  # 2.5 or 1e300 in a column of counts
+            rows[column] = rows[column].astype(float)
         rows.loc[3, column] = value
     return rows
 
@@ -907,9 +922,17 @@ GSM8K_FOLDER = EXCERPTS / "gsm8k"
 
 
 def _trace_argv(*changes, model=None, out=lambda tmp: tmp / "x.npz", source=lambda tmp: GSM8K_FOLDER):
-    """``moesd trace`` (by default of a model folder that does not exist: errors must come first)."""
-    return lambda tmp: ["trace", "--model", str(model or tmp / "no-model"), "--prompts", "gsm8k", "--prompt-source",
-                        str(source(tmp)), "--out", str(out(tmp)), *changes]
+    """``moesd trace`` (by default of a model folder that does not exist: errors must come first); ``model`` is a
+    path or a function of the temporary folder returning one."""
+    return lambda tmp: ["trace", "--model", str(model(tmp) if callable(model) else model or tmp / "no-model"),
+                        "--prompts", "gsm8k", "--prompt-source", str(source(tmp)), "--out", str(out(tmp)), *changes]
+
+
+def _saved_model(tmp: Path, config: str = '{"model_type": "olmoe"}') -> Path:
+    """A folder that looks like a saved model to the checks before loading: its ``config.json`` holds ``config``."""
+    (tmp / "saved-model").mkdir(exist_ok=True)
+    _write(tmp / "saved-model", "config.json", config.encode())
+    return tmp / "saved-model"
 
 
 def _random_trace_argv(*changes):
@@ -952,6 +975,8 @@ NO_MODELS = ("moesd.routing.capture", "moesd.measure.bench", "moesd.routing.vllm
 """What a refused command must not have imported: the modules that build and run models."""
 TRACING = (("moesd.routing.capture", "trace_random_model"),)
 SWEEPING = (("moesd.measure.bench", "run_sweep"),)
+_PREDICTING = (("moesd.predictor.predict", "predict_sd"), ("moesd.predictor.recommend", "predict_sd"))
+"""The work ``moesd predict`` must not reach, patched where it is defined and where recommend bound it."""
 """The work a refused command must not reach, where checking needs the module that does it."""
 
 CLI_COMMANDS = [
@@ -970,15 +995,15 @@ CLI_COMMANDS = [
         integration=True, before=NO_MODELS),
     cli("trace of a model folder that is not there", _trace_argv(), "no-model' is not there: give a folder",
         before=NO_MODELS),
-    cli("trace into an existing file", _trace_argv(model=GSM8K_FOLDER, out=lambda tmp: _write(tmp, "x.npz", b"")),
+    cli("trace into an existing file", _trace_argv(model=_saved_model, out=lambda tmp: _write(tmp, "x.npz", b"")),
         "x.npz' exists; pass --overwrite to replace it", before=NO_MODELS),
-    cli("trace into a folder", _trace_argv(model=GSM8K_FOLDER, out=lambda tmp: tmp),
+    cli("trace into a folder", _trace_argv(model=_saved_model, out=lambda tmp: tmp),
         "is not a regular file (a folder or a device)", before=NO_MODELS),
-    cli("trace into a read-only folder", _trace_argv(model=GSM8K_FOLDER, out=lambda tmp: _read_only(tmp) / "x.npz"),
+    cli("trace into a read-only folder", _trace_argv(model=_saved_model, out=lambda tmp: _read_only(tmp) / "x.npz"),
         "cannot be written", before=NO_MODELS),
-    cli("trace of prompts that are not there", _trace_argv(model=GSM8K_FOLDER, source=lambda tmp: tmp),
+    cli("trace of prompts that are not there", _trace_argv(model=_saved_model, source=lambda tmp: tmp),
         "no gsm8k prompts at", before=NO_MODELS),
-    cli("trace of another set's prompts", _trace_argv(model=GSM8K_FOLDER, source=lambda tmp: HUMANEVAL),
+    cli("trace of another set's prompts", _trace_argv(model=_saved_model, source=lambda tmp: HUMANEVAL),
         "not gsm8k prompts", before=NO_MODELS),
     cli("random-weight trace with --device", _random_trace_argv("--model", "olmoe-1b-7b", "--device", "cpu"),
         "--dtype and --device apply only without --random-weights", before=NO_MODELS),
@@ -1082,7 +1107,7 @@ CLI_COMMANDS = [
         "unknown model 'gpt-5'"),
     cli("fit of a sidecar that is not JSON",
         lambda tmp: _result_file(tmp).with_suffix(".json").write_text("{oops") and ["fit", str(tmp / "sparsity.csv")],
-        "sparsity.json is not valid JSON"),
+        "sparsity.json: not JSON"),
     cli("fit without a roofline or --hardware", _fit_argv(sidecar={"settings": {"target": "mixtral-8x7b"}}),
         "pass --hardware NAME to use a data-sheet ridge point"),
     cli("fit with an unknown --hardware", _fit_argv("--hardware", "TPU", sidecar={"settings": {"target": "mixtral-8x7b"}}),
@@ -1123,10 +1148,10 @@ CLI_COMMANDS = [
         ["predict", "--target", "qwen3-235b-a22b", "--draft", "qwen2-0.5b", "--hardware", "H100", "--tp", "8",
          "--draft-tp", "4"], "--draft-tp: draft_tp must divide the attention heads of qwen2-0.5b (14), got 4"),
     cli("predict into a missing folder", lambda tmp: _predict_argv("--csv", str(tmp / "nowhere" / "p.csv")),
-        "--csv: folder ", stops=(("moesd.predictor.predict", "predict_sd"),)),
+        "--csv: folder ", stops=_PREDICTING),
     cli("predict with a negative context", _predict_argv("--context", "-1"), "--context must be >= 0, got -1"),
     cli("predict into an image type matplotlib lacks", lambda tmp: _predict_argv("--plot", str(tmp / "x.xyz")),
-        "--plot: matplotlib cannot write '.xyz' files; use one of", stops=(("moesd.predictor.predict", "predict_sd"),)),
+        "--plot: matplotlib cannot write '.xyz' files; use one of", stops=_PREDICTING),
     cli("predict across part of a node", ["predict", "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp",
                                           "--hardware", "H100", "--tp", "12"],
         "--tp: tp must be a multiple of 8 beyond one node, whole nodes of 8 H100 GPUs (a group over part of a node "
@@ -1196,7 +1221,6 @@ def _partial_sweep(tmp: Path) -> Path:
     return tmp
 
 
-_PREDICTING = (("moesd.predictor.predict", "predict_sd"),)
 _FINISHED = json.dumps({"complete": True}).encode()
 
 OUTPUT_FILES = [
@@ -1244,7 +1268,7 @@ OUTPUT_FILES = [
               "r.json' exists; pass --overwrite to replace it",
               stops=(("moesd.measure.regime", "regime_check"),)), "r.json"),
     _kept(cli("trace over an existing file leaves it as it was",
-              _trace_argv(model=GSM8K_FOLDER, out=lambda tmp: tmp / "x.npz"), "x.npz' exists; pass --overwrite",
+              _trace_argv(model=_saved_model, out=lambda tmp: tmp / "x.npz"), "x.npz' exists; pass --overwrite",
               before=NO_MODELS), "x.npz"),
     _kept(Case("bench", "a finished result file is left as it was",
                lambda tmp: _write(tmp, "e2e.json", _FINISHED) and _checked_sweep(tmp), FileExistsError,
@@ -1297,7 +1321,7 @@ def _trace_of_e(num_experts: int) -> traces.RoutingTrace:
 
 BEYOND_INT64, BEYOND_FLOAT_WHOLE = str(10**20), str(2**53 + 1)
 INT64_RANGE, EXACT_WHOLE = "within int64's range [-2^63, 2^63 - 1], got", "below 2^53 = 9007199254740992"
-NO_PREDICTION = (("moesd.predictor.predict", "predict_sd"),)
+NO_PREDICTION = _PREDICTING
 
 NUMBERS = [
     cli("predict over a grid of too many points", _predict_argv("--batch", "1-100000", "--gamma", "1-20"),
@@ -1325,9 +1349,8 @@ NUMBERS = [
     cli("predict with a batch size of 2**53 + 1 (rounded)", _predict_argv("--batch", BEYOND_FLOAT_WHOLE),
         f"--batch must be whole numbers {EXACT_WHOLE} in magnitude, got {BEYOND_FLOAT_WHOLE}", stops=NO_PREDICTION),
     cli("predict with a context of 10**20 tokens", _predict_argv("--context", BEYOND_INT64),
-        f"--context: context must be a whole number >= 0 {EXACT_WHOLE}", stops=NO_PREDICTION),
-    cli("predict on 10**20 GPUs", _predict_argv("--tp", BEYOND_INT64), f"--tp: tp must be a whole number >= 1 {EXACT_WHOLE}",
-        stops=NO_PREDICTION),
+        f"--context: context must be a whole number >= 0 {EXACT_WHOLE}"),  # refused by predict_sd's own checks
+    cli("predict on 10**20 GPUs", _predict_argv("--tp", BEYOND_INT64), f"--tp: tp must be a whole number >= 1 {EXACT_WHOLE}"),
     cli("theory of 2**53 + 1 tokens", ["theory", "--E", "64", "--K", "8", "--tokens", BEYOND_FLOAT_WHOLE],
         f"--tokens must be a whole number >= 1 {EXACT_WHOLE}"),
     # booleans inside a list of numbers (numpy turned [True, 2] into [1, 2])
@@ -1571,30 +1594,30 @@ RESULT_FILES = [
     # a resume whose sidecar is missing or cut
     Case("bench", "resume without a sidecar, rows of other settings ('other settings; pass --overwrite')",
          lambda tmp: _resume_rows(tmp, context=9), FileExistsError,
-         "e2e.json' does not exist; the rows of", True),
+         "e2e.json' does not exist; ", True),
     Case("bench", "resume without a sidecar names the setting that differs", lambda tmp: _resume_rows(tmp, context=9),
-         FileExistsError, "were measured with other settings (context 9, not this sweep's)", True),
+         FileExistsError, "e2e.csv: line 2 has context 9, not one of this sweep's (8)", True),
     Case("bench", "resume without a sidecar, rows of this sweep (kept, with a warning)",
          lambda tmp: _resume_rows(tmp, warn=True), UserWarning, "resuming from the 2 row(s) of e2e.csv", True),
     Case("bench", "resume with a cut sidecar, rows of this sweep (kept, with a warning)",
          lambda tmp: _write(tmp, "e2e.json", b'{"settings": {') and _resume_rows(tmp, warn=True), UserWarning,
-         "e2e.json is not valid JSON", True),
+         "e2e.json: not JSON", True),
     cli("sweep resuming rows of other settings without their sidecar",
         lambda tmp: (_e2e_rows().assign(context=99, rounds=2, warmup_rounds=1).to_csv(tmp / "e2e.csv", index=False)
                      or ["sweep", "e2e", "--out-dir", str(tmp)]),
-        "e2e.json' does not exist; the rows of", integration=True, stops=SWEEPING),
+        "e2e.json' does not exist; ", integration=True, stops=SWEEPING),
     # sweeps too large for memory or for the model's positions, checked before the models are built
     Case("bench", "a KV cache larger than memory",
-         lambda: sweeps.check_memory(_sweep(batch_sizes=(100_000,), context=100_000), 64e9, "cpu"), ValueError,
+         lambda: sweeps.check_memory(_sweep(batch_sizes=(1_000_000,), context=10_000), 64e9, "cpu"), ValueError,
          "the sweep needs at least"),
     Case("bench", "a KV cache larger than memory names the estimate",
-         lambda: sweeps.check_memory(_sweep(batch_sizes=(100_000,), context=100_000), 64e9, "cpu"), ValueError,
-         "of KV cache for 10001600000 cached tokens), more than the 64 GB of cpu"),
+         lambda: sweeps.check_memory(_sweep(batch_sizes=(1_000_000,), context=10_000), 64e9, "cpu"), ValueError,
+         "of KV cache for 10016000000 cached tokens), more than the 64 GB of cpu"),
     Case("bench", "positions beyond the model's",
          lambda: _sweep(target="opt-30b", draft="opt-350m", top_ks=None, context=3000), ValueError,
          "context, rounds and gammas make a sequence reach 3016 positions, more than the 2048 of opt-30b"),
     cli("sweep of a KV cache larger than memory (checked after the models were built)",
-        _sweep_argv("e2e", "--batch-sizes", "1000000", "--context", "1000000"), "the sweep needs at least",
+        _sweep_argv("e2e", "--batch-sizes", "100000000", "--context", "20000"), "the sweep needs at least",
         integration=True, stops=SWEEPING),
     cli("sweep of positions beyond the model's", _sweep_argv("dense", "--context", "5000"),
         "more than the 2048 of opt-30b", before=NO_MODELS),
@@ -1867,8 +1890,1068 @@ TRACE_FILES = [
 ]
 
 
+# The third round of bad input (issue 43): one list per kind, each rule in its one home -------------------
+# Kinds: resume (rows a resume keeps), bounds (sizes before work), fit-domain, paths, mid-sweep (failed writes),
+# models (checks before a model is built or loaded), options (options with no effect), raw (raw exceptions).
+
+_SNAPSHOTS: dict = {}
+
+
+def _snapshot(tmp: Path, *names: str) -> None:
+    """Remember the bytes of files ``names`` in ``tmp`` as a case's set-up left them (see :func:`_unchanged`)."""
+    _SNAPSHOTS[tmp] = {name: (tmp / name).read_bytes() for name in names}
+
+
+def _unchanged(case: Case) -> Case:
+    """``case``, after which the files its set-up remembered (:func:`_snapshot`) must be as they were."""
+    def call(tmp):
+        try:
+            case.call(tmp)
+        finally:
+            for name, data in _SNAPSHOTS.pop(tmp, {}).items():
+                assert (tmp / name).read_bytes() == data, f"the refused call changed {name}"
+
+    return case._replace(call=call)
+
+
+class _Captured(Exception):
+    """``moesd sweep`` reached check_sweep: ``args[0]`` is the SweepConfig it built."""
+
+
+def _cli_config(argv: list) -> sweeps.SweepConfig:
+    """The SweepConfig ``moesd <argv>`` builds, captured where check_sweep gets it (nothing is checked or run)."""
+    def capture(config, *args, **options):
+        raise _Captured(config)
+
+    with mock.patch("moesd.measure.result_file.check_sweep", capture), \
+            contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            moesd_cli.main(argv)
+        except _Captured as captured:
+            return captured.args[0]
+    raise AssertionError(f"moesd {' '.join(argv)} did not reach check_sweep")
+
+
+def _tiny_argv(tmp: Path, *changes, study: str = "e2e") -> list:
+    """``moesd sweep`` of a tiny e2e study (two batch sizes, one gamma, two repeats) into ``tmp``."""
+    return ["sweep", study, "--layers", "1", "--width", "0.03125", "--batch-sizes", "1", "3", "--gammas", "2",
+            "--sigma", "0.9", "--context", "4", "--repeats", "2", "--rounds", "2", "--warmup-rounds", "1",
+            "--dtype", "float32", "--out-dir", str(tmp), *changes]
+
+
+def _e2e_row(config: sweeps.SweepConfig, **changes) -> dict:
+    """A row of ``config``'s e2e-type study at its first point, with ``changes``."""
+    row = {"run": 0, "batch_size": config.batch_sizes[0], "gamma": config.gammas[0],
+           "num_experts_per_tok": config.top_k_values[0], "context": config.context, "seed": 1, "sigma_target": 0.9,
+           "alpha": 0.89, "warmup_rounds": config.warmup_rounds, "rounds": config.rounds, "ar_steps": config.rounds,
+           "t_ar": 0.02, "t_sd": 0.015, "t_target_1": 0.019, "t_target_gamma": 0.024, "t_draft": 0.01,
+           "t_reject": 0.001, "sigma": 0.9, "accept_length": 2.7, "speedup": 1.3, "speedup_eq4": 1.3,
+           "target_efficiency": 0.8, "activated_experts_1": 8.0, "activated_experts_gamma": 19.0}
+    return {**row, **changes}
+
+
+def _forward_row(config: sweeps.SweepConfig, **changes) -> dict:
+    return {"num_experts_per_tok": config.top_k_values[0], "run": 0, "role": "target",
+            "batch_size": config.batch_sizes[0], "tokens": 1, "context": config.context, "seconds": 0.01,
+            "activated_experts": 8.0, **changes}
+
+
+def _unfinished(tmp: Path, config: sweeps.SweepConfig, rows=None, text: str | None = None, name: str | None = None,
+                sidecar: bool = True, complete: bool = False) -> Path:
+    """An unfinished result file of ``config`` in ``tmp``: ``rows`` (dicts) or ``text``, and a sidecar of its
+    settings (none if not ``sidecar``)."""
+    import pandas as pd
+
+    path = tmp / (name or f"{config.study}.csv")
+    if text is None:
+        pd.DataFrame(rows).to_csv(path, index=False)
+    else:
+        path.write_text(text)
+    if sidecar:
+        path.with_suffix(".json").write_text(json.dumps({"settings": config.settings(), "complete": complete,
+                                                         "rows": len(rows or []), "command": "moesd sweep e2e"}))
+    return path
+
+
+_TINY = dict(_SWEEP, top_ks=(8,))
+_FORWARD = dict(_SWEEP, study="forward", top_ks=(8,), rounds=None, warmup_rounds=None)
+
+
+def _resume(tmp: Path, *rows, text: str | None = None, sidecar: bool = True, **changes):
+    """``check_sweep`` (a resume's checks, before any model) of an unfinished file holding ``rows``: each a dict
+    of changes to a good row of the study, or a full row (with ``full=True``)."""
+    from moesd.measure.result_file import check_sweep
+
+    config = sweeps.SweepConfig(**{**_TINY, **changes})
+    make = _forward_row if config.study in sweeps.FORWARD_STUDIES else _e2e_row
+    _unfinished(tmp, config, [make(config, **row) for row in rows] or None, text, sidecar=sidecar)
+    return check_sweep(config, tmp)
+
+
+def _resume_forward(tmp: Path, *rows):
+    return _resume(tmp, *rows, **{k: v for k, v in _FORWARD.items() if k not in _TINY or _TINY[k] != v})
+
+
+def _header_twice() -> str:
+    """A result file whose header comes again as its second row (two files joined with ``cat``)."""
+    import pandas as pd
+
+    text = pd.DataFrame([_e2e_row(sweeps.SweepConfig(**_TINY))]).to_csv(index=False)
+    return text + text.splitlines(keepends=True)[0]
+
+
+def _cli_resume(*rows, text: str | None = None, changes=(), sidecar: bool = True):
+    """``moesd sweep`` over an unfinished result file of the same command holding ``rows`` (changes to a good row)."""
+    def argv(tmp):
+        arguments = _tiny_argv(tmp, *changes)
+        config = _cli_config(arguments)
+        _unfinished(tmp, config, [_e2e_row(config, **row) for row in rows] or None, text, sidecar=sidecar)
+        return arguments
+
+    return argv
+
+
+def _killed_overwrite(tmp: Path, *changes) -> list:
+    """A finished e2e.csv beside the partial file of an --overwrite of the same command that was stopped."""
+    arguments = _tiny_argv(tmp, *changes)
+    config = _cli_config(arguments)
+    finished = [_e2e_row(config, run=run, batch_size=batch) for run in (0, 1) for batch in (1, 3)]
+    _unfinished(tmp, config, finished, complete=True)
+    partial = _unfinished(tmp, config, finished[:1], name=".e2e.partial.csv")
+    sidecar = json.loads(partial.with_suffix(".json").read_text())
+    partial.with_suffix(".json").write_text(json.dumps({**sidecar, "command": shlex.join(["moesd", *arguments,
+                                                                                          "--overwrite"])}))
+    _snapshot(tmp, "e2e.csv", "e2e.json", ".e2e.partial.csv")
+    return arguments
+
+
+def _api_killed_overwrite(tmp: Path):
+    from moesd.measure.result_file import check_sweep
+
+    config = sweeps.SweepConfig(**_TINY)
+    finished = [_e2e_row(config, run=run, batch_size=batch, gamma=gamma) for run in (0, 1) for batch in (1, 3)
+                for gamma in (2, 3)]
+    _unfinished(tmp, config, finished, complete=True)
+    _unfinished(tmp, config, finished[:2], name=".e2e.partial.csv")
+    _snapshot(tmp, "e2e.csv", "e2e.json", ".e2e.partial.csv")
+    return check_sweep(config, tmp)
+
+
+def _finished_with(tmp: Path, *extra):
+    """``ResultFile.finish`` of a file holding every point of the tiny sweep and the ``extra`` rows."""
+    from moesd.measure.protocol import sd_variants
+    from moesd.measure.result_file import ResultFile
+
+    config = sweeps.SweepConfig(**_TINY)
+    keys = [v for run in range(2) for batch in (1, 3) for v in sd_variants(config, batch, 8, run)]
+    result = ResultFile(_unfinished(tmp, config, [_e2e_row(config, **k) for k in keys]), config)
+    for row in extra:  # rows no resume would keep: added as a buggy study would
+        result.rows[("x", *row.values())] = _e2e_row(config, **row)
+    return result.finish(keys)
+
+
+_KEPT = "so its rows are not this sweep's to resume"
+
+RESUMES = [
+    # rows of another point, context or repeat: refused naming the file and the line, before any model is built
+    Case("resume", "rows of another context (kept: ended complete)", lambda tmp: _resume(tmp, {"context": 99}),
+         FileExistsError, "e2e.csv: line 2 has context 99, not one of this sweep's (8), " + _KEPT, True),
+    Case("resume", "a run id outside repeats", lambda tmp: _resume(tmp, {"run": 7}), FileExistsError,
+         "e2e.csv: line 2 has run 7, not one of this sweep's (0, 1)", True),
+    Case("resume", "a negative run id", lambda tmp: _resume(tmp, {"run": -1}), FileExistsError,
+         "line 2 has run -1, not one of this sweep's", True),
+    Case("resume", "a run id as text", lambda tmp: _resume(tmp, {"run": "first"}), FileExistsError,
+         "line 2 has run 'first', not one of this sweep's", True),
+    Case("resume", "a fractional run id", lambda tmp: _resume(tmp, {"run": 0.5}), FileExistsError,
+         "line 2 has run 0.5, not one of this sweep's", True),
+    Case("resume", "a batch size the sweep does not run", lambda tmp: _resume(tmp, {"batch_size": 5}),
+         FileExistsError, "line 2 has batch_size 5, not one of this sweep's (1, 3)", True),
+    Case("resume", "a gamma the sweep does not run", lambda tmp: _resume(tmp, {"gamma": 7}), FileExistsError,
+         "line 2 has gamma 7, not one of this sweep's (2, 3)", True),
+    Case("resume", "another K", lambda tmp: _resume(tmp, {"num_experts_per_tok": 4}), FileExistsError,
+         "line 2 has num_experts_per_tok 4, not one of this sweep's (8)", True),
+    Case("resume", "other rounds", lambda tmp: _resume(tmp, {"rounds": 9}), FileExistsError,
+         "line 2 has rounds 9, not one of this sweep's (2)", True),
+    Case("resume", "other warm-up rounds", lambda tmp: _resume(tmp, {"warmup_rounds": 0}), FileExistsError,
+         "line 2 has warmup_rounds 0, not one of this sweep's (1)", True),
+    Case("resume", "the third row of another context", lambda tmp: _resume(tmp, {}, {"batch_size": 3},
+                                                                           {"run": 1, "context": 16}),
+         FileExistsError, "e2e.csv: line 4 has context 16", True),
+    # columns, types and times
+    Case("resume", "rows of another study (a forward study's rows in e2e.csv)",
+         lambda tmp: _resume(tmp, text="num_experts_per_tok,run,role,batch_size,tokens,context,seconds\n"
+                                       "8,0,target,1,1,8,0.1\n"), FileExistsError,
+         "e2e.csv: the header lacks gamma, rounds, warmup_rounds, t_ar, t_sd, t_target_1, t_target_gamma, t_draft, "
+         "t_reject of the e2e study's rows", True),
+    Case("resume", "a missing run column", lambda tmp: _resume(tmp, text="batch_size,gamma\n1,2\n"), FileExistsError,
+         "the header lacks run, num_experts_per_tok, context", True),
+    Case("resume", "a time as text", lambda tmp: _resume(tmp, {"t_ar": "fast"}), FileExistsError,
+         "e2e.csv: line 2 has t_ar 'fast', not a number of seconds > 0", True),
+    Case("resume", "a negative time", lambda tmp: _resume(tmp, {"t_sd": -0.1}), FileExistsError,
+         "line 2 has t_sd -0.1, not a number of seconds > 0", True),
+    Case("resume", "a time of zero", lambda tmp: _resume(tmp, {"t_draft": 0}), FileExistsError,
+         "line 2 has t_draft 0, not a number of seconds > 0", True),
+    Case("resume", "an infinite time", lambda tmp: _resume(tmp, {"t_target_gamma": float("inf")}), FileExistsError,
+         "line 2 has t_target_gamma inf, not a number of seconds > 0", True),
+    Case("resume", "a second header (two files joined)", lambda tmp: _resume(tmp, text=_header_twice()),
+         FileExistsError, "e2e.csv: line 3 has run 'run', not one of this sweep's", True),
+    Case("resume", "an empty file", lambda tmp: _resume(tmp, text=""), FileExistsError,
+         "e2e.csv: cannot be read as a result file (No columns to parse from file)", True),
+    Case("resume", "control characters for a header", lambda tmp: _resume(tmp, text="\x00\x01,\x02\n\x03,\x04\n"),
+         FileExistsError, "e2e.csv: the header lacks run, batch_size", True),
+    Case("resume", "a forward study's role that is not a model", lambda tmp: _resume_forward(tmp, {"role": "verifier"}),
+         FileExistsError, "forward.csv: line 2 has role 'verifier', not one of this sweep's (draft, target)", True),
+    Case("resume", "a forward study's pass of other tokens", lambda tmp: _resume_forward(tmp, {"tokens": 9}),
+         FileExistsError, "forward.csv: line 2 has tokens 9, not one of this sweep's (1, 2, 3, 4)", True),
+    Case("resume", "a forward study's negative seconds", lambda tmp: _resume_forward(tmp, {"seconds": -1.0}),
+         FileExistsError, "forward.csv: line 2 has seconds -1.0, not a number of seconds > 0", True),
+    Case("resume", "rows of another context without their sidecar",
+         lambda tmp: _resume(tmp, {"context": 99}, sidecar=False), FileExistsError,
+         "e2e.json' does not exist; ", True),
+    Case("resume", "a run outside repeats without a sidecar names the line",
+         lambda tmp: _resume(tmp, {"run": 2}, sidecar=False), FileExistsError,
+         "e2e.csv: line 2 has run 2, not one of this sweep's (0, 1)", True),
+    # a stopped --overwrite: a plain rerun never replaces the finished file
+    _unchanged(Case("resume", "a plain rerun after a killed overwrite (replaced the finished file)", _api_killed_overwrite,
+               FileExistsError, ".e2e.partial.csv holds 2 row(s) of a sweep that was replacing e2e.csv (overwrite, "
+               "--overwrite) and stopped part-way; e2e.csv keeps its rows until that sweep completes. Finish it with "
+               "the same sweep with overwrite", True)),
+    Case("resume", "complete only when the rows are exactly the points", lambda tmp: _finished_with(tmp, {"run": 5}),
+         RuntimeError, "1 row(s) of points this sweep does not measure", True),
+    # the same through the command line
+    cli("sweep resuming rows of another context", _cli_resume({"context": 99}),
+        "e2e.csv: line 2 has context 99, not one of this sweep's (4)", integration=True, stops=SWEEPING),
+    cli("sweep resuming a run id outside --repeats", _cli_resume({"run": 2}),
+        "e2e.csv: line 2 has run 2, not one of this sweep's (0, 1)", integration=True, stops=SWEEPING),
+    cli("sweep resuming a batch size not in --batch-sizes", _cli_resume({"batch_size": 2}),
+        "line 2 has batch_size 2, not one of this sweep's (1, 3)", integration=True, stops=SWEEPING),
+    cli("sweep resuming a gamma not in --gammas", _cli_resume({"gamma": 4}),
+        "line 2 has gamma 4, not one of this sweep's (2)", integration=True, stops=SWEEPING),
+    cli("sweep resuming a time as text (crashed after the work)", _cli_resume({"t_ar": "fast"}),
+        "line 2 has t_ar 'fast', not a number of seconds > 0", integration=True, stops=SWEEPING),
+    cli("sweep resuming a negative time", _cli_resume({"t_reject": -1}),
+        "line 2 has t_reject -1, not a number of seconds > 0", integration=True, stops=SWEEPING),
+    cli("sweep resuming a second header", _cli_resume(text=_header_twice()),
+        "line 3 has run 'run', not one of this sweep's", integration=True, stops=SWEEPING),
+    cli("sweep resuming an empty file", _cli_resume(text=""), "e2e.csv: cannot be read as a result file",
+        integration=True, stops=SWEEPING),
+    cli("sweep resuming another study's rows", _cli_resume(text="run,role,batch_size,tokens,seconds\n0,draft,1,1,1\n"),
+        "the header lacks num_experts_per_tok, context, gamma", integration=True, stops=SWEEPING),
+    cli("sweep resuming other rounds without a sidecar", _cli_resume({"rounds": 5}, sidecar=False),
+        "line 2 has rounds 5, not one of this sweep's (2)", integration=True, stops=SWEEPING),
+    _unchanged(cli("sweep after a killed --overwrite (replaced the finished file)", _killed_overwrite,
+              "e2e.csv keeps its rows until that sweep completes. Finish it with `moesd sweep e2e ", integration=True,
+              stops=SWEEPING)),
+]
+
+
+def _sparse(tmp: Path, name: str, gib: float = 2.0, head: bytes = b"") -> Path:
+    """A file of ``gib`` GiB that takes no disk (a hole after ``head``): larger than a reader takes whole."""
+    path = tmp / name
+    with open(path, "wb") as file:
+        file.write(head)
+        file.truncate(int(gib * 2**30))
+    return path
+
+
+def _declaring(tmp: Path, name: str = "x.npz", shape=(10**11, 1, 2), holds: int = 64, **arrays) -> Path:
+    """An ``.npz`` whose ``experts`` member declares ``shape`` of int64 but holds ``holds`` bytes after its header."""
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<i8", "fortran_order": False, "shape": shape})
+    with zipfile.ZipFile(tmp / name, "w") as archive:
+        archive.writestr("experts.npy", header.getvalue() + b"\0" * holds)
+        for key, value in {"num_experts": np.int64(8), **arrays}.items():
+            buffer = io.BytesIO()
+            np.save(buffer, value)
+            archive.writestr(f"{key}.npy", buffer.getvalue())
+    return tmp / name
+
+
+def _unpacking(tmp: Path):
+    """``load_prompts`` of the gzipped HumanEval excerpt with what a file may unpack to set below what it unpacks to
+    (a gzip bomb, without writing one)."""
+    with mock.patch("moesd.routing.prompts.MAX_READ_BYTES", 1_000):
+        return load_prompts("humaneval", HUMANEVAL)
+
+
+def _trace_2x4() -> traces.RoutingTrace:
+    return traces.RoutingTrace(np.tile(np.array([0, 1]), (50, 3, 1)), 8)
+
+
+def _checkpoint(tmp: Path, name: str, config: dict | str, folder: str | None = None) -> str:
+    """A folder ``tmp/<folder or role>`` whose config.json holds ``config`` (a dict written as JSON, or text)."""
+    path = tmp / (folder or name)
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    return str(path)
+
+
+def _zoo_checkpoint(tmp: Path, model: str, role: str, **changes) -> str:
+    from moesd.zoo import get_model
+
+    spec = get_model(model)
+    return _checkpoint(tmp, role, {**spec.config_dict(num_layers=1, width=1 / 16), "model_type": spec.model_type,
+                                   **changes})
+
+
+def _pretrained(tmp: Path, target=None, draft=None, **changes):
+    """A pretrained sweep of local folders of Qwen3 shapes (``target``, ``draft``: config changes or text)."""
+    folders = {}
+    for role, model, config in (("target", "qwen3-30b-a3b", target), ("draft", "qwen3-0.6b", draft)):
+        folders[f"{role}_path"] = (_checkpoint(tmp, role, config) if isinstance(config, str)
+                                   else _zoo_checkpoint(tmp, model, role, **(config or {})))
+    return sweeps.SweepConfig(**{"study": "e2e", "target": "qwen3-30b-a3b", "draft": "qwen3-0.6b",
+                                 "weights": "pretrained", "batch_sizes": (1,), "gammas": (2,), "context": 8,
+                                 "rounds": 1, "warmup_rounds": 0, "repeats": 1, **folders, **changes})
+
+
+def _random_trace_cli(*changes, model="olmoe-1b-7b"):
+    return lambda tmp: ["trace", "--random-weights", "--model", model, "--prompts", "gsm8k", "--prompt-source",
+                        str(GSM8K_FOLDER), "--out", str(tmp / "x.npz"), *changes]
+
+
+BOUNDS = [
+    # rows of a sweep: counted before any work, with the count
+    Case("bounds", "a billion repeats (ran until stopped)", lambda: _sweep(repeats=10**9), UsageError,
+         "repeats 1000000000 x 1 K x 2 batch sizes x 2 gammas x 1 workload(s) make 4000000000 rows, more than the "
+         "20000 a result file holds"),
+    Case("bounds", "a forward study of a million repeats", lambda: _sweep(study="forward", repeats=10**6, rounds=None,
+                                                                         warmup_rounds=None), UsageError,
+         "x 2 gammas x 2 models make 16000000 rows, more than the 20000"),
+    Case("bounds", "ten thousand batch sizes", lambda: _sweep(batch_sizes=tuple(range(1, 10_001))), UsageError,
+         "10000 batch sizes x 2 gammas x 1 workload(s) make 40000 rows"),
+    Case("bounds", "a sparsity study of every K over many repeats", lambda: _sweep(top_ks=tuple(range(1, 65)),
+                                                                                  repeats=100), UsageError,
+         "repeats 100 x 64 K x 2 batch sizes x 2 gammas x 1 workload(s) make 25600 rows"),
+    # positions: from the config, or the architecture's default where the config names none
+    Case("bounds", "a context beyond Qwen2-MoE's default positions (no max_position_embeddings)",
+         lambda: _sweep(context=10**6), UsageError,
+         "context, rounds and gammas make a sequence reach 1000016 positions, more than the 32768 of qwen2-57b-a14b"),
+    Case("bounds", "rounds beyond OLMoE's 4096 positions",
+         lambda: _sweep(target="olmoe-1b-7b", layers=None, rounds=2000, top_ks=None), UsageError,
+         "reach 8016 positions, more than the 4096 of olmoe-1b-7b"),
+    Case("bounds", "a forward study's gamma beyond DeepSeek-V2-Lite's 2048 positions",
+         lambda: _sweep(study="forward", target="deepseek-v2-lite", layers=2, gammas=(3000,), rounds=None,
+                        warmup_rounds=None), UsageError, "reach 3009 positions, more than the 2048 of deepseek-v2-lite"),
+    Case("bounds", "a context beyond the draft's positions", lambda: _sweep(target="mixtral-8x7b", draft="opt-350m",
+                                                                           context=3000, layers=1), UsageError,
+         "more than the 2048 of opt-350m"),
+    Case("bounds", "a context beyond a local checkpoint's own positions",
+         lambda tmp: _pretrained(tmp, target={"max_position_embeddings": 64}, context=100), UsageError,
+         "reach 106 positions, more than the 64 of qwen3-30b-a3b"),
+    # samples of the union statistics
+    Case("bounds", "ten billion random-union samples", lambda: unions.random_union(_trace_2x4(), 2, samples=10**10),
+         UsageError, "10000000000 samples of 2 tokens would need about 820 GiB of memory, more than the 4 GiB"),
+    Case("bounds", "ten billion verification samples", lambda: unions.verify_union(_trace_2x4(), 1, 2, samples=10**10),
+         UsageError, "10000000000 samples of 1 sequences x 2 tokens would need about"),
+    Case("bounds", "zero samples", lambda: unions.random_union(_trace_2x4(), 2, samples=0), UsageError,
+         "samples must be a whole number >= 1, got 0"),
+    Case("bounds", "fractional samples", lambda: unions.verify_union(_trace_2x4(), 1, 2, samples=2.5), UsageError,
+         "samples must be a whole number >= 1, got 2.5"),
+    Case("bounds", "measured loads of ten billion samples",
+         lambda: _activated(_trace_2x4(), 1, 2, model="measured", samples=10**10), UsageError,
+         "10000000000 samples of 1 sequences x 2 tokens"),
+    # archives that declare more than they hold, files larger than a reader takes whole
+    Case("bounds", "a trace declaring 10**11 tokens in 64 bytes (numpy allocated them)",
+         lambda tmp: traces.RoutingTrace.load(_declaring(tmp)), ValueError,
+         "x.npz: not a valid routing trace: member experts.npy declares shape (100000000000, 1, 2) of int64 "
+         "(1600000000000 bytes) but holds"),
+    Case("bounds", "arrays declaring more than the memory bound",
+         lambda tmp: npz_arrays(_declaring(tmp, shape=(8, 1, 2), holds=128), limit=64), ValueError,
+         "its arrays declare"),
+    Case("bounds", "vLLM routed experts declaring more than they hold",
+         lambda tmp: vllm_logs.from_vllm_routed_experts(
+             _declaring(tmp, "routed.npz", rows=np.array([1]), prompt_tokens=np.array([1]),
+                        output_tokens=np.array([0]), request_id=np.array(["a"]))), ValueError,
+         "routed.npz: not a file written by save_vllm_routed_experts: member experts.npy declares shape"),
+    Case("bounds", "a 2 GiB result file (read whole)", lambda tmp: measurements.read_rows(_sparse(tmp, "e2e.csv")),
+         ValueError, "e2e.csv' holds 2 GiB, more than the 1 GiB a file read whole may hold"),
+    Case("bounds", "a 2 GiB sidecar", lambda tmp: measurements.read_sidecar(_sparse(tmp, "e2e.json")), ValueError,
+         "e2e.json' holds 2 GiB, more than the 1 GiB"),
+    Case("bounds", "a 2 GiB trace", lambda tmp: traces.RoutingTrace.load(_sparse(tmp, "t.npz", head=b"PK\x03\x04")),
+         ValueError, "t.npz' holds 2 GiB"),
+    Case("bounds", "a 2 GiB token JSONL", lambda tmp: importers.from_token_jsonl(_sparse(tmp, "t.jsonl"), 4),
+         ValueError, "t.jsonl' holds 2 GiB"),
+    Case("bounds", "a 2 GiB layer CSV", lambda tmp: importers.from_layer_csv(_sparse(tmp, "r.csv"), 4), ValueError,
+         "r.csv' holds 2 GiB"),
+    Case("bounds", "a 2 GiB vLLM log", lambda tmp: vllm_logs.from_vllm_moe_log(_sparse(tmp, "layer0.jsonl"), 4),
+         ValueError, "layer0.jsonl' holds 2 GiB"),
+    Case("bounds", "a 2 GiB prompt file", lambda tmp: load_prompts("gsm8k", _sparse(tmp, "test.jsonl")), ValueError,
+         "test.jsonl' holds 2 GiB"),
+    Case("bounds", "a gzip prompt file that unpacks to more than 1 GiB (read whole)",
+         _unpacking, ValueError,
+         "HumanEval.jsonl.gz: unpacks to more than"),
+    # predict's context against the positions a model's config names
+    Case("bounds", "a deployment's context past OPT's 2048 positions", lambda: Setup("opt-30b", "opt-350m", "H100",
+                                                                                      context=5000), UsageError,
+         "context: 5000 tokens in each KV cache and the token a step adds pass the 2048 positions of opt-30b"),
+    Case("bounds", "a context past the positions of a config.json", lambda tmp: Setup(
+        str(Path(_checkpoint(tmp, "target", {**_zoo("qwen3-30b-a3b").config_dict(), "model_type": "qwen3_moe",
+                                             "max_position_embeddings": 64})) / "config.json"),
+        "qwen3-0.6b", "H100", context=100), UsageError, "pass the 64 positions of"),
+    # the same through the command line
+    cli("predict at a context past OPT's positions (priced a cache it cannot hold)",
+        ["predict", "--target", "opt-30b", "--draft", "opt-350m", "--hardware", "H100", "--context", "5000"],
+        "--context: 5000 tokens in each KV cache and the token a step adds pass the 2048 positions of opt-30b"),
+    cli("predict at a context of exactly OPT's positions", ["predict", "--target", "opt-30b", "--draft", "opt-350m",
+                                                           "--hardware", "H100", "--context", "2048"],
+        "--context: 2048 tokens in each KV cache"),
+    cli("sweep of a billion repeats (ran until stopped)", _sweep_argv("e2e", "--repeats", "1000000000"),
+        "--repeats 1000000000 x 1 K x 10 batch sizes x 3 gammas x 1 workload(s) make 30000000000 rows, more than the "
+        "20000", before=NO_MODELS),
+    cli("sweep of a million-token context on Qwen2-MoE (its config names no positions)",
+        _sweep_argv("e2e", "--context", "1000000"), "more than the 32768 of qwen2-57b-a14b", before=NO_MODELS),
+    cli("sweep of rounds past the positions", _sweep_argv("e2e", "--rounds", "10000"),
+        "reach 50014 positions, more than the 32768 of qwen2-57b-a14b; lower context or rounds", before=NO_MODELS),
+    cli("forward sweep of a gamma past the positions", _sweep_argv("forward", "--gammas", "40000"),
+        "reach 40009 positions, more than the 32768 of qwen2-57b-a14b", before=NO_MODELS),
+    cli("sweep of 3000 batch sizes", _sweep_argv("e2e", "--batch-sizes", *map(str, range(1, 3001))),
+        "make 45000 rows, more than the 20000", before=NO_MODELS),
+    cli("random-weight trace past OLMoE's positions", _random_trace_cli("--max-new-tokens", "5000"),
+        "--max-new-tokens 5000 after prompts of up to", integration=True, stops=TRACING),
+    cli("random-weight trace of DeepSeek-V2-Lite past its 2048 positions",
+        _random_trace_cli("--max-new-tokens", "2000", model="deepseek-v2-lite"), "more than the model's 2048",
+        integration=True, stops=TRACING),
+    cli("trace of a saved model of 16 positions",
+        _trace_argv(model=lambda tmp: _saved_model(tmp, '{"model_type": "qwen2_moe", "max_position_embeddings": 16}')),
+        "--max-new-tokens 128 after prompts of up to 0 tokens reaches 128 positions, more than the model's 16",
+        before=NO_MODELS),
+    cli("fit of a 2 GiB result file", lambda tmp: ["fit", str(_sparse(tmp, "e2e.csv"))],
+        "e2e.csv' holds 2 GiB, more than the 1 GiB"),
+    cli("fit of a result file whose sidecar is 2 GiB",
+        lambda tmp: _result_file(tmp) and _sparse(tmp, "sparsity.json") and ["fit", str(tmp / "sparsity.csv")],
+        "sparsity.json' holds 2 GiB"),
+    cli("sweep replaying a trace that declares more than it holds",
+        lambda tmp: ["sweep", "sparsity", "--routing", "trace", "--routing-trace", str(_declaring(tmp)), "--out-dir",
+                     str(tmp / "out")], "declares shape (100000000000, 1, 2)", before=NO_MODELS),
+]
+
+
+def _with_labels(*labels: str):
+    """An edit of a result file's text adding a ``dataset`` column: ``labels[i]`` on data row i, the first
+    label on the others."""
+    def edit(text: str) -> str:
+        lines = text.splitlines(keepends=True)
+        rows = [line.rstrip("\n") + f",{labels[i] if i < len(labels) else labels[0]}\n"
+                for i, line in enumerate(lines[1:])]
+        return lines[0].rstrip("\n") + ",dataset\n" + "".join(rows)
+    return edit
+
+
+def _run_cells(value):
+    """An edit setting the ``run`` cell of data row 3 (line 5) to ``value``."""
+    def edit(text: str) -> str:
+        lines = text.splitlines(keepends=True)
+        lines[4] = f"{value}," + lines[4].split(",", 1)[1]
+        return "".join(lines)
+    return edit
+
+
+def _ridge_sidecar(peak_flops: float, memory_bandwidth: float) -> dict:
+    return _sidecar_hardware(peak_flops=peak_flops, memory_bandwidth=memory_bandwidth)
+
+
+FIT_DOMAIN = [
+    # the points' domain: whole batch sizes, gammas, K and runs, within bounds, named by file and line
+    Case("fit-domain", "fit API of a fractional batch size (fitted)", lambda tmp: _read_file(tmp, B=2.5), ValueError,
+         "sparsity.csv: line 5, column batch_size is 2.5, not a whole number in [1, 1048576]"),
+    Case("fit-domain", "fit API of a batch size of 1e15", lambda tmp: _read_file(tmp, B=1e15), ValueError,
+         "line 5, column batch_size is 1000000000000000.0, not a whole number in [1, 1048576]"),
+    Case("fit-domain", "fit API of a batch size of 1e300 (overflowed inside the fit)",
+         lambda tmp: _read_file(tmp, B=1e300), ValueError, "line 5, column batch_size is 1e+300, not a whole number"),
+    Case("fit-domain", "fit API of a fractional gamma", lambda tmp: _read_file(tmp, gamma=2.5), ValueError,
+         "line 5, column gamma is 2.5, not a whole number in [1, 1024]"),
+    Case("fit-domain", "fit API of a gamma of 5000", lambda tmp: _read_file(tmp, gamma=5000), ValueError,
+         "line 5, column gamma is 5000, not a whole number in [1, 1024]"),
+    Case("fit-domain", "fit API of a fractional K", lambda tmp: _read_file(tmp, K=1.5), ValueError,
+         "line 5, column num_experts_per_tok is 1.5, not a whole number >= 1"),
+    Case("fit-domain", "fit API of a fractional run", lambda tmp: _read_file(tmp, edit=_run_cells("0.5")), ValueError,
+         "line 5, column run is 0.5, not a whole number >= 0"),
+    Case("fit-domain", "fit API of a run as text", lambda tmp: _read_file(tmp, edit=_run_cells("first")), ValueError,
+         "line 5, column run is 'first', not a whole number >= 0"),
+    Case("fit-domain", "fit API of a negative run", lambda tmp: _read_file(tmp, edit=_run_cells("-1")), ValueError,
+         "line 5, column run is -1, not a whole number >= 0"),
+    # the sidecar's row count against the CSV
+    Case("fit-domain", "a sidecar promising more rows than the file holds",
+         lambda tmp: _read_file(tmp, sidecar={**_sidecar(), "rows": 96}), ValueError,
+         "sparsity.csv holds 48 rows but its sidecar (sparsity.json) says the finished sweep wrote 96: rows were lost"),
+    Case("fit-domain", "a sidecar promising fewer rows than the file holds",
+         lambda tmp: _read_file(tmp, sidecar={**_sidecar(), "rows": 40}), ValueError,
+         "holds 48 rows but its sidecar (sparsity.json) says the finished sweep wrote 40"),
+    # labels that differ only by what no one sees
+    Case("fit-domain", "a label with a zero-width space", lambda tmp: _read_file(tmp, edit=_with_labels(
+        "humaneval", "humaneval\u200b")), ValueError,
+         "sparsity.csv: line 3, column dataset holds 'humaneval\\u200b', with U+200B (ZERO WIDTH SPACE) that no one "
+         "sees"),
+    Case("fit-domain", "a label with a trailing space", lambda tmp: _read_file(tmp, edit=_with_labels(
+        "humaneval", "humaneval ")), ValueError, "line 3, column dataset holds 'humaneval ', with a space at its end"),
+    Case("fit-domain", "a label with a non-breaking space", lambda tmp: _read_file(tmp, edit=_with_labels(
+        "mt bench", "mt\u00a0bench")), ValueError, "with U+00A0 (NO-BREAK SPACE) that no one sees"),
+    Case("fit-domain", "a label with a bell character", lambda tmp: _read_file(tmp, edit=_with_labels(
+        "humaneval", "human\aeval")), ValueError, "with U+0007 (unnamed) that no one sees"),
+    Case("fit-domain", "labels differing only in case", lambda tmp: _read_file(tmp, edit=_with_labels(
+        "humaneval", "HumanEval")), ValueError,
+         "line 3, column dataset holds 'HumanEval' and line 2 'humaneval', which differ only in case or Unicode form"),
+    Case("fit-domain", "labels differing only in Unicode form (fullwidth letters)",
+         lambda tmp: _read_file(tmp, edit=_with_labels("gsm8k", "\uff47sm8k")), ValueError,
+         "which differ only in case or Unicode form"),
+    # a fitting frame given directly
+    Case("fit-domain", "a frame with a fractional B", lambda: check_measurements(_frame(B=2.5)), ValueError,
+         "B must be a whole number in [1, 1048576]: column B holds 2.5 (row 3)"),
+    Case("fit-domain", "a frame with B of ten million", lambda: check_measurements(_frame(B=10**7)), ValueError,
+         "B must be a whole number in [1, 1048576]: column B holds 1e+07 (row 3)"),
+    Case("fit-domain", "a frame with a gamma of 2000", lambda: check_measurements(_frame(gamma=2000)), ValueError,
+         "gamma must be a whole number in [1, 1024]: column gamma holds 2000 (row 3)"),
+    Case("fit-domain", "a frame with a fractional K", lambda: check_measurements(_frame(K=1.5)), ValueError,
+         "K must be a whole number in [1, 2^53): column K holds 1.5 (row 3)"),
+    Case("fit-domain", "a frame with E of 1e300", lambda: check_measurements(_frame(E=1e300)), ValueError,
+         "E must be a whole number in [1, 2^53): column E holds 1e+300 (row 3)"),
+    Case("fit-domain", "fitting a fractional B (fitted)", lambda: fit.fit_speedup_model(_frame(B=2.5), 40.0),
+         ValueError, "B must be a whole number in [1, 1048576]"),
+    Case("fit-domain", "fitting 200000 measurements (ran for hours)",
+         lambda: fit.fit_speedup_model(_frame().sample(200_000, replace=True, random_state=0).reset_index(drop=True),
+                                       40.0), ValueError,
+         "measurements hold 200000 rows, more than the 100000 a fit takes"),
+    cli("fit of 100001 points (ran for hours)", lambda tmp: _result_file(tmp) and _write(tmp, "sparsity.csv", (
+        "run,batch_size,gamma,num_experts_per_tok,sigma,speedup\n"
+        + "".join(f"0,{b},2,1,0.9,1.5\n" for b in range(1, 100_002))).encode()) and ["fit", str(tmp / "sparsity.csv")],
+        "measurements hold 100001 rows, more than the 100000 a fit takes"),
+    # a bandwidth or a peak that makes the ridge point vanish or overflow
+    Case("fit-domain", "a sidecar whose ridge point underflows to 0",
+         lambda: analysis.ridge_tokens_for(_ridge_sidecar(1e-300, 1e300)), ValueError,
+         "hardware.peak_flops / hardware.memory_bandwidth, the ridge point, is 0 FLOP/byte for 1e-300 FLOP/s over "
+         "1e+300 bytes/s: not a number a float holds"),
+    Case("fit-domain", "a sidecar whose ridge point overflows", lambda: analysis.ridge_tokens_for(
+        _ridge_sidecar(1e300, 1e-300)), ValueError, "the ridge point, is inf FLOP/byte"),
+    # through the command line
+    cli("fit of a fractional batch size (fitted)", _fit_file(B=2.5),
+        "sparsity.csv: line 5, column batch_size is 2.5, not a whole number in [1, 1048576]"),
+    cli("fit of a batch size of 1e15 (fitted)", _fit_file(B=1e15), "column batch_size is 1000000000000000.0"),
+    cli("fit of a batch size of 1e300 (overflow warnings)", _fit_file(B=1e300), "column batch_size is 1e+300"),
+    cli("fit of a fractional gamma", _fit_file(gamma=2.5), "line 5, column gamma is 2.5, not a whole number"),
+    cli("fit of a fractional K", _fit_file(K=1.5), "line 5, column num_experts_per_tok is 1.5"),
+    cli("fit of a run as text (averaged as another run)", _fit_file(_run_cells("zero")),
+        "line 5, column run is 'zero', not a whole number >= 0"),
+    cli("fit of a sidecar promising 96 rows of 48 (fitted)", _fit_file(sidecar={**_sidecar(), "rows": 96}),
+        "holds 48 rows but its sidecar (sparsity.json) says the finished sweep wrote 96"),
+    cli("fit of labels that differ by a zero-width space", _fit_file(_with_labels("humaneval", "humaneval\u200b")),
+        "line 3, column dataset holds 'humaneval\\u200b', with U+200B (ZERO WIDTH SPACE)"),
+    cli("fit of labels that differ only in case", _fit_file(_with_labels("humaneval", "HumanEval")),
+        "which differ only in case or Unicode form"),
+    cli("fit of a bandwidth that makes the ridge point vanish (fitted at rp 0)",
+        _fit_file(sidecar=_ridge_sidecar(1e-300, 1e300)), "the ridge point, is 0 FLOP/byte"),
+    cli("fit of a peak that makes the ridge point infinite", _fit_file(sidecar=_ridge_sidecar(1e300, 1e-300)),
+        "the ridge point, is inf FLOP/byte"),
+    cli("fit with --E of 10**20 (said num_experts)", _fit_argv("--E", str(10**20)),
+        "--E must be a whole number >= 1 below 2^53"),
+    cli("fit with --stride of 10**20 (said stride)", _fit_argv("--stride", str(10**20)),
+        "--stride must be a whole number >= 1 below 2^53"),
+]
+
+
+def _output_path(name: str, path):
+    from moesd._checks import output_path
+
+    return output_path(name, path)
+
+
+def _writable_folder(name: str, path):
+    from moesd._checks import writable_folder
+
+    return writable_folder(name, path)
+
+
+def _loop(tmp: Path, name: str = "loop") -> Path:
+    """A symbolic link that points at itself."""
+    (tmp / name).symlink_to(tmp / name)
+    return tmp / name
+
+
+_LONG = "x" * 300  # a name longer than any file system takes (255 bytes)
+
+
+def _too_deep(tmp: Path) -> Path:
+    """A path longer than the system takes (PATH_MAX, 4096 bytes), each name short enough."""
+    return tmp.joinpath(*["y" * 200] * 25, "x.csv")
+
+
+def _linked_to(tmp: Path, target: str) -> Path:
+    (tmp / "link").symlink_to(target)
+    return tmp / "link"
+
+
+_MEASURING = (("moesd.measure.hardware", "measure_roofline"),)
+_REGIME = (("moesd.measure.regime", "regime_check"),)
+
+PATHS = [
+    # one rule for every output path (moesd._checks.output_path): checked before any work
+    Case("paths", "an empty output path", lambda: _outputs(csv=""), UsageError, "--csv is '': give a path"),
+    Case("paths", "a blank output path", lambda: _outputs(plot="  "), UsageError, "--plot is '  ': give a path"),
+    Case("paths", "an output path of None", lambda: _output_path("--out", None), UsageError,
+         "--out is None: give a path"),
+    Case("paths", "/dev/null as an output file", lambda: _outputs(csv="/dev/null"), UsageError,
+         "--csv '/dev/null' is a device or another program's open file (/dev/null)"),
+    Case("paths", "/dev/stdout as an output file (renamed over a redirected file)", lambda: _outputs(csv="/dev/stdout"),
+         UsageError, "--csv '/dev/stdout' is a device or another program's open file"),
+    Case("paths", "a process's open file as an output file", lambda: _outputs(json="/proc/self/fd/1"), UsageError,
+         "--json '/proc/self/fd/1' is a device or another program's open file"),
+    Case("paths", "a link to a device as an output file", lambda tmp: _outputs(csv=_linked_to(tmp, "/dev/null")),
+         UsageError, "link' is a device or another program's open file (/dev/null)"),
+    Case("paths", "a symbolic link loop as an output file", lambda tmp: _outputs(csv=_loop(tmp)), UsageError,
+         "loop' cannot be a path: a loop of symbolic links"),
+    Case("paths", "a file inside a symbolic link loop", lambda tmp: _outputs(plot=_loop(tmp) / "x.png"), UsageError,
+         "cannot be a path: a loop of symbolic links"),
+    Case("paths", "an output name too long", lambda tmp: _outputs(csv=tmp / _LONG), UsageError,
+         "cannot be a path: a name too long for the file system"),
+    Case("paths", "an output path too long", lambda tmp: _outputs(csv=_too_deep(tmp)), UsageError,
+         "cannot be a path: a name too long for the file system"),
+    Case("paths", "an output file under a file", lambda tmp: _outputs(csv=_write(tmp, "f", b"") / "x.csv"), UsageError,
+         "cannot be a path: Not a directory"),
+    Case("paths", "an output folder that is a loop", lambda tmp: _writable_folder("--out-dir", _loop(tmp)),
+         UsageError, "loop' cannot be a path: a loop of symbolic links"),
+    Case("paths", "an output folder name too long", lambda tmp: _writable_folder("--out-dir", tmp / _LONG),
+         UsageError, "cannot be a path: a name too long for the file system"),
+    Case("paths", "a sweep into a loop (failed after the first point)", lambda tmp: _checked_sweep(_loop(tmp)),
+         UsageError, "loop' cannot be a path: a loop of symbolic links", True),
+    Case("paths", "saving a trace into a loop", lambda tmp: _trace().save(_loop(tmp) / "t.npz"), ValueError,
+         "t.npz cannot be written: a loop of symbolic links"),
+    Case("paths", "saving a trace under a name too long", lambda tmp: _trace().save(tmp / _LONG), ValueError,
+         "cannot be written: a name too long for the file system"),
+    Case("paths", "reading a trace through a loop", lambda tmp: traces.RoutingTrace.load(_loop(tmp)), ValueError,
+         "loop' cannot be read: a loop of symbolic links"),
+    Case("paths", "reading a result file of a name too long", lambda tmp: measurements.read_rows(tmp / _LONG),
+         ValueError, "cannot be read: a name too long for the file system"),
+    Case("paths", "prompts through a loop", lambda tmp: load_prompts("gsm8k", _loop(tmp)), ValueError,
+         "loop' cannot be read: a loop of symbolic links"),
+    # every output flag of the command line
+    cli("sweep --out-dir a symbolic link loop (passed, failed after the first point)",
+        lambda tmp: _sweep_argv("e2e")(tmp)[:-1] + [str(_loop(tmp))], "loop' cannot be a path: a loop", integration=True,
+        stops=SWEEPING),
+    cli("sweep --out-dir inside a loop", lambda tmp: _sweep_argv("e2e")(tmp)[:-1] + [str(_loop(tmp) / "out")],
+        "cannot be a path: a loop of symbolic links", integration=True, stops=SWEEPING),
+    cli("sweep --out-dir of a name too long", lambda tmp: _sweep_argv("e2e")(tmp)[:-1] + [str(tmp / _LONG)],
+        "cannot be a path: a name too long", integration=True, stops=SWEEPING),
+    cli("sweep --out-dir /dev/null", lambda tmp: _sweep_argv("e2e")(tmp)[:-1] + ["/dev/null"],
+        "is a device or another program's open file", integration=True, stops=SWEEPING),
+    cli("trace --out a symbolic link loop", lambda tmp: _random_trace_cli()(tmp)[:-1] + [str(_loop(tmp))],
+        "loop' cannot be a path: a loop of symbolic links", before=NO_MODELS),
+    cli("trace --out of a name too long", lambda tmp: _random_trace_cli()(tmp)[:-1] + [str(tmp / (_LONG + ".npz"))],
+        "x.npz' cannot be a path: a name too long", before=NO_MODELS),
+    cli("trace --out a path too long", lambda tmp: _random_trace_cli()(tmp)[:-1] + [str(_too_deep(tmp))],
+        "cannot be a path: a name too long", before=NO_MODELS),
+    cli("trace --out /dev/stdout", lambda tmp: _random_trace_cli()(tmp)[:-1] + ["/dev/stdout"],
+        "--out '/dev/stdout' is a device or another program's open file", before=NO_MODELS),
+    cli("predict --csv a symbolic link loop", lambda tmp: _predict_argv("--csv", str(_loop(tmp))),
+        "loop' cannot be a path: a loop of symbolic links", stops=_PREDICTING),
+    cli("predict --csv of a name too long", lambda tmp: _predict_argv("--csv", str(tmp / (_LONG + ".csv"))),
+        "cannot be a path: a name too long", stops=_PREDICTING),
+    cli("predict --plot of a name too long", lambda tmp: _predict_argv("--plot", str(tmp / (_LONG + ".png"))),
+        "x.png' cannot be a path: a name too long", stops=_PREDICTING),
+    cli("predict --plot inside a loop", lambda tmp: _predict_argv("--plot", str(_loop(tmp) / "x.png")),
+        "cannot be a path: a loop of symbolic links", stops=_PREDICTING),
+    cli("predict --csv /dev/stdout (renamed over the file stdout went to)", _predict_argv("--csv", "/dev/stdout"),
+        "--csv '/dev/stdout' is a device or another program's open file", stops=_PREDICTING),
+    cli("predict --csv /proc/self/fd/2", _predict_argv("--csv", "/proc/self/fd/2"),
+        "--csv '/proc/self/fd/2' is a device or another program's open file", stops=_PREDICTING),
+    cli("predict --csv a link to /dev/null", lambda tmp: _predict_argv("--csv", str(_linked_to(tmp, "/dev/null"))),
+        "is a device or another program's open file (/dev/null)", stops=_PREDICTING),
+    cli("hardware --measure --json a loop", lambda tmp: ["hardware", "--measure", "--json", str(_loop(tmp))],
+        "loop' cannot be a path: a loop of symbolic links", stops=_MEASURING),
+    cli("hardware --regime --json of a name too long",
+        lambda tmp: ["hardware", "--regime", "--json", str(tmp / (_LONG + ".json"))],
+        "cannot be a path: a name too long", stops=_REGIME),
+    cli("hardware --measure --json /dev/stdout", ["hardware", "--measure", "--json", "/dev/stdout"],
+        "--json '/dev/stdout' is a device or another program's open file", stops=_MEASURING),
+    cli("fit of a symbolic link loop (said no such file)", lambda tmp: ["fit", str(_loop(tmp))],
+        "loop' cannot be read: a loop of symbolic links"),
+    cli("fit of a name too long (said no such file)", lambda tmp: ["fit", str(tmp / (_LONG + ".csv"))],
+        "cannot be read: a name too long for the file system"),
+    cli("trace --prompt-source a loop", lambda tmp: _random_trace_cli()(tmp)[:6] + [
+        "--prompt-source", str(_loop(tmp)), "--out", str(tmp / "x.npz")], "loop' cannot be read: a loop of symbolic "
+        "links", integration=True, stops=TRACING),
+    cli("sweep --routing-trace a loop", lambda tmp: ["sweep", "sparsity", "--routing", "trace", "--routing-trace",
+                                                     str(_loop(tmp)), "--out-dir", str(tmp / "out")],
+        "loop' is not a file (a loop of symbolic links)", before=NO_MODELS),
+]
+
+
+class CommandFailed(Exception):
+    """``moesd`` exited with status 1 after one line on stderr (what failed, what was kept, how to resume)."""
+
+
+def _write_failing(error: OSError, after: int):
+    """A patch of the result file's writes: the first ``after`` succeed, then each raises ``error``."""
+    from moesd.measure import result_file
+
+    real, calls = result_file.atomic_write, []
+
+    def failing(path, mode="wb"):
+        calls.append(path)
+        if len(calls) > after:
+            raise error
+        return real(path, mode)
+
+    return mock.patch.object(result_file, "atomic_write", failing)
+
+
+def _failed_sweep(error: OSError, after: int, *changes, rows: int | None = None):
+    """``moesd sweep`` of a tiny e2e study whose writes fail after ``after``; it must exit 1 with one line, and
+    its result file keep the ``rows`` that line says (checked against the file)."""
+    def call(tmp):
+        import pandas as pd
+
+        argv = ["sweep", "e2e", "--layers", "1", "--width", "0.03125", "--batch-sizes", "1", "2", "--gammas", "2",
+                "--sigma", "0.9", "--context", "4", "--repeats", "1", "--rounds", "1", "--warmup-rounds", "1",
+                "--dtype", "float32", "--out-dir", str(tmp), *changes]
+        if "--overwrite" in changes:  # a finished file the overwrite replaces
+            assert moesd_cli.main([a for a in argv if a != "--overwrite"]) == 0
+        stderr = io.StringIO()
+        with _write_failing(error, after), mock.patch("sys.argv", ["moesd", *argv]), \
+                contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                moesd_cli.main(argv)
+            except SystemExit as stop:
+                lines = [line for line in stderr.getvalue().replace("\r", "\n").splitlines() if line.strip()]
+                assert stop.code == 1 and "Traceback" not in stderr.getvalue(), stderr.getvalue()
+                line = lines[-1]
+                written = tmp / (".e2e.partial.csv" if "--overwrite" in changes else "e2e.csv")
+                kept = len(pd.read_csv(written)) if written.exists() else 0
+                assert f"it keeps its {kept} row(s)" in line, (line, kept)
+                raise CommandFailed(line) from None
+        raise AssertionError("the sweep did not fail")
+
+    return Case("mid-sweep", f"sweep failing with {error.strerror} after {after} write(s)" + (
+        f" ({' '.join(changes)})" if changes else ""), call, CommandFailed, "", True)
+
+
+def _failing_result_file(tmp: Path, error: OSError, after: int, finish: bool = False):
+    """``ResultFile.add`` of the tiny sweep's points in two halves (or ``finish`` of all of them) whose writes
+    fail after ``after``."""
+    from moesd.measure.protocol import sd_variants
+    from moesd.measure.result_file import ResultFile, _key
+
+    config = sweeps.SweepConfig(**_TINY)
+    result = ResultFile(tmp / "e2e.csv", config)
+    keys = [v for run in range(2) for batch in (1, 3) for v in sd_variants(config, batch, 8, run)]
+    rows = [_e2e_row(config, **key) for key in keys]
+    with _write_failing(error, after):
+        if finish:
+            result.rows = {_key(row, result.columns): row for row in rows}
+            result.finish(keys)
+        result.add(rows[:4])
+        result.add(rows[4:])
+
+
+_FULL = OSError(28, "No space left on device")
+_IMMUTABLE = PermissionError(1, "Operation not permitted")
+_READ_ONLY = OSError(30, "Read-only file system")
+
+
+def _with_fragment(case: Case, fragment: str) -> Case:
+    return case._replace(fragment=fragment)
+
+
+MID_SWEEP = [
+    # one line: what failed, what was kept, the command that resumes (was a raw traceback)
+    _with_fragment(_failed_sweep(_FULL, 2), "writing e2e.csv failed (No space left on device); it keeps its 1 row(s), "
+                   "in "),
+    _with_fragment(_failed_sweep(_IMMUTABLE, 2), "writing e2e.csv failed (Operation not permitted); it keeps its 1 "
+                   "row(s)"),
+    _with_fragment(_failed_sweep(_FULL, 0), "writing e2e.csv failed (No space left on device); it keeps its 0 row(s)"),
+    _with_fragment(_failed_sweep(_READ_ONLY, 4), "failed (Read-only file system); it keeps its 2 row(s)"),
+    _with_fragment(_failed_sweep(_FULL, 2, "--overwrite"), "writing .e2e.partial.csv failed (No space left on "
+                   "device); it keeps its 1 row(s)"),
+    Case("mid-sweep", "a failed write says how to resume", lambda tmp: _failed_sweep(_FULL, 2).call(tmp),
+         CommandFailed, "; resume with: moesd sweep e2e --layers 1", True),
+    Case("mid-sweep", "a failed --overwrite resumes with --overwrite",
+         lambda tmp: _failed_sweep(_FULL, 2, "--overwrite").call(tmp), CommandFailed, " --overwrite", True),
+    Case("mid-sweep", "ResultFile.add on a full disk", lambda tmp: _failing_result_file(tmp, _FULL, 2), OSError,
+         "writing e2e.csv failed (No space left on device); it keeps its 4 row(s), in ", True),
+    Case("mid-sweep", "ResultFile.add on a file made immutable", lambda tmp: _failing_result_file(tmp, _IMMUTABLE, 0),
+         OSError, "writing e2e.csv failed (Operation not permitted); it keeps its 0 row(s)", True),
+    Case("mid-sweep", "ResultFile.finish on a full disk", lambda tmp: _failing_result_file(tmp, _FULL, 0, finish=True),
+         OSError, "writing e2e.csv failed (No space left on device)", True),
+]
+
+
+def _pretrained_argv(*changes):
+    return lambda tmp: ["sweep", "e2e", "--weights", "pretrained", "--batch-sizes", "1", "--out-dir", str(tmp / "out"),
+                        *changes]
+
+
+def _local_pretrained_argv(target: str | dict, draft: str | dict | None = None):
+    """``moesd sweep`` of pretrained local folders whose config.json hold ``target`` and ``draft`` (text or changes
+    to a good Qwen2 config)."""
+    def argv(tmp):
+        paths = [(_checkpoint(tmp, role, config) if isinstance(config, str)
+                  else _zoo_checkpoint(tmp, model, role, **(config or {})))
+                 for role, model, config in (("target", "qwen2-57b-a14b", target), ("draft", "qwen2-0.5b", draft))]
+        return _pretrained_argv("--target-path", paths[0], "--draft-path", paths[1])(tmp)
+
+    return argv
+
+
+def _hub_check(hub_id: str):
+    from moesd._checks import hub_model
+
+    return hub_model("--model", hub_id, "a local folder")
+
+
+MODEL_CHECKS = [
+    # a model cut to its dense first layers routes nothing: refused before it is built
+    Case("models", "DeepSeek-V2-Lite cut to its dense first layer", lambda: _sweep(target="deepseek-v2-lite", layers=1),
+         UsageError, "layers 1 keeps only dense layers of deepseek-v2-lite (its first 1 are dense, without expert "
+         "routing): give layers >= 2"),
+    Case("models", "DeepSeek-V3 cut to its three dense layers", lambda: _sweep(target="deepseek-v3", layers=3),
+         UsageError, "layers 3 keeps only dense layers of deepseek-v3 (its first 3 are dense"),
+    Case("models", "Kimi-K2 cut to its dense first layer", lambda: _sweep(target="kimi-k2", layers=1), UsageError,
+         "layers 1 keeps only dense layers of kimi-k2"),
+    # local checkpoints: their config.json read and named before any load
+    Case("models", "a target folder whose config.json is not JSON", lambda tmp: _pretrained(tmp, target="{oops"),
+         UsageError, "target_path: "),
+    Case("models", "a target folder whose config.json is not JSON names the file",
+         lambda tmp: _pretrained(tmp, target="{oops"), UsageError, "target/config.json: not JSON (Expecting"),
+    Case("models", "a draft folder whose config.json is a list", lambda tmp: _pretrained(tmp, draft="[1, 2]"),
+         UsageError, "draft_path: "),
+    Case("models", "a draft folder whose config.json is a list names the file",
+         lambda tmp: _pretrained(tmp, draft="[1, 2]"), UsageError, "draft/config.json holds a JSON list, not the "
+         "object of a model's config"),
+    Case("models", "a target folder of another model type", lambda tmp: _pretrained(tmp, target={"model_type": "llama"}),
+         UsageError, "target/config.json is the config of a 'llama' model, not of qwen3-30b-a3b ('qwen3_moe')"),
+    Case("models", "a deeply nested config.json", lambda tmp: _pretrained(tmp, target="[" * 100000 + "]" * 100000),
+         UsageError, "target/config.json: not JSON this reader can take (arrays or objects nested deeper than"),
+    # hub ids the offline hub cannot give
+    Case("models", "a pretrained sweep of a hub id, offline (a hub error after the checks)",
+         lambda: sweep_checks.check_pretrained(_sweep(**{k: None for k in ("layers", "draft_layers")}, width=1.0,
+                                               weights="pretrained")), UsageError,
+         "target 'Qwen/Qwen2-57B-A14B-Instruct' is not in the local Hugging Face cache"),
+    Case("models", "an offline hub id names what to give instead", lambda: _hub_check("org/not-cached"), UsageError,
+         "the hub is offline (HF_HUB_OFFLINE=1): download it where the hub is reachable, or give a local folder"),
+    Case("models", "an offline hub id that is no repository id", lambda: _hub_check("not a repo id!"), UsageError,
+         "--model 'not a repo id!' is not in the local Hugging Face cache"),
+    # the same through the command line
+    cli("sweep of DeepSeek-V2-Lite cut to its dense layer (built, then failed)",
+        _sweep_argv("sparsity", "--target", "deepseek-v2-lite", "--layers", "1"),
+        "--layers 1 keeps only dense layers of deepseek-v2-lite", before=NO_MODELS),
+    cli("sweep of DeepSeek-V3 cut to two layers", _sweep_argv("e2e", "--target", "deepseek-v3", "--layers", "2"),
+        "--layers 2 keeps only dense layers of deepseek-v3 (its first 3 are dense", before=NO_MODELS),
+    cli("pretrained sweep of an offline hub id (a hub error after the checks)", _pretrained_argv(),
+        "--target 'Qwen/Qwen2-57B-A14B-Instruct' is not in the local Hugging Face cache", integration=True,
+        stops=SWEEPING),
+    cli("pretrained sweep of a folder whose config.json is not JSON (a traceback without the file)",
+        _local_pretrained_argv("{oops"), "target/config.json: not JSON", before=NO_MODELS),
+    cli("pretrained sweep of a folder of another model type", _local_pretrained_argv({"model_type": "llama"}),
+        "--target-path: ", before=NO_MODELS),
+    cli("pretrained sweep of a draft folder whose config.json is a list", _local_pretrained_argv(None, "[1]"),
+        "draft/config.json holds a JSON list", before=NO_MODELS),
+    cli("trace of a folder without config.json (a loader traceback)", _trace_argv(model=lambda tmp: tmp),
+        "holds no config.json: not the folder of a saved model", before=NO_MODELS),
+    cli("trace of a folder whose config.json is not JSON",
+        _trace_argv(model=lambda tmp: _saved_model(tmp, "{oops")), "saved-model/config.json: not JSON",
+        before=NO_MODELS),
+    cli("trace of a folder whose config.json names no model type", _trace_argv(model=lambda tmp: _saved_model(tmp, "{}")),
+        "config.json' is not a model's config (a JSON object with a model_type)", before=NO_MODELS),
+    cli("trace of a folder whose config.json is a list", _trace_argv(model=lambda tmp: _saved_model(tmp, "[]")),
+        "is not a model's config", before=NO_MODELS),
+    cli("trace of a folder whose config.json is deeply nested",
+        _trace_argv(model=lambda tmp: _saved_model(tmp, "[" * 100000 + "]" * 100000)),
+        "config.json: not JSON this reader can take", before=NO_MODELS),
+    cli("trace of an offline hub id (a hub error after the checks)", _trace_argv(model="org/not-cached"),
+        "--model 'org/not-cached' is not in the local Hugging Face cache", before=NO_MODELS),
+]
+
+
+OPTIONS = [
+    # an empty path wrote nothing and succeeded (--plot ""), or failed far from the flag
+    cli("predict with an empty --plot (wrote nothing, succeeded)", _predict_argv("--plot", ""),
+        "--plot is '': give a path", stops=_PREDICTING),
+    cli("predict with an empty --csv", _predict_argv("--csv", ""), "--csv is '': give a path", stops=_PREDICTING),
+    cli("predict with a blank --csv", _predict_argv("--csv", "  "), "--csv is '  ': give a path", stops=_PREDICTING),
+    cli("trace with an empty --out", lambda tmp: _random_trace_cli()(tmp)[:-1] + [""], "--out is '': give a path",
+        before=NO_MODELS),
+    cli("trace with an empty --prompt-source", lambda tmp: _random_trace_cli()(tmp)[:6] + [
+        "--prompt-source", "", "--out", str(tmp / "x.npz")], "--prompt-source is '': give a path", before=NO_MODELS),
+    cli("trace with an empty --model", lambda tmp: ["trace", "--model", "", "--prompts", "gsm8k", "--out",
+                                                    str(tmp / "x.npz")], "--model is '': give a path",
+        before=NO_MODELS),
+    cli("sweep with an empty --out-dir (wrote into the working folder)", lambda tmp: _sweep_argv("e2e")(tmp)[:-1] + [""],
+        "--out-dir is '': give a path", before=NO_MODELS),
+    cli("sweep with an empty --routing-trace", lambda tmp: ["sweep", "sparsity", "--routing", "trace",
+                                                            "--routing-trace", "", "--out-dir", str(tmp)],
+        "--routing-trace is '': give a path", before=NO_MODELS),
+    cli("sweep with an empty --target-path", lambda tmp: _pretrained_argv("--target-path", "")(tmp),
+        "--target-path is '': give a path", before=NO_MODELS),
+    cli("hardware --measure with an empty --json", ["hardware", "--measure", "--json", ""],
+        "--json is '': give a path", stops=_MEASURING),
+    cli("fit of an empty path", ["fit", ""], "measurements is '': give a path"),
+    # a weight dtype that quantises routed experts only, on a model without them (its label over bf16 or fp8 numbers)
+    Case("options", "w4a8 on a dense target", lambda: Setup("qwen3-0.6b", "qwen3-0.6b", "H100", dtype="w4a8"),
+         UsageError, "dtype: w4a8 quantises routed experts only, and qwen3-0.6b is dense: its weights would be priced "
+         "as fp8; give dtype fp8"),
+    Case("options", "mxfp4 on a dense target", lambda: Setup("opt-30b", "opt-350m", "H100", dtype="mxfp4"),
+         UsageError, "dtype: mxfp4 quantises routed experts only, and opt-30b is dense"),
+    Case("options", "mxfp4 for a dense draft", lambda: Setup("qwen3-30b-a3b", "qwen3-0.6b", "H100",
+                                                             draft_dtype="mxfp4"), UsageError,
+         "draft_dtype: mxfp4 quantises routed experts only, and qwen3-0.6b is dense"),
+    cli("predict of a dense model in w4a8 (fp8 numbers under the w4a8 label)",
+        ["predict", "--target", "qwen3-0.6b", "--draft", "qwen3-0.6b", "--hardware", "H100", "--dtype", "w4a8"],
+        "--dtype: w4a8 quantises routed experts only, and qwen3-0.6b is dense"),
+    cli("predict of a dense model in mxfp4 (bf16 numbers under the mxfp4 label)",
+        ["predict", "--target", "opt-30b", "--draft", "opt-350m", "--hardware", "H100", "--dtype", "mxfp4"],
+        "--dtype: mxfp4 quantises routed experts only, and opt-30b is dense: its weights would be priced as bf16"),
+    cli("predict with a dense draft in mxfp4", _predict_argv("--draft-dtype", "mxfp4"),
+        "--draft-dtype: mxfp4 quantises routed experts only, and qwen3-0.6b is dense"),
+    # a draft head is no model to time or trace (predict refuses it as a target)
+    Case("options", "a draft head as a sweep's target", lambda: _sweep(target="deepseek-v3-mtp", layers=None),
+         UsageError, "target deepseek-v3-mtp is a draft head of deepseek-v3, not a model of its own: give a target "
+         "model (its own is deepseek-v3)"),
+    Case("options", "a draft head as a forward study's target",
+         lambda: _sweep(study="forward", target="deepseek-v3-mtp", layers=None, rounds=None, warmup_rounds=None),
+         UsageError, "target deepseek-v3-mtp is a draft head of deepseek-v3"),
+    cli("sweep of a draft head as the target (timed a lone MTP layer)",
+        _sweep_argv("e2e", "--target", "deepseek-v3-mtp", "--layers", "1"),
+        "--target deepseek-v3-mtp is a draft head of deepseek-v3, not a model of its own", before=NO_MODELS),
+    cli("trace of a draft head (traced a lone MTP layer)", _random_trace_cli(model="deepseek-v3-mtp"),
+        "--model deepseek-v3-mtp is a draft head of deepseek-v3, which runs on its target's hidden states: trace "
+        "deepseek-v3 instead", before=NO_MODELS),
+]
+
+
+def _nested(depth: int = 100_000) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _router_returning_two(tmp: Path):
+    """Capture the routing of a tiny OLMoE whose router returns (logits, weights), as another transformers might."""
+    import torch
+
+    from moesd.routing import capture
+    from moesd.zoo import get_model
+
+    model = get_model("olmoe-1b-7b").random_model(num_layers=1, width=1 / 32)
+    capture.moe_layers(model)[0].register_forward_hook(lambda module, inputs, output: output[:2])
+    return capture.capture_generate(model, torch.ones(1, 3, dtype=torch.long), None, 2)
+
+
+def _router_of_float_ids(tmp: Path):
+    import torch
+
+    from moesd.routing import capture
+    from moesd.zoo import get_model
+
+    model = get_model("olmoe-1b-7b").random_model(num_layers=1, width=1 / 32)
+    capture.moe_layers(model)[0].register_forward_hook(lambda module, inputs, output: (*output[:2],
+                                                                                       output[2].float()))
+    return capture.capture_generate(model, torch.ones(1, 3, dtype=torch.long), None, 2)
+
+
+RAW = [
+    # seeds past what torch takes (OverflowError deep in model building)
+    cli("trace with a seed of 2**64 (an OverflowError in torch)", _random_trace_cli("--seed", str(2**64)),
+        "--seed must be a whole number in [0, 2^32 - 1 = 4294967295], got 18446744073709551616", before=NO_MODELS),
+    cli("trace with a negative seed", _random_trace_cli("--seed", "-1"), "--seed must be a whole number in [0, 2^32 - 1",
+        before=NO_MODELS),
+    cli("trace with a seed of 2**32", _random_trace_cli("--seed", str(2**32)), "got 4294967296", before=NO_MODELS),
+    Case("raw", "a sweep seeded 2**64 (a TypeError in numpy)", lambda: _sweep(seed=2**64), UsageError,
+         "seed must be a whole number in [0, 2^32 - 1 = 4294967295], got 18446744073709551616"),
+    Case("raw", "a negative sweep seed", lambda: _sweep(seed=-1), UsageError, "seed must be a whole number in [0,"),
+    Case("raw", "a fractional sweep seed", lambda: _sweep(seed=1.5), UsageError, "got 1.5"),
+    Case("raw", "a sweep seeded True", lambda: _sweep(seed=True), UsageError, "got True"),
+    # ids of 1e20
+    Case("raw", "a JSONL expert id of 1e20", lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token(
+        experts=(1e20, 1))), 4), ValueError, "t.jsonl:1: experts must be a whole number below 2^53 in magnitude, "
+         "got 1e+20"),
+    Case("raw", "a JSONL position of 1e20", lambda tmp: importers.from_token_jsonl(_lines(tmp, "t.jsonl", _token(
+        position=1e20)), 4), ValueError, "t.jsonl:1: position must be a whole number below 2^53 in magnitude"),
+    Case("raw", "a JSONL position of 10**20 (an object array)", lambda tmp: importers.from_token_jsonl(_lines(
+        tmp, "t.jsonl", _token(position=10**20)), 4), ValueError, "t.jsonl:1: position must be a whole number below "
+         "2^53 in magnitude, got 100000000000000000000"),
+    Case("raw", "a JSONL layer of 1e20 (an object array)", lambda tmp: importers.from_token_jsonl(_lines(
+        tmp, "t.jsonl", _token(layer=1e20)), 4), ValueError, "t.jsonl:1: layer must be a whole number below 2^53"),
+    Case("raw", "a layer CSV layer of 10**20 (an object array)", lambda tmp: importers.from_layer_csv(
+        _write(tmp, "r.csv", b"100000000000000000000,1 2\n"), 4), ValueError,
+         "r.csv:1: layer_id must be a whole number below 2^53 in magnitude, got 100000000000000000000"),
+    Case("raw", "a vLLM log row of 1e20 (read)", lambda tmp: _vllm_routes(tmp, {"token_idx": 1e20}), ValueError,
+         "layer0.jsonl:2: row must be a whole number below 2^53 in magnitude, got 1e+20"),
+    Case("raw", "a vLLM log layer of 10**20", lambda tmp: _vllm_routes(tmp, {"layer": 10**20}), ValueError,
+         "layer0.jsonl:2: layer must be a whole number below 2^53 in magnitude"),
+    # routers of another shape (an IndexError inside a forward hook)
+    Case("raw", "an HF router returning two tensors (IndexError)", _router_returning_two, UsageError,
+         "the router of layer 0 (OlmoeTopKRouter) returned [(3, 64), (3, 8)], not the (logits, weights, indices)",
+         True),
+    Case("raw", "an HF router returning float indices", _router_of_float_ids, UsageError,
+         "the router of layer 0 (OlmoeTopKRouter) returned [(3, 64), (3, 8), (3, 8)], not the", True),
+    # JSON nested deeper than the parser follows (RecursionError)
+    Case("raw", "a deeply nested sidecar", lambda tmp: measurements.read_sidecar(_write(tmp, "e2e.json",
+                                                                                         _nested().encode())),
+         ValueError, "e2e.json: not JSON this reader can take (arrays or objects nested deeper than about"),
+    Case("raw", "a deeply nested vLLM routed JSON", lambda tmp: vllm_logs.from_vllm_routed_experts(_write(
+        tmp, "routed.json", ('{"format": "x", "meta": ' + _nested() + "}").encode()), 4), ValueError,
+         "routed.json: not JSON this reader can take"),
+    Case("raw", "a deeply nested JSONL record", lambda tmp: importers.from_token_jsonl(_lines(
+        tmp, "t.jsonl", '{"experts": ' + _nested() + "}"), 4), ValueError, "t.jsonl:1: not JSON this reader can take"),
+    Case("raw", "a deeply nested vLLM log line", lambda tmp: vllm_logs.from_vllm_moe_log(_lines(
+        tmp, "layer0.jsonl", _nested()), 4), ValueError, "layer0.jsonl:1: not JSON this reader can take"),
+    Case("raw", "a deeply nested trace meta", lambda tmp: traces.RoutingTrace.load(_bare_trace(
+        tmp, meta=np.array(_nested()))), ValueError, "bare.npz: not a valid routing trace: its meta: not JSON this "
+         "reader can take"),
+    Case("raw", "a deeply nested prompt line", lambda tmp: load_prompts("gsm8k", _write(
+        tmp, "test.jsonl", ('{"question": ' + _nested() + "}\n").encode())), ValueError,
+         "test.jsonl: line 1: not JSON this reader can take"),
+    cli("fit of a deeply nested sidecar (a RecursionError)",
+        lambda tmp: _write(_result_file(tmp).parent, "sparsity.json", ('{"a": ' + _nested() + "}").encode())
+        and ["fit", str(tmp / "sparsity.csv")], "sparsity.json: not JSON this reader can take"),
+    cli("sweep replaying a trace of deeply nested meta",
+        lambda tmp: ["sweep", "sparsity", "--routing", "trace", "--routing-trace",
+                     str(_bare_trace(tmp, meta=np.array(_nested()))), "--out-dir", str(tmp / "out")],
+        "its meta: not JSON this reader can take", before=NO_MODELS),
+    # hardware records: fractions of a peak above 1
+    Case("raw", "a bandwidth fraction of 1.5", lambda: _with_hardware(bandwidth_fraction=1.5), UsageError,
+         "hardware.bandwidth_fraction must be a number in (0, 1], got 1.5 (Hardware record 'H100')"),
+    Case("raw", "a FLOP/s fraction of 3", lambda: _with_hardware(flops_fraction=3.0), UsageError,
+         "hardware.flops_fraction must be a number in (0, 1], got 3"),
+    Case("raw", "a stored record with a fraction above 1",
+         lambda: roofline.Hardware.from_dict({**roofline.HARDWARE["H100"].as_dict(), "flops_fraction": 2.0}),
+         UsageError, "hardware.flops_fraction must be a number in (0, 1], got 2"),
+    cli("fit of a sidecar whose roofline achieves twice its peak",
+        _fit_file(sidecar=_sidecar_hardware(flops_fraction=2.0)), "hardware.flops_fraction must be a number in (0, 1]"),
+    # theory functions: finite or refused, naming the arguments (were inf for finite input)
+    Case("raw", "target efficiency of 1e300 s over 1e-300 s (inf)", lambda: speedup.target_efficiency(1e300, 1e-300),
+         UsageError, "target_efficiency: t_target_1 = 1e+300, t_target_gamma = 1e-300 make a result a float64 cannot "
+         "hold (inf)"),
+    Case("raw", "SD time of 1e300 rounds of 1e300 s (inf)", lambda: speedup.sd_time(1e300, 1000, 1e300, 1e300, 0),
+         UsageError, "sd_time: rounds = 1e+300, gamma = 1000, t_draft = 1e+300, t_target_gamma = 1e+300, t_reject = 0 "
+         "make a result a float64 cannot hold"),
+    Case("raw", "Eq. 4 over a subnormal verification (inf)", lambda: speedup.speedup(0.9, 2, 1.0, 5e-324, 0, 0),
+         UsageError, "speedup: sigma = 0.9, gamma = 2, t_target_1 = 1, t_target_gamma = 4.94066e-324"),
+    Case("raw", "Eq. 4's terms over a subnormal verification", lambda: speedup.speedup_terms(0.9, 2, 1.0, 5e-324, 0),
+         UsageError, "speedup_terms: sigma = 0.9"),
+    Case("raw", "an FFN's FLOPs at 1e300 tokens (inf)", lambda: roofline.ffn_cost(1e300, 7168, 2048, 256, 8),
+         UsageError, "ffn_cost: tokens = 1e+300, d_model = 7168, d_ff = 2048, E = 256, K = 8, num_matrices = 3, "
+         "bytes_per_value = 2 make a result a float64 cannot hold (inf)"),
+    Case("raw", "arithmetic intensity of 1e300 FLOP over 1e-300 bytes (inf)",
+         lambda: roofline.arithmetic_intensity(1e300, 1e-300), UsageError,
+         "arithmetic_intensity: flops = 1e+300, traffic = 1e-300 make a result a float64 cannot hold (inf)"),
+    Case("raw", "the first infinite element of an array is named",
+         lambda: speedup.target_efficiency([1.0, 1e300], [1.0, 1e-300]), UsageError,
+         "target_efficiency: t_target_1 = 1e+300, t_target_gamma = 1e-300 make"),
+]
+
+
+def _of_kind(kind: str, cases: list) -> list:
+    """``cases`` of the third round, the command-line rows among them labelled ``"<kind> cli"``."""
+    return [case._replace(module=f"{kind} cli") if case.module == "cli" else case for case in cases]
+
+
 CASES = (EXPERTS + SPEEDUP + ROOFLINE + PROMPTS + PAPER + CLI + TRACES + IMPORTERS + FIT + MEASUREMENTS + PREDICT
-         + BENCH + CLI_COMMANDS + OUTPUT_FILES + NUMBERS + RESULT_FILES + TRACE_FILES)
+         + BENCH + CLI_COMMANDS + OUTPUT_FILES + NUMBERS + RESULT_FILES + TRACE_FILES
+         + _of_kind("resume", RESUMES) + _of_kind("bounds", BOUNDS) + _of_kind("fit-domain", FIT_DOMAIN)
+         + _of_kind("paths", PATHS) + _of_kind("mid-sweep", MID_SWEEP) + _of_kind("models", MODEL_CHECKS)
+         + _of_kind("options", OPTIONS) + _of_kind("raw", RAW))
+"""Every row of the table; the third round's rows (issue 43) are counted by kind: resume, bounds, fit-domain,
+paths, mid-sweep, models, options and raw, a command line's rows as "<kind> cli"."""
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.integration) if c.integration else c for c in CASES],
@@ -2075,3 +3158,243 @@ def test_predict_numbers_parse_exactly_or_are_refused_naming_the_flag(option):
     else:
         got = getattr(args[0], flag[2:])
         assert type(got) is int and got == expected
+
+
+# Property: theory functions are finite or refused over their whole domain (issue 43) ---------------------------
+
+any_positive = st.floats(min_value=0, exclude_min=True, allow_infinity=False)  # subnormals to the float maximum
+any_nonnegative = st.floats(min_value=0, allow_infinity=False)
+any_whole = st.one_of(st.integers(1, 64), st.integers(1, 2**53 - 1))
+any_fraction = st.floats(0, 1)
+
+
+def _finite_or_refused(call) -> None:
+    """``call()`` returns only finite numbers, or refuses with a UsageError naming its function."""
+    from moesd._checks import _numbers_in
+
+    try:
+        result = call()
+    except UsageError:
+        return
+    for value in _numbers_in(result):
+        assert np.isfinite(value).all(), result
+
+
+def _sigma_of(fraction: float, gamma: int) -> float:
+    """A sigma in [1/(gamma+1), 1], ``fraction`` of the way."""
+    return 1 / (gamma + 1) + fraction * (1 - 1 / (gamma + 1))
+
+
+@given(any_positive, any_positive, any_nonnegative, any_whole, any_nonnegative, any_nonnegative)
+def test_speedup_times_are_finite_or_refused_over_the_whole_domain(t1, tg, rounds, gamma, td, tr):
+    _finite_or_refused(lambda: speedup.target_efficiency(t1, tg))
+    _finite_or_refused(lambda: speedup.sd_time(rounds, gamma, td, tg, tr))
+
+
+@given(any_fraction, st.integers(1, 64), any_positive, any_positive, any_nonnegative, any_nonnegative)
+def test_eq4_is_finite_or_refused_over_the_whole_domain(fraction, gamma, t1, tg, td, tr):
+    sigma = _sigma_of(fraction, gamma)
+    _finite_or_refused(lambda: speedup.speedup(sigma, gamma, t1, tg, td, tr))
+    _finite_or_refused(lambda: speedup.speedup_terms(sigma, gamma, t1, tg, td, tr))
+    _finite_or_refused(lambda: speedup.min_target_efficiency(t1, sigma, gamma))
+
+
+@given(any_fraction, any_whole, any_nonnegative)
+def test_acceptance_is_finite_or_refused_over_the_whole_domain(alpha, gamma, cost):
+    _finite_or_refused(lambda: speedup.expected_tokens_per_round(alpha, gamma))
+    _finite_or_refused(lambda: speedup.sigma(alpha, gamma))
+    _finite_or_refused(lambda: speedup.leviathan_speedup(alpha, gamma, cost))
+    _finite_or_refused(lambda: speedup.alpha_from_sigma(_sigma_of(alpha, min(gamma, 10**6)), min(gamma, 10**6)))
+
+
+@given(any_nonnegative, any_whole, any_whole, st.floats(min_value=1, allow_infinity=False),
+       st.floats(0, 1, exclude_min=True))
+def test_experts_are_finite_or_refused_over_the_whole_domain(t, E, K, t1, rho):
+    _finite_or_refused(lambda: experts.expected_active_experts(t, E, min(K, E)))
+    _finite_or_refused(lambda: experts.tokens_per_expert(t1, rho))
+    _finite_or_refused(lambda: experts.tokens_per_expert_derivative(t1, rho))
+    _finite_or_refused(lambda: experts.appendix_b_f(rho, t1))
+
+
+@given(any_nonnegative, any_whole, any_whole, any_whole, any_whole, st.integers(1, 8), any_positive, any_positive,
+       devices, st.floats(min_value=1, allow_infinity=False))
+def test_roofline_is_finite_or_refused_over_the_whole_domain(t, d_model, d_ff, E, K, matrices, width, traffic,
+                                                              device, s):
+    _finite_or_refused(lambda: roofline.ffn_cost(t, d_model, d_ff, E, min(K, E), matrices, width))
+    _finite_or_refused(lambda: roofline.arithmetic_intensity(t, traffic))
+    _finite_or_refused(lambda: roofline.time_floor(t, traffic, device))
+    _finite_or_refused(lambda: roofline.G(t, traffic, s))
+
+
+# Property: resumes keep only this sweep's rows -----------------------------------------------------------------
+
+_GRID_CHANGES = st.sampled_from([("run", 2), ("run", -1), ("run", 0.5), ("batch_size", 2), ("gamma", 4),
+                                 ("num_experts_per_tok", 4), ("context", 9), ("rounds", 3), ("warmup_rounds", 0),
+                                 ("t_ar", -1.0), ("t_sd", 0.0), ("t_draft", "slow"), ("t_reject", float("inf"))])
+
+
+@settings(max_examples=60)
+@given(st.lists(st.tuples(st.integers(0, 1), st.sampled_from([1, 3]), st.sampled_from([2, 3])), min_size=1,
+                max_size=6, unique=True),
+       st.lists(st.tuples(st.integers(0, 5), _GRID_CHANGES), max_size=2))
+def test_a_resume_keeps_only_the_sweeps_rows(points, edits):
+    """Rows of the sweep's grid resume; a row with one cell outside it is refused, naming the file and its line."""
+    import tempfile
+
+    from moesd.measure.result_file import check_kept_rows
+
+    config = sweeps.SweepConfig(**_TINY)
+    rows = [_e2e_row(config, run=run, batch_size=batch, gamma=gamma) for run, batch, gamma in points]
+    edited = set()
+    for index, (column, value) in edits:
+        if index < len(rows):
+            rows[index][column] = value
+            edited.add(index)
+    with tempfile.TemporaryDirectory() as folder:
+        path = _unfinished(Path(folder), config, rows)
+        if not edited:
+            check_kept_rows(path, config, "")
+            return
+        with pytest.raises(FileExistsError) as refused:
+            check_kept_rows(path, config, "")
+    assert f"e2e.csv: line {min(edited) + 2} has " in str(refused.value)
+
+
+@pytest.mark.parametrize("sidecar", sorted(str(p) for p in Path(measurements.measurements_dir()).glob("*/*.json")
+                                           if p.with_suffix(".csv").exists()))
+def test_every_shipped_result_file_resumes_under_its_own_settings(sidecar):
+    """No false refusal: the rows of every shipped study pass the resume checks of the settings they record."""
+    from moesd.measure.result_file import check_kept_rows
+
+    settings = json.loads(Path(sidecar).read_text())["settings"]
+    check_kept_rows(Path(sidecar).with_suffix(".csv"), sweeps.SweepConfig(**settings), "")
+
+
+# Property: sizes are bounded as counted --------------------------------------------------------------------------
+
+@settings(max_examples=60)
+@given(st.integers(1, 2000), st.integers(1, 40), st.lists(st.integers(1, 8), min_size=1, max_size=4, unique=True),
+       st.integers(1, 100_000))
+def test_a_sweep_is_refused_exactly_when_its_rows_or_positions_pass_the_bounds(repeats, batches, gammas, context):
+    """SweepConfig accepts a sweep iff its rows (as ResultFile.finish expects them) and its positions are in bounds."""
+    from moesd.measure.protocol import sd_variants
+
+    settings_ = dict(_TINY, repeats=repeats, batch_sizes=tuple(range(1, batches + 1)), gammas=tuple(gammas),
+                     context=context, sigma={g: 0.9 for g in gammas})
+    rows = repeats * batches * len(gammas)
+    positions = context + (1 + 2 + 1) * (max(gammas) + 1)
+    try:
+        config = sweeps.SweepConfig(**settings_)
+    except UsageError as error:
+        assert rows > sweep_checks.MAX_SWEEP_ROWS or positions > 32768, error
+        return
+    assert rows <= sweep_checks.MAX_SWEEP_ROWS and positions <= 32768
+    assert sweep_checks.sweep_rows(config) == len([v for run in range(repeats) for batch in config.batch_sizes
+                                             for v in sd_variants(config, batch, 8, run)])
+
+
+def test_position_defaults_are_transformers_own():
+    """Each default of moesd.architecture.POSITION_DEFAULTS is the pinned transformers' config default."""
+    pytest.importorskip("transformers")
+    from transformers import CONFIG_MAPPING
+
+    from moesd.architecture import POSITION_DEFAULTS
+
+    for model_type, positions in POSITION_DEFAULTS.items():
+        assert CONFIG_MAPPING[model_type]().max_position_embeddings == positions, model_type
+
+
+# Property: output paths are usable or refused in one line --------------------------------------------------------
+
+_NAME_PART = st.one_of(st.sampled_from(["", ".", "..", "loop", "file", "dir", "x" * 300, "/dev/null", "/dev/stdout",
+                                        "/proc/self/fd/1", " "]), st.text(st.characters(blacklist_characters="/"),
+                                                                           min_size=1, max_size=20))
+
+
+@settings(max_examples=150)
+@given(st.lists(_NAME_PART, min_size=1, max_size=4))
+def test_an_output_path_is_usable_or_refused_in_one_line(parts):
+    """Any spelling of an output path: new_file returns a path whose folder exists or can be made, or refuses with a
+    UsageError of one line; never an OSError or a path through a loop."""
+    import os
+    import tempfile
+
+    from moesd._checks import new_file
+
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        (root / "loop").symlink_to(root / "loop")
+        (root / "file").write_text("")
+        (root / "dir").mkdir()
+        text = os.path.join(folder, *parts) if not parts[0].startswith("/") else os.path.join(*parts)
+        try:
+            path = new_file("--csv", text, overwrite=True)
+        except UsageError as error:
+            assert len(str(error).splitlines()) == 1 and "--csv" in str(error)
+            return
+        assert path == Path(text) and not str(path.absolute()).startswith(("/dev/", "/proc/"))
+
+
+@given(st.integers(1, 200_000))
+def test_json_nests_or_is_refused_naming_the_file(depth):
+    from moesd._files import parse_json
+
+    text = "[" * depth + "]" * depth
+    try:
+        value = parse_json(text, "f.json")
+    except ValueError as error:
+        assert str(error).startswith("f.json: not JSON this reader can take")
+        return
+    for _ in range(depth - 1):
+        value = value[0]
+    assert value == []
+
+
+@given(st.one_of(st.integers(-3, 2**70), st.floats(allow_nan=True, allow_infinity=True), st.booleans()))
+def test_a_seed_is_a_32_bit_whole_number_or_refused(value):
+    from moesd._checks import seed
+
+    try:
+        got = seed("--seed", value)
+    except UsageError as error:
+        assert str(error).startswith("--seed must be a whole number in [0, 2^32 - 1")
+        assert isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32
+        return
+    assert got == value and type(got) is int and 0 <= got < 2**32
+
+
+@given(st.one_of(st.integers(-5, 2**21), st.floats(0, 2**21)), st.sampled_from(["B", "gamma", "K"]))
+def test_a_fitting_frame_takes_whole_points_within_bounds_only(value, column):
+    """measurement_array takes a B, gamma or K iff it is a whole number in its bounds (K <= E = 8)."""
+    from moesd.model.measurements import MAX_BATCH_SIZE, MAX_GAMMA
+
+    frame = _frame()
+    frame[column] = frame[column].astype(float)
+    frame.loc[3, column] = float(value)
+    high = {"B": MAX_BATCH_SIZE, "gamma": MAX_GAMMA, "K": 8}[column]
+    good = float(value).is_integer() and 1 <= value <= high
+    try:
+        check_measurements(frame)
+    except ValueError as error:
+        assert not good and "(row 3)" in str(error), error
+        return
+    assert good
+
+
+@pytest.mark.parametrize("model", ["qwen3-0.6b", "opt-30b", "qwen3-30b-a3b", "deepseek-v3"])
+def test_a_weight_dtype_is_refused_exactly_where_it_changes_nothing(model):
+    """Every weight dtype is taken for an MoE model; for a dense one, exactly those that quantise more than the
+    routed experts (the others would price another dtype's numbers under their label)."""
+    from moesd.predictor.layout import DTYPE_BYTES, ffn_dtype
+    from moesd.zoo import get_model
+
+    draft = {"qwen3-0.6b": "qwen3-0.6b", "opt-30b": "opt-350m", "qwen3-30b-a3b": "qwen3-0.6b",
+             "deepseek-v3": "deepseek-v3-mtp"}[model]
+    for dtype in DTYPE_BYTES:
+        applies = get_model(model).is_moe or ffn_dtype(dtype) == dtype
+        try:
+            Setup(model, draft, "H200", tp=8 if model == "deepseek-v3" else 1, dtype=dtype)
+        except UsageError as error:
+            assert not applies and error.argument == "dtype", (dtype, error)
+            continue
+        assert applies, dtype

@@ -504,8 +504,14 @@ def test_an_overwrite_stopped_part_way_keeps_the_finished_sweep(tmp_path, monkey
     with pytest.raises(FileExistsError, match="other settings"):  # the partial file is not another sweep's to take
         run_sweep(SweepConfig("e2e", **{**E2E, "context": 9}), tmp_path, progress=False)
     monkeypatch.setattr(bench, "time_speculative", real)
-    frame = pd.read_csv(run_sweep(config, tmp_path, progress=False))  # resumes the partial file, then moves it
+    kept = pd.read_csv(partial)
+    with pytest.raises(FileExistsError, match="stopped part-way; e2e.csv keeps its rows until that sweep completes. "
+                                              "Finish it with"):  # a plain rerun never replaces a finished file
+        run_sweep(config, tmp_path, progress=False)
+    assert {name: (tmp_path / name).read_bytes() for name in finished} == finished
+    frame = pd.read_csv(run_sweep(config, tmp_path, overwrite=True, progress=False))  # resumes the partial, moves it
     assert len(frame) == 8 and not frame.duplicated(["run", "batch_size", "gamma"]).any()
+    pd.testing.assert_frame_equal(frame.iloc[:4], kept)  # the stopped overwrite's rows were kept, not measured again
     assert (tmp_path / "e2e.csv").read_bytes() != finished["e2e.csv"]
     assert json.loads((tmp_path / "e2e.json").read_text())["complete"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e2e.csv", "e2e.json"]
@@ -562,8 +568,8 @@ def test_a_stop_between_sidecar_and_csv_resumes(tmp_path, monkeypatch):
 
 
 def test_cli_sweep_stopped_by_ctrl_c_says_how_to_resume(tmp_path, capsys, monkeypatch):
-    """Ctrl-C: one line with the rows kept, their file and the command that resumes (without --overwrite);
-    exit status 130."""
+    """Ctrl-C: one line with the rows kept, their file and the command that resumes (with --overwrite while it
+    replaces a finished file); exit status 130."""
     from moesd.cli import main
 
     arguments = ["sweep", "e2e", *CLI_TINY, "--sigma", "0.8", "--out-dir", str(tmp_path)]
@@ -585,9 +591,13 @@ def test_cli_sweep_stopped_by_ctrl_c_says_how_to_resume(tmp_path, capsys, monkey
     line = stopped([*arguments, "--overwrite"], 1 + 1)  # the warm-up's SD run and the first point's, then stop
     assert (tmp_path / "e2e.csv").read_bytes() == finished
     assert line == (f"interrupted: 1 row(s) kept in {tmp_path / '.e2e.partial.csv'} ({tmp_path / 'e2e.csv'} keeps its "
-                    f"rows until the sweep completes); resume with: moesd {' '.join(arguments)}")
-    line = stopped(arguments, 0)  # the resume, stopped in its warm-up: the same command resumes
-    assert line.startswith("interrupted: 1 row(s)") and line.endswith(f"resume with: moesd {' '.join(arguments)}")
-    line = stopped([*arguments, "--overwrite"], 0)  # nothing measured: the command is the same, --overwrite kept
-    assert line.startswith("interrupted: 0 row(s)") and line.endswith(" --overwrite")
+                    f"rows until the sweep completes); resume with: moesd {' '.join(arguments)} --overwrite")
+    line = stopped([*arguments, "--overwrite"], 0)  # the resume, stopped in its warm-up: the same command resumes
+    assert line.startswith("interrupted: 1 row(s)") and line.endswith(f"resume with: moesd {' '.join(arguments)} "
+                                                                       "--overwrite")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:  # without --overwrite: refused, naming the command that finishes it
+        main(arguments)
+    assert refused.value.code == 2
+    assert f"Finish it with `moesd {' '.join(arguments)} --overwrite`" in capsys.readouterr().err
     assert (tmp_path / "e2e.csv").read_bytes() == finished

@@ -161,4 +161,7 @@ def test_eq4_at_times_near_the_float_maximum_does_not_overflow():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert speedup(0.5, 4, 1e308, 1e308, 1e308, 1e308) == pytest.approx(2.5 / 6)
-        assert speedup_terms(0.5, 2, 1e-300, 1e300, 1.0).target_efficiency == 0.0
+    # a verification 1e600 times a decode step is no float64: refused, naming the arguments (was inf in a field)
+    with pytest.raises(ValueError, match="speedup_terms: sigma = 0.5, gamma = 2, t_target_1 = 1e-300, t_target_gamma "
+                                         "= 1e[+]300, t_draft = 1, t_reject = 0 make a result a float64 cannot hold"):
+        speedup_terms(0.5, 2, 1e-300, 1e300, 1.0)

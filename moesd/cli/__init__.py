@@ -17,6 +17,7 @@ import sys
 
 from moesd._checks import UsageError
 from moesd.cli import fit, hardware, predict, sweep, theory, trace
+from moesd.cli.arguments import check_paths
 
 COMMANDS = (theory, hardware, trace, sweep, fit, predict)
 """The sub-command modules, in the order ``moesd --help`` lists them: each declares its parser
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_paths(args)
         args.run(args)
     except UsageError as error:
         parser.error(str(error))

@@ -74,12 +74,15 @@ def numbers(text: str, name: str) -> np.ndarray:
     return values
 
 
-def random_model_spec(args: argparse.Namespace) -> None:
-    """Refuse a --model, --layers or --width that ``moesd trace --random-weights`` cannot build."""
+def random_model_spec(args: argparse.Namespace):
+    """Refuse a --model, --layers or --width that ``moesd trace --random-weights`` cannot build; return its spec."""
     from moesd.zoo import get_model
 
     with usage_errors():
         spec = get_model(args.model)
+    if spec.head_of:
+        raise UsageError(f"--model {spec.name} is a draft head of {spec.head_of}, which runs on its target's hidden "
+                         f"states: trace {spec.head_of} instead")
     if not spec.is_moe:
         raise UsageError(f"--model {spec.name} is dense: there is no expert routing to trace")
     from moesd.routing.capture import SUPPORTED_MODEL_TYPES
@@ -93,15 +96,48 @@ def random_model_spec(args: argparse.Namespace) -> None:
         spec.check_routed_layers(args.layers, "--layers")
     if not 0 < args.width <= 1:
         raise UsageError(f"--width must be in (0, 1], got {args.width}")
+    return spec
 
 
-def local_model(model: str) -> None:
-    """Refuse a --model written as a local path (absolute, or starting with . or ~) that is no folder."""
+def local_model(model: str) -> dict | None:
+    """Refuse a --model that cannot be loaded, before it is: a local path (absolute, or starting with . or ~) that is
+    no folder, a folder whose ``config.json`` is missing or not a JSON object (the message names the file), a hub
+    id that the offline hub cannot give (:func:`moesd._checks.hub_model`).
+
+    Returns
+    -------
+    dict or None
+        The ``config.json`` of a local folder; None for a hub id.
+    """
+    from moesd._checks import hub_model
+    from moesd._files import read_json
 
     path = Path(model).expanduser()
     if model.startswith((".", "~", "/")) and not path.is_dir():
         raise UsageError(f"--model {model!r} is {'a file' if path.exists() else 'not there'}: give a folder "
                          "holding a saved model, or a hub id such as deepseek-ai/DeepSeek-V2-Lite-Chat")
+    if not path.is_dir():
+        hub_model("--model", model, "the local folder of a saved model")
+        return None
+    if not (path / "config.json").exists():
+        raise UsageError(f"--model {model!r} holds no config.json: not the folder of a saved model")
+    with usage_errors():
+        config = read_json("--model", path / "config.json")
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise UsageError(f"--model {str(path / 'config.json')!r} is not a model's config (a JSON object with a "
+                         "model_type)")
+    return config
+
+
+def positions_left(flag: str, model_type: str, config: dict, prompt_tokens: int, new_tokens: int) -> None:
+    """Refuse ``new_tokens`` after ``prompt_tokens`` that pass a model's positions
+    (:func:`moesd.architecture.max_positions`), naming ``flag`` and the model's limit."""
+    from moesd.architecture import max_positions
+
+    limit = max_positions(model_type, config)  # None: a model type this project does not know
+    if limit is not None and prompt_tokens + new_tokens > limit:
+        raise UsageError(f"{flag} {new_tokens} after prompts of up to {prompt_tokens} tokens reaches "
+                         f"{prompt_tokens + new_tokens} positions, more than the model's {limit}: lower {flag}")
 
 
 def sigma_per_gamma(words: list[str], gammas) -> dict | str:
@@ -120,10 +156,35 @@ def sigma_per_gamma(words: list[str], gammas) -> dict | str:
 
 SWEEP_OPTIONS = {"target", "draft", "weights", "layers", "draft_layers", "width", "batch_sizes", "gammas", "top_ks",
                   "sigma", "context", "rounds", "warmup_rounds", "repeats", "dtype", "device",
-                  "cuda_graphs", "target_path", "draft_path"}
+                  "cuda_graphs", "target_path", "draft_path", "out_dir"}
 
 
 def as_option(message: str) -> str:
     """A SweepConfig message with its leading field written as the option (top_ks -> --top-ks)."""
     field, _, rest = message.partition(" ")
-    return f"--{field.replace('_', '-')} {rest}" if field in SWEEP_OPTIONS else message
+    name = field.rstrip(":")  # "target_path: ..." as well as "context must ..."
+    return f"--{name.replace('_', '-')}{field[len(name):]} {rest}" if name in SWEEP_OPTIONS else message
+
+
+PATH_OPTIONS = ("measurements", "model", "prompt_source", "out", "out_dir", "routing_trace", "target_path",
+                "draft_path", "csv", "plot", "json")
+"""The arguments of every sub-command that name a file or a folder (``measurements`` is ``moesd fit``'s positional)."""
+
+
+OUTPUT_OPTIONS = ("out", "out_dir", "csv", "plot", "json")
+"""The arguments that name a file or a folder a sub-command writes."""
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Refuse, before a sub-command starts, a path argument given as an empty (or blank) string (``--plot ""``
+    wrote nothing and succeeded) and an output path :func:`moesd._checks.output_path` refuses (a device, a name
+    too long, a loop of symbolic links), naming the flag."""
+    from moesd._checks import output_path
+
+    for dest in PATH_OPTIONS:
+        value = getattr(args, dest, None)
+        flag = dest if dest == "measurements" else f"--{dest.replace('_', '-')}"
+        if isinstance(value, str) and not value.strip():
+            raise UsageError(f"{flag} is {value!r}: give a path")
+        if dest in OUTPUT_OPTIONS and value is not None:
+            output_path(flag, value)

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from moesd._checks import UsageError, usage_errors
+from moesd._checks import UsageError, as_array, usage_errors
+from moesd._files import lookup_problem
 
 
 def _read_result_file(args: argparse.Namespace) -> tuple[pd.DataFrame, dict | None]:
@@ -14,6 +15,9 @@ def _read_result_file(args: argparse.Namespace) -> tuple[pd.DataFrame, dict | No
     from moesd.model.measurements import read_result_file
 
     path = Path(args.measurements)
+    problem = lookup_problem(path)  # a loop of links, a name too long: said before "no such file"
+    if problem:
+        raise UsageError(f"measurements {str(path)!r} cannot be read: {problem}")
     if path.is_dir():
         found = [str(path / f"{study}.csv") for study in ("sparsity", "e2e") if (path / f"{study}.csv").exists()]
         raise UsageError(f"{path} is a directory; give an e2e or sparsity result file"
@@ -35,7 +39,7 @@ def _experts(args: argparse.Namespace, sidecar: dict | None) -> tuple[int, str]:
     if args.E is not None:
         if args.E < 1:
             raise UsageError(f"--E must be >= 1, got {args.E}")
-        return args.E, "--E"
+        return int(as_array("--E", args.E, low=1, whole=True)), "--E"
     if sidecar is None:
         raise UsageError(f"{args.measurements} has no sidecar (.json beside it) to read E from; pass --E")
     try:
@@ -77,6 +81,8 @@ def run(args: argparse.Namespace) -> None:
 
     if args.stride is not None and args.stride < 1:
         raise UsageError(f"--stride must be >= 1, got {args.stride}")
+    if args.stride is not None:
+        as_array("--stride", args.stride, low=1, whole=True)
     rows, sidecar = _read_result_file(args)
     experts, experts_source = _experts(args, sidecar)
     rp, rp_source = _ridge_point(args, sidecar)

@@ -2,6 +2,7 @@
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 
@@ -33,10 +34,13 @@ def run(args: argparse.Namespace) -> None:
         raise UsageError("--tp and --draft-tp apply only with --engine vllm")
 
     from moesd.measure.bench import run_sweep  # torch: after the settings are checked
-    from moesd.measure.result_file import check_sweep, writing_file
+    from moesd.measure.result_file import SweepWriteError, check_sweep, writing_file
 
-    with usage_errors():  # device, --out-dir and an existing result file, before any model is built
-        path = check_sweep(config, args.out_dir, args.overwrite)
+    try:
+        with usage_errors():  # device, --out-dir and an existing result file, before any model is built
+            path = check_sweep(config, args.out_dir, args.overwrite)
+    except UsageError as error:
+        raise UsageError(as_option(str(error))) from None
     writing = writing_file(path, config, args.overwrite)[0]
     try:
         if args.engine == "vllm":
@@ -46,7 +50,9 @@ def run(args: argparse.Namespace) -> None:
         else:
             run_sweep(config, path.parent, overwrite=args.overwrite)
     except KeyboardInterrupt:
-        _interrupted(writing, path)
+        _stopped("interrupted", writing, path, 130)
+    except SweepWriteError as error:  # a full disk, a file made read-only: the files keep what they had
+        _stopped(str(error), error.writing, path, 1)
     print(f"{config.study} study -> {path}")
     from moesd.measure.studies import check_file
 
@@ -59,22 +65,27 @@ def run(args: argparse.Namespace) -> None:
               file=sys.stderr)
 
 
-def _interrupted(writing: Path, path: Path) -> None:
-    """Say, on one line, how many rows a sweep stopped by Ctrl-C keeps and the command that resumes it; exit 130.
+def _stopped(what: str, writing: Path, path: Path, status: int) -> None:
+    """Say, on one line, why a sweep stopped (Ctrl-C, a failed write), how many rows it keeps and the command that
+    resumes it; exit with ``status``.
 
     The rows are those of ``writing`` (the result file ``path``, or its partial file while a sweep
-    replaces ``path``); the command is this one without ``--overwrite`` once it has a row to resume.
+    replaces ``path``: only ``--overwrite`` resumes that one); the command is this one, without ``--overwrite``
+    once the result file itself has a row to resume.
     """
     import shlex
 
     from moesd.measure.result_file import read_complete_rows
 
-    rows = len(read_complete_rows(writing)) if writing.exists() else 0
-    argv = sys.argv[1:] if not rows else [argument for argument in sys.argv[1:] if argument != "--overwrite"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rows = len(read_complete_rows(writing)) if writing.is_file() else 0
+    plain = writing == path and rows
+    argv = [argument for argument in sys.argv[1:] if not (plain and argument == "--overwrite")]
     where = f"{writing} ({path} keeps its rows until the sweep completes)" if writing != path else str(writing)
-    print(f"interrupted: {rows} row(s) kept in {where}; resume with: {shlex.join(['moesd', *argv])}",
-          file=sys.stderr)
-    raise SystemExit(130)
+    kept = f": {rows} row(s) kept in {where}" if status == 130 else ""  # a failure says what it kept
+    print(f"{what}{kept}; resume with: {shlex.join(['moesd', *argv])}", file=sys.stderr)
+    raise SystemExit(status)
 
 
 def add_parser(commands) -> None:

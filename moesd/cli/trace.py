@@ -4,8 +4,8 @@ import argparse
 import math
 
 
-from moesd._checks import UsageError, new_file, torch_device, usage_errors
-from moesd.cli.arguments import random_model_spec, local_model
+from moesd._checks import UsageError, new_file, seed, torch_device, usage_errors
+from moesd.cli.arguments import local_model, positions_left, random_model_spec
 
 
 def run(args: argparse.Namespace) -> None:
@@ -16,10 +16,12 @@ def run(args: argparse.Namespace) -> None:
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     _check_trace_engine(args)
+    seed("--seed", args.seed)
     if args.random_weights:
         if args.engine == "hf" and (args.dtype != "auto" or args.device is not None):
             raise UsageError("--dtype and --device apply only without --random-weights (random models run on the CPU)")
-        random_model_spec(args)
+        spec = random_model_spec(args)
+        model_type, config = spec.model_type, spec.config_dict()
         if args.engine == "vllm":
             from moesd.routing.vllm_capture import check_random_shape
 
@@ -30,12 +32,16 @@ def run(args: argparse.Namespace) -> None:
             raise UsageError("--layers and --width apply only with --random-weights")
         if args.device is not None:
             torch_device("--device", args.device)
-        local_model(args.model)
+        config = local_model(args.model) or {}
+        model_type = config.get("model_type")
     out = new_file("--out", args.out, args.overwrite)
     with usage_errors():
         prompts = load_prompts(args.prompts, args.prompt_source)
     if args.num_prompts is not None:
         prompts = prompts.head(args.num_prompts)
+    if model_type is not None:  # random weights read bytes as tokens; a checkpoint's new tokens alone are checked
+        longest = max(len(text.encode("utf-8")) for text in prompts["prompt"]) if args.random_weights else 0
+        positions_left("--max-new-tokens", model_type, config, longest, args.max_new_tokens)
     if args.engine == "vllm":
         from moesd.routing.vllm_capture import trace_with_vllm
 

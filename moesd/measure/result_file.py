@@ -4,14 +4,18 @@ silently replaced.
 Results go to ``<out_dir>/<study>.csv`` (default ``$MOESD_DATA/measurements/<device>/``), rewritten
 atomically after every point together with a JSON sidecar of the environment (:func:`environment`:
 device, software, commit, command, the measured roofline of :mod:`moesd.measure.hardware`). A sweep
-that stops part-way resumes where it stopped when run again with the same settings: a row cut
-mid-line or incomplete is dropped (:func:`read_complete_rows`) and its point measured again. A
-finished result file is never replaced without ``overwrite=True`` (:func:`check_sweep`), and even then
-only once the new sweep is complete: until then it goes to a partial file beside it (:func:`writing_file`).
+that stops part-way resumes where it stopped when run again with the same settings: every row it keeps
+is checked against the sweep first, and a file holding another's is refused naming the line
+(:func:`check_kept_rows`); a row cut mid-line or incomplete is dropped (:func:`read_complete_rows`) and
+its point measured again. A finished result file is never replaced without ``overwrite=True``
+(:func:`check_sweep`), and even then only once the new sweep is complete: until then it goes to a partial
+file beside it, which only another ``overwrite`` resumes (:func:`writing_file`). A write that fails
+mid-sweep raises :class:`SweepWriteError`, saying what the file keeps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -31,6 +35,7 @@ from moesd._checks import UsageError, torch_device, writable_folder
 from moesd._files import atomic_write
 from moesd.measure.hardware import cpu_name, device_memory_bytes, measured_roofline
 from moesd.measure.studies import NULLABLE_COLUMNS, measurements_dir, read_rows, read_sidecar, repeated_points
+from moesd.measure.sweep_checks import check_pretrained
 from moesd.measure.sweeps import FORWARD_STUDIES, SweepConfig, check_memory, gpu_label
 from moesd.theory.speedup import alpha_from_sigma
 from moesd.zoo import default_experts_implementation, get_model
@@ -119,9 +124,9 @@ def check_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False) -> P
     """The result file a sweep will write, after every check that needs no model.
 
     The device must be here and hold the models' weights and KV caches (:func:`~moesd.measure.sweeps.check_memory`),
-    the folder (default ``$MOESD_DATA/measurements/<device>``) writable, and
-    an existing result file (or the partial file of a sweep replacing it) resumable (see :func:`writing_file`)
-    unless ``overwrite``.
+    pretrained models loadable (:func:`~moesd.measure.sweep_checks.check_pretrained`), the folder (default
+    ``$MOESD_DATA/measurements/<device>``) writable, and an existing result file (or the partial file of a
+    sweep replacing it) resumable (see :func:`writing_file`) unless ``overwrite``.
 
     Raises
     ------
@@ -132,6 +137,7 @@ def check_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False) -> P
         If the result file holds a finished sweep or one with other settings and ``overwrite`` is False.
     """
     check_device(config.device)
+    check_pretrained(config)
     check_memory(config, device_memory_bytes(config.device), config.device)
     folder = out_dir if out_dir is not None else measurements_dir() / device_label(config.device)
     path = writable_folder("out_dir", folder) / f"{config.study}.csv"
@@ -151,21 +157,45 @@ def writing_file(path, config: SweepConfig, overwrite: bool = False) -> tuple[Pa
 
     A sweep writes ``path`` itself, except when ``overwrite`` replaces an existing one: then it writes
     :func:`partial_file` and moves it onto ``path`` only when complete (:meth:`ResultFile.finish`), so
-    that until then ``path`` keeps every row it had. Without ``overwrite``, a partial file of the same
-    settings (the sweep that would replace ``path`` was stopped) is resumed.
+    that until then ``path`` keeps every row it had. A partial file of the same settings (an ``overwrite``
+    that was stopped) is resumed by the next ``overwrite``; one of other settings is dropped by it. Without
+    ``overwrite`` a partial file is refused, naming the command that finishes it: the sweep it would
+    complete replaces ``path``, which only ``overwrite`` may do.
 
     Raises
     ------
     UsageError, FileExistsError
-        As :func:`check_sweep` does, for ``path`` or for a partial file of other settings.
+        As :func:`check_sweep` does, for ``path`` or for a partial file.
     """
     path = Path(path)
     partial = partial_file(path)
     _finish_swap(path)
-    if not overwrite and partial.exists() and _resumable(partial, config, False):
-        return partial, True
+    if partial.exists():
+        try:
+            resume = _resumable(partial, config, False)
+        except FileExistsError:
+            if not overwrite:
+                raise
+            return partial, False  # another sweep's partial file: this overwrite replaces it
+        if overwrite:
+            return partial, resume
+        raise FileExistsError(_unfinished_overwrite(path, partial))
     resume = _resumable(path, config, overwrite)
     return (partial if path.exists() and not resume else path), resume
+
+
+def _unfinished_overwrite(path: Path, partial: Path) -> str:
+    """Why a sweep without ``overwrite`` leaves ``partial`` (of its own settings) alone, and how to finish it."""
+    sidecar = read_sidecar(partial.with_suffix(".json"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rows = len(read_complete_rows(partial))
+    command = sidecar.get("command")
+    finish = f"`{command}`" if isinstance(command, str) and "--overwrite" in command.split() else \
+        "the same sweep with overwrite (--overwrite)"
+    return (f"{partial} holds {rows} row(s) of a sweep that was replacing {path.name} (overwrite, --overwrite) "
+            f"and stopped part-way; {path.name} keeps its rows until that sweep completes. Finish it with {finish}, "
+            f"or remove {partial.name} and {partial.with_suffix('.json').name} to drop it")
 
 
 def _finish_swap(path: Path) -> None:
@@ -173,8 +203,8 @@ def _finish_swap(path: Path) -> None:
     between the two (only a complete sweep's partial sidecar says ``"complete": true``)."""
     partial = partial_file(path)
     try:
-        complete = json.loads(partial.with_suffix(".json").read_text()).get("complete")
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        complete = read_sidecar(partial.with_suffix(".json")).get("complete")
+    except (OSError, ValueError):
         return
     if complete is True:
         if partial.exists():
@@ -219,7 +249,8 @@ def read_complete_rows(path, nullable=NULLABLE_COLUMNS) -> list[dict]:
 
 
 def _resumable(path: Path, config: SweepConfig, overwrite: bool) -> bool:
-    """Whether ``path`` holds rows to resume from; refuse what must not be replaced (see :func:`check_sweep`)."""
+    """Whether ``path`` holds rows to resume from; refuse what must not be replaced or resumed (see
+    :func:`check_sweep`): the rows a resume would keep are checked against the sweep (:func:`check_kept_rows`)."""
     sidecar = path.with_suffix(".json")
     for file in (path, sidecar):
         if file.exists() and not file.is_file():
@@ -235,6 +266,7 @@ def _resumable(path: Path, config: SweepConfig, overwrite: bool) -> bool:
         raise FileExistsError(f"{path} holds a finished sweep; {elsewhere}")
     if previous.get("settings") != config.settings():
         raise FileExistsError(f"{path} holds a sweep with other settings; {elsewhere}")
+    check_kept_rows(path, config, elsewhere)
     return True
 
 
@@ -242,34 +274,108 @@ def _resumable_without_sidecar(path: Path, config: SweepConfig, problem: str, el
     """Resume ``path`` whose sidecar is ``problem`` (missing, cut, malformed) when its rows are this sweep's.
 
     Each row records its point and its ``context`` (and ``rounds``, ``warmup_rounds`` in e2e-type
-    studies): when all lie in ``config``'s grid, the rows are kept with a warning (the sidecar is
-    written anew at the next point); the models and dtype, which only the sidecar records, cannot be checked.
+    studies): when all lie in ``config``'s grid (:func:`check_kept_rows`), the rows are kept with a warning (the
+    sidecar is written anew at the next point); the models and dtype, which only the sidecar records, cannot be
+    checked.
 
     Raises
     ------
     FileExistsError
         Naming the sidecar's problem and a row setting that differs from ``config``'s.
     """
-    rows = pd.DataFrame(read_complete_rows(path))
-    grid = {"context": (config.context,), "batch_size": config.batch_sizes, "run": range(config.repeats),
-            "num_experts_per_tok": config.top_k_values}
-    if config.study in FORWARD_STUDIES:
-        grid["tokens"] = {1, *config.gammas, *(g + 1 for g in config.gammas)}
-    else:
-        grid.update(gamma=config.gammas, rounds=(config.rounds,), warmup_rounds=(config.warmup_rounds,))
-    for column, allowed in grid.items() if not rows.empty else ():
-        allowed = {_key({column: value}, [column]) for value in allowed}
-        other = ([] if column not in rows else
-                 [value for value in rows[column].unique() if _key({column: value}, [column]) not in allowed])
-        if column not in rows or other:
-            what = f"no {column} column" if column not in rows else f"{column} {other[0]}, not this sweep's"
-            raise FileExistsError(f"{problem}; the rows of {path} were measured with other settings ({what}), so "
-                                  f"they cannot be resumed: {elsewhere}")
+    check_kept_rows(path, config, elsewhere, f"{problem}; ")
+    rows = read_complete_rows(path)
     warnings.warn(f"{problem}: resuming from the {len(rows)} row(s) of {path.name}, whose points, context and "
                   "rounds are this sweep's; the sidecar is written anew at the next point. The models and dtype "
                   "of those rows cannot be checked without it: if they are not this command's, stop and pass "
                   "overwrite (--overwrite)", stacklevel=3)
     return True
+
+
+def sweep_grid(config: SweepConfig) -> dict:
+    """The values each column of a sweep's rows may take: its points (:meth:`SweepConfig.key_columns`), its
+    ``context`` and, in e2e-type studies, its ``rounds`` and ``warmup_rounds`` (None: an empty cell)."""
+    grid = {"run": range(config.repeats), "batch_size": config.batch_sizes,
+            "num_experts_per_tok": config.top_k_values, "context": (config.context,)}
+    if config.study in FORWARD_STUDIES:
+        return {**grid, "role": ("target", "draft"), "tokens": {1, *config.gammas, *(g + 1 for g in config.gammas)}}
+    grid.update(gamma=config.gammas, rounds=(config.rounds,), warmup_rounds=(config.warmup_rounds,))
+    if config.workloads:
+        grid.update(dataset={w["dataset"] for w in config.workloads},
+                    temperature={w["temperature"] for w in config.workloads})
+    return grid
+
+
+def study_times(config: SweepConfig) -> tuple:
+    """The columns of seconds a sweep's rows hold (each a number > 0)."""
+    return ("seconds",) if config.study in FORWARD_STUDIES else (
+        "t_ar", "t_sd", "t_target_1", "t_target_gamma", "t_draft", "t_reject")
+
+
+def check_kept_rows(path: Path, config: SweepConfig, elsewhere: str, problem: str = "") -> None:
+    """Refuse a result file whose rows a resume of ``config`` must not keep, naming the file and the line.
+
+    Every row must have the sweep's columns (its point, ``context``, its times), a point and a ``context``
+    (``rounds``, ``warmup_rounds``) in the sweep's grid (:func:`sweep_grid`), numbers where numbers belong and
+    times (:func:`study_times`) that are finite and > 0. An empty file, a second header or a row of another
+    study is refused too. Rows cut mid-line, with empty cells or holding a point twice are not refused: they
+    are dropped with a warning and measured again (:func:`read_complete_rows`).
+
+    Raises
+    ------
+    FileExistsError
+        ``problem`` (what is wrong with the sidecar, if anything), the file, the line (the header is line 1),
+        the column and the value, and ``elsewhere`` (how to replace the file instead).
+    """
+    def refuse(what: str):
+        raise FileExistsError(f"{problem}{path}: {what}, so its rows are not this sweep's to resume: {elsewhere}")
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # read_complete_rows warns of the rows it drops
+            frame = read_rows(path)
+    except ValueError as error:
+        refuse(f"cannot be read as a result file ({str(error).split(' (')[-1].rstrip(')')})")
+    grid, times = sweep_grid(config), study_times(config)
+    missing = [column for column in (*grid, *times) if column not in frame and column not in ("dataset", "temperature")]
+    if missing:
+        refuse(f"the header lacks {', '.join(missing)} of the {config.study} study's rows")
+    for column, allowed in grid.items():
+        if column not in frame:
+            continue
+        known = {_key({column: value}, [column]) for value in allowed}
+        for index, value in enumerate(frame[column]):
+            empty = value is None or (isinstance(value, float) and math.isnan(value))
+            if empty and None not in known:
+                continue  # an empty cell: the row is dropped and measured again
+            number = pd.to_numeric(pd.Series([value]), errors="coerce").iloc[0] if column not in (
+                "role", "dataset") else value
+            if _key({column: number}, [column]) not in known:
+                shown = ", ".join(sorted(map(str, allowed))) if len(allowed) <= 8 else f"{len(allowed)} values"
+                refuse(f"line {index + 2} has {column} {_cell(value)!r}, not one of this sweep's ({shown})")
+    for column in times:
+        values = pd.to_numeric(frame[column], errors="coerce")
+        bad = frame[column].notna() & ~(np.isfinite(values) & (values > 0))
+        if bad.any():
+            index = int(np.flatnonzero(bad.to_numpy())[0])
+            refuse(f"line {index + 2} has {column} {_cell(frame[column].iloc[index])!r}, not a number of seconds > 0")
+
+
+def _cell(value):
+    """A cell as the file wrote it: ``0``, ``-0.1``, ``'fast'`` (not ``np.int64(0)``)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+class SweepWriteError(OSError):
+    """A sweep's result file could not be written mid-sweep; ``writing`` keeps its ``kept`` rows and the sweep
+    resumes from them when run again."""
+
+    def __init__(self, message: str, writing: Path, kept: int):
+        super().__init__(message)
+        self.writing, self.kept = writing, kept
+
+    def __str__(self) -> str:
+        return self.args[0]
 
 
 class ResultFile:
@@ -288,7 +394,7 @@ class ResultFile:
         self.path, self.config, self.columns = Path(path), config, config.key_columns()
         self.writing, resume = writing_file(self.path, config, overwrite)
         self.sidecar = self.writing.with_suffix(".json")
-        if overwrite:  # what an earlier overwrite left before it completed
+        if overwrite and not resume:  # what an earlier overwrite of other settings left before it completed
             for file in (partial_file(self.path), partial_file(self.path).with_suffix(".json")):
                 file.unlink(missing_ok=True)
         rows = read_complete_rows(self.writing, self.nullable) if resume else []
@@ -301,21 +407,47 @@ class ResultFile:
         return all(_key(key, self.columns) in self.rows for key in keys)
 
     def add(self, rows: list[dict]) -> None:
-        """Add (or replace) one point's rows and rewrite both files atomically, the sidecar first."""
+        """Add (or replace) one point's rows and rewrite both files atomically, the sidecar first.
+
+        Raises
+        ------
+        SweepWriteError
+            If a write fails (a full disk, a file made read-only): the files keep what they had.
+        """
         for row in rows:
             self.rows[_key(row, self.columns)] = row
-        self._write_sidecar(False)
-        with atomic_write(self.writing, "w") as file:
-            pd.DataFrame(list(self.rows.values())).to_csv(file, index=False)
+        with self._writes():
+            self._write_sidecar(False)
+            with atomic_write(self.writing, "w") as file:
+                pd.DataFrame(list(self.rows.values())).to_csv(file, index=False)
+
+    @contextlib.contextmanager
+    def _writes(self):
+        """Turn an ``OSError`` of the writes in the block into a :class:`SweepWriteError` saying what was kept."""
+        try:
+            yield
+        except OSError as error:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                kept = len(read_complete_rows(self.writing)) if self.writing.is_file() else 0
+            raise SweepWriteError(f"writing {self.writing.name} failed ({error.strerror or error}); it keeps its "
+                                  f"{kept} row(s), in {self.writing}", self.writing, kept) from error
 
     def finish(self, expected_keys) -> None:
-        """Mark the sweep complete once every expected key has a complete row; move a partial file onto
-        :attr:`path` (the CSV, then its sidecar: :func:`writing_file` finishes a move a stop cut)."""
-        missing = [key for key in expected_keys if _key(key, self.columns) not in self.rows]
+        """Mark the sweep complete once its rows are exactly the expected keys' (each measured, none other);
+        move a partial file onto :attr:`path` (the CSV, then its sidecar: :func:`writing_file` finishes a move a
+        stop cut)."""
+        expected = {_key(key, self.columns): key for key in expected_keys}
+        missing = [key for name, key in expected.items() if name not in self.rows]
         if missing:
             raise RuntimeError(f"{self.writing}: {len(missing)} point(s) not measured, e.g. {missing[0]}")
-        self._write_sidecar(True)
-        _finish_swap(self.path)
+        other = [row for name, row in self.rows.items() if name not in expected]
+        if other:
+            raise RuntimeError(f"{self.writing}: {len(other)} row(s) of points this sweep does not measure, e.g. "
+                               f"{dict(zip(self.columns, _key(other[0], self.columns)))}; not marked complete")
+        with self._writes():
+            self._write_sidecar(True)
+            _finish_swap(self.path)
 
     def _write_sidecar(self, complete: bool) -> None:
         from moesd.measure.regime import measured_streaming_share

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import as_array
-from moesd._files import regular_file
+from moesd._files import read_json, regular_file
 
 
 SPEEDUP_TOLERANCE = 0.02
@@ -171,9 +171,9 @@ def read_sidecar(path) -> dict:
     """
     path = regular_file("sidecar", path)
     try:
-        sidecar = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is not valid JSON, so it cannot be read as a result file's sidecar ({error})") from None
+        sidecar = read_json("sidecar", path)
+    except ValueError as error:
+        raise ValueError(f"{error}; it cannot be read as a result file's sidecar") from None
     if not isinstance(sidecar, dict):
         raise ValueError(f"{path} must hold a JSON object (a sidecar of moesd sweep), got a "
                          f"{type(sidecar).__name__}")

@@ -33,8 +33,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moesd._checks import UsageError
+from moesd._checks import UsageError, seed
+from moesd._files import lookup_problem
 from moesd.predictor.predict import PAPER_BATCH_SIZES as BATCH_SIZES  # the paper's 19 batch sizes, 1 to 100 (one home)
+from moesd.measure.sweep_checks import check_size, checkpoint_config, checkpoint_folder, positions
 from moesd.zoo import get_model
 
 PAPER_SIGMA = {2: 0.95, 3: 0.93, 4: 0.90}
@@ -183,7 +185,7 @@ class SweepConfig:
         self.gammas = _whole_numbers("gammas", self.gammas)
         for name in ("context", "repeats"):
             setattr(self, name, whole_number(name, getattr(self, name), 1))
-        self.warmup, self.seed = whole_number("warmup", self.warmup, 0), whole_number("seed", self.seed, 0)
+        self.warmup, self.seed = whole_number("warmup", self.warmup, 0), seed("seed", self.seed)
         if self.dtype not in DTYPES:
             raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
@@ -211,10 +213,7 @@ class SweepConfig:
             if self.cuda_graphs and self.warmup_rounds < 1:
                 raise UsageError("cuda_graphs captures its graphs in the warm-up round: set warmup_rounds >= 1")
             self._check_acceptance()
-        limit = get_model(self.target).config_dict().get("max_position_embeddings")
-        if limit is not None and positions(self) > limit:
-            raise UsageError(f"context, rounds and gammas make a sequence reach {positions(self)} positions, more "
-                             f"than the {limit} of {self.target}; lower context or rounds")
+        check_size(self)
 
     def _check_shape(self, target, draft) -> None:
         if self.weights == "pretrained":
@@ -226,12 +225,9 @@ class SweepConfig:
                 raise UsageError(f"{', '.join(f'{k}={v}' for k, v in shaped.items())}: shape settings apply to "
                                  "random weights only; pretrained weights keep their checkpoint's shape")
 
-            for name in ("target_path", "draft_path"):
-                folder = getattr(self, name)
-                if folder is not None and not (Path(folder) / "config.json").is_file():
-                    found = "is not a model folder (no config.json in it)" if Path(folder).is_dir() else "does not exist"
-                    raise UsageError(f"{name} {str(folder)!r} {found}; give the local folder of a pretrained "
-                                     "checkpoint, or leave it out to load the model from the hub")
+            for name, model in (("target_path", self.target), ("draft_path", self.draft)):
+                if getattr(self, name) is not None:  # a hub id is checked by check_pretrained, before any load
+                    checkpoint_folder(name, model, getattr(self, name))
             return
         if self.target_path or self.draft_path:
             raise UsageError("target_path and draft_path apply to pretrained weights only")
@@ -240,6 +236,11 @@ class SweepConfig:
         for name, spec in (("layers", target), ("draft_layers", draft)):
             if getattr(self, name) is not None:
                 setattr(self, name, whole_number(name, getattr(self, name), 1, spec.num_layers))
+        if target.is_moe:
+            try:
+                target.check_routed_layers(self.layers, "layers")
+            except ValueError as error:
+                raise UsageError(str(error)) from None
         if self.vocab_size is not None:
             self.vocab_size = whole_number("vocab_size", self.vocab_size, 2)
 
@@ -259,7 +260,8 @@ class SweepConfig:
             from moesd.routing.traces import RoutingTrace
 
             if not Path(self.routing_trace).is_file():
-                raise UsageError(f"routing_trace {self.routing_trace!r} is not a file")
+                problem = lookup_problem(self.routing_trace)  # a loop of links, a name too long
+                raise UsageError(f"routing_trace {self.routing_trace!r} is not a file" + (f" ({problem})" * bool(problem)))
             if self.cuda_graphs:
                 raise UsageError("routing 'trace' copies each forward's ids to the device, which a CUDA graph "
                                  "would freeze: replay traces with eager forwards (no cuda_graphs)")
@@ -332,11 +334,17 @@ class SweepConfig:
 
 
 def checked_model(name, role: str):
-    """The :mod:`moesd.zoo` spec of ``name``; a :class:`~moesd._checks.UsageError` naming the ``role`` if unknown."""
+    """The :mod:`moesd.zoo` spec of ``name``; a :class:`~moesd._checks.UsageError` naming the ``role`` if unknown,
+    or if a ``target`` is a draft head (an MTP module runs on its target's hidden states: there is nothing of
+    its own to time, as ``moesd predict`` refuses it as a target)."""
     try:
-        return get_model(name)
+        spec = get_model(name)
     except KeyError as error:
         raise UsageError(f"{role} {error.args[0]}") from None
+    if role == "target" and spec.head_of:
+        raise UsageError(f"target {spec.name} is a draft head of {spec.head_of}, not a model of its own: give a "
+                         f"target model (its own is {spec.head_of})")
+    return spec
 
 
 def whole_number(name: str, value, low: int, high: int | None = None) -> int:
@@ -442,13 +450,6 @@ def estimate_seconds(config: SweepConfig, forward: pd.DataFrame, build_seconds: 
     return {"timed": timed, "warmup": warm, "prefill": fill, "build": build, "total": timed + warm + fill + build}
 
 
-def positions(config: SweepConfig) -> int:
-    """The most token positions one sequence reaches: its prompt and every token a study adds to it."""
-    if config.study in FORWARD_STUDIES:
-        return config.context + max(config.gammas) + 1
-    return config.context + (config.warmup_rounds + config.rounds + 1) * (max(config.gammas) + 1)
-
-
 def memory_needed(config: SweepConfig) -> dict:
     """The least memory a sweep's two models take at once: their weights and KV caches, in bytes.
 
@@ -467,8 +468,7 @@ def memory_needed(config: SweepConfig) -> dict:
     def shape(name, layers, vocab, path):
         spec = get_model(name)
         if path is not None:  # a local checkpoint: its own shape
-            return Architecture.from_config(spec.name, spec.model_type,
-                                            json.loads((Path(path) / "config.json").read_text()))
+            return Architecture.from_config(spec.name, spec.model_type, checkpoint_config(name, path))
         values = spec.config_dict(layers, None, config.width)
         return Architecture.from_config(spec.name, spec.model_type, {**values, **({"vocab_size": vocab} if vocab else {})})
 

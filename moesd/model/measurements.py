@@ -28,6 +28,21 @@ COLUMNS = ("B", "gamma", "K", "E", "sigma", "speedup")
 """Columns of a fitting frame: batch size, draft length, experts per token, experts per layer,
 sigma (Eq. 5) and measured speedup."""
 
+MAX_BATCH_SIZE = 2**20
+"""The largest batch size B a fit takes (about a million sequences, beyond any device's decode batch): a larger
+number is a typo or another column, and Algorithm 1's token counts lose their meaning long before 2^53."""
+
+MAX_GAMMA = 1024
+"""The longest draft gamma a fit takes (acceptance sigma of Eq. 5 is flat long before)."""
+
+MAX_FIT_ROWS = 100_000
+"""The most measurements a fit takes (the paper fits 228): Algorithm 1's least squares evaluates every row at every
+step, so a larger table is a mistake or wants sampling (:mod:`moesd.model.samples`) first."""
+
+WHOLE_COLUMNS = {"batch_size": (1, MAX_BATCH_SIZE), "gamma": (1, MAX_GAMMA), "num_experts_per_tok": (1, None),
+                 "run": (0, None)}
+"""Columns of a result file that hold whole numbers, with their bounds (a point's coordinates and its repeat)."""
+
 
 def read_result_file(path, allow_incomplete: bool = False,
                      allow_above_ceiling: bool = False) -> tuple[pd.DataFrame, dict | None]:
@@ -76,6 +91,14 @@ def read_result_file(path, allow_incomplete: bool = False,
         if bad.size:
             raise UsageError(f"{path}: line {bad[0] + 2}, column {column} is {rows[column].iloc[bad[0]]} (empty or "
                              "not finite); Algorithm 1 needs a number in every row", "path")
+    _check_whole_columns(path, rows)
+    _check_labels(path, rows)
+    if sidecar is not None and sidecar.get("complete") is True and isinstance(sidecar.get("rows"), int) \
+            and sidecar["rows"] != len(rows):
+        raise UsageError(f"{path} holds {len(rows)} rows but its sidecar ({sidecar_path.name}) says the finished "
+                         f"sweep wrote {sidecar['rows']}: rows were lost or added since; measure it again "
+                         "(`moesd sweep` with --overwrite) rather than fit a file that is not what was measured",
+                         "path")
     if sidecar is not None and sidecar.get("complete") is False and not allow_incomplete:
         raise UsageError(f"{sidecar_path} says complete: false: the sweep stopped before its last point; finish it "
                          "by running the same `moesd sweep` again, or pass allow_incomplete=True "
@@ -92,6 +115,50 @@ def read_result_file(path, allow_incomplete: bool = False,
                          f"exceeds Eq. 4's ceiling sigma (gamma + 1) = {row['sigma'] * (row['gamma'] + 1):.4g}; "
                          "pass allow_above_ceiling=True (--allow-above-ceiling) to fit such rows anyway", "allow_above_ceiling")
     return rows, sidecar
+
+
+def _check_whole_columns(path, rows: pd.DataFrame) -> None:
+    """Refuse a cell of :data:`WHOLE_COLUMNS` that is not a whole number within its bounds, naming file, line and
+    column."""
+    for column, (low, high) in WHOLE_COLUMNS.items():
+        if column not in rows:
+            continue
+        values = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float)
+        with np.errstate(invalid="ignore"):
+            bad = rows[column].notna().to_numpy() & ~((values == np.round(values)) & (values >= low)
+                                                      & (values <= (np.inf if high is None else high)))
+        if bad.any():
+            index = int(np.flatnonzero(bad)[0])
+            allowed = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            cell = rows[column].iloc[index]
+            cell = cell.item() if isinstance(cell, np.generic) else cell  # 2.5, not np.float64(2.5)
+            raise UsageError(f"{path}: line {index + 2}, column {column} is {cell!r}, not a whole number {allowed}",
+                             "path")
+
+
+def _check_labels(path, rows: pd.DataFrame) -> None:
+    """Refuse text cells whose labels differ only by characters no one sees (a zero-width space, a control
+    character, a non-breaking or trailing space): rows meant as one workload would be fitted as two."""
+    import unicodedata
+
+    for column in rows.select_dtypes(include="object").columns:
+        seen = {}
+        for index, value in enumerate(rows[column]):
+            if not isinstance(value, str):
+                continue
+            hidden = [c for c in value if unicodedata.category(c) in ("Cc", "Cf", "Co", "Cn", "Zl", "Zp")
+                      or (c.isspace() and c != " ")]
+            if hidden or value != value.strip():
+                what = (f"U+{ord(hidden[0]):04X} ({unicodedata.name(hidden[0], 'unnamed')})" if hidden
+                        else "a space at its end")
+                raise UsageError(f"{path}: line {index + 2}, column {column} holds {value!r}, with {what} that no "
+                                 "one sees: remove it (labels that look alike would be fitted as different)", "path")
+            plain = unicodedata.normalize("NFKC", value).casefold()
+            if seen.setdefault(plain, (value, index))[0] != value:
+                other, line = seen[plain]
+                raise UsageError(f"{path}: line {index + 2}, column {column} holds {value!r} and line {line + 2} "
+                                 f"{other!r}, which differ only in case or Unicode form: write one label one way",
+                                 "path")
 
 
 def from_sweep(rows: pd.DataFrame, num_experts: int) -> pd.DataFrame:
@@ -178,15 +245,20 @@ def measurement_array(frame: pd.DataFrame) -> np.ndarray:
     Raises
     ------
     ValueError
-        When a column is missing, holds text, NaN or an infinity, or a value is out of range (B, gamma >= 1,
-        1 <= K <= E, sigma in [1/(gamma+1), 1] of Eq. 5, speedup > 0); the message names the column and
-        the row (the frame's index label) of the first bad cell.
+        When a column is missing, the frame holds more than :data:`MAX_FIT_ROWS` rows, a cell holds text, NaN or
+        an infinity, or a value is out of range (B, gamma, K and E whole numbers, B at most :data:`MAX_BATCH_SIZE`,
+        gamma at most :data:`MAX_GAMMA`, 1 <= K <= E, sigma in [1/(gamma+1), 1] of Eq. 5, speedup > 0); the
+        message names the column and the row (the frame's index label) of the first bad cell.
     """
     if not isinstance(frame, pd.DataFrame):
         raise UsageError(f"measurements must be a pandas DataFrame, got {type(frame).__name__}", "measurements")
     missing = [column for column in COLUMNS if column not in frame.columns]
     if missing:
         raise UsageError(f"measurements lack the column(s) {', '.join(missing)}", "measurements")
+    if len(frame) > MAX_FIT_ROWS:
+        raise UsageError(f"measurements hold {len(frame)} rows, more than the {MAX_FIT_ROWS} a fit takes (each step "
+                         "of its least squares evaluates every row): sample them first (moesd.model.samples)",
+                         "measurements")
     values = frame[list(COLUMNS)]
     if not all(pd.api.types.is_numeric_dtype(dtype) for dtype in values.dtypes):
         for column in COLUMNS:
@@ -212,6 +284,12 @@ def measurement_array(frame: pd.DataFrame) -> np.ndarray:
     for column, values in (("B", B), ("gamma", gamma)):
         if (values < 1).any():
             raise UsageError(f"B and gamma must be >= 1: {where(values < 1, column)}", column)
+    for column, values, high in (("B", B, MAX_BATCH_SIZE), ("gamma", gamma, MAX_GAMMA), ("K", K, None),
+                                 ("E", E, None)):
+        bad = (values != np.round(values)) | (values > (2**53 - 1 if high is None else high))
+        if bad.any():
+            allowed = f"in [1, {high}]" if high is not None else "in [1, 2^53)"
+            raise UsageError(f"{column} must be a whole number {allowed}: {where(bad, column)}", column)
     for column, bad in (("K", (K < 1) | (K > E)), ("sigma", (sigma < 1 / (gamma + 1) - 1e-9) | (sigma > 1)),
                         ("speedup", speedup <= 0)):
         if bad.any():

@@ -23,7 +23,7 @@ from moesd.predictor.engine import engine_profile
 from moesd.predictor.forward import step_time
 from moesd.predictor.kernels import Efficiency, sampling_time
 from moesd.predictor.drafters import resolve_draft
-from moesd.predictor.layout import check_dtype, check_kv_dtype, check_parallelism
+from moesd.predictor.layout import check_dtype, check_kv_dtype, check_parallelism, ffn_dtype
 from moesd.predictor.models import resolve_model
 from moesd.theory.roofline import Hardware, hardware_record
 
@@ -33,6 +33,19 @@ __all__ = ["check_pair", "default_draft_tp", "Setup"]
 def _name(model, arch: Architecture) -> str:
     """The name a message gives ``model``: as the caller wrote it, or its record's."""
     return model if isinstance(model, str) else arch.name
+
+
+def _check_applies(model, arch: Architecture, dtype: str, context, argument: str) -> None:
+    """Refuse a weight dtype that would not change a dense model's numbers (it quantises routed experts only, and the
+    model has none: its label would stand over another dtype's numbers), and a context past the positions its
+    config names (naming ``context``)."""
+    dtype = check_dtype(dtype, argument)
+    if not arch.num_experts and ffn_dtype(dtype) != dtype:
+        raise UsageError(f"{argument}: {dtype} quantises routed experts only, and {_name(model, arch)} is dense: its "
+                         f"weights would be priced as {ffn_dtype(dtype)}; give {argument} {ffn_dtype(dtype)}", argument)
+    if context is not None and arch.max_positions is not None and context >= arch.max_positions:
+        raise UsageError(f"context: {context} tokens in each KV cache and the token a step adds pass the "
+                         f"{arch.max_positions} positions of {_name(model, arch)}", "context")
 
 
 def check_pair(target, draft) -> bool:
@@ -237,6 +250,9 @@ class Setup:
              dp_attention=bool(self.dp_attention), shared=bool(self.shared),
              kv_dtype=None if self.kv_dtype is None else check_kv_dtype(self.kv_dtype, self.dtype),
              temperature=None if self.temperature is None else float(as_array("temperature", self.temperature, low=0)))
+        _check_applies(self.target, target, self.dtype, self.context, "dtype")
+        if self.draft_dtype is not None:
+            _check_applies(self.draft, draft, self.draft_dtype, None, "draft_dtype")
         tp, ep = check_parallelism(target, hardware, self.tp, self.ep, self.dp_attention)
         keep(tp=tp, ep=ep, draft_weights=self.draft_dtype or self.dtype)
         self._place_draft()

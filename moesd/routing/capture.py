@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from moesd._checks import UsageError
 from moesd.routing.traces import RoutingTrace, concatenate
 
 SUPPORTED_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "olmoe")
@@ -57,9 +58,18 @@ class RoutingRecorder:
 
     def _hook(self, index: int):
         def record(module, inputs, output):
+            indices = output[2] if isinstance(output, tuple) and len(output) >= 3 else None
+            if not (isinstance(indices, torch.Tensor) and indices.ndim == 2 and not indices.is_floating_point()
+                    and (not self.calls or not self.calls[-1] or
+                         indices.shape[1] == next(iter(self.calls[-1].values())).shape[1])):
+                shapes = ([tuple(part.shape) if isinstance(part, torch.Tensor) else type(part).__name__
+                           for part in output] if isinstance(output, tuple) else type(output).__name__)
+                raise UsageError(f"the router of layer {index} ({type(module).__name__}) returned {shapes}, not the "
+                                 "(logits, weights, indices) of the transformers routers moesd.routing.capture reads "
+                                 "(indices: an integer tensor of (tokens, K), the same K in every layer)")
             if index == self.first_layer:
                 self.calls.append({})
-            self.calls[-1][index] = output[2].detach().to("cpu", torch.int64)
+            self.calls[-1][index] = indices.detach().to("cpu", torch.int64)
         return record
 
     def __enter__(self) -> "RoutingRecorder":

@@ -210,6 +210,7 @@ def from_layer_csv(path, num_experts=None, ragged: str = "drop") -> RoutingTrace
                 layer = int(parts[0])
             except ValueError:
                 raise ValueError(f"{where}: layer_id must be a whole number, got {parts[0]!r}") from None
+            whole_number(layer, where, "layer_id")  # below 2^53: an int64 index
             try:
                 ids = [int(v) for v in parts[1].split()]
             except ValueError:

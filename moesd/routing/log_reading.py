@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import math
 import numbers
 import os
@@ -21,7 +20,8 @@ import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from moesd._files import regular_file
+from moesd._checks import LARGEST_WHOLE
+from moesd._files import parse_json, regular_file
 
 RAGGED = ("drop", "keep", "error")
 """What a reader does with tokens logged in only some layers: drop them, keep them with the layers they
@@ -65,10 +65,13 @@ def get_field(record: dict, names: tuple[str, ...], key: str, where: str, requir
 
 
 def whole_number(value, where: str, name: str) -> int:
-    """``value`` as an int if it is a finite whole number (not a bool, NaN or infinity), else a ValueError
-    naming ``where`` and ``name``."""
+    """``value`` as an int if it is a finite whole number below 2^53 in magnitude (not a bool, NaN or infinity;
+    ids and counts are stored as int64, and a float holds every whole number only below 2^53), else a
+    ValueError naming ``where`` and ``name``."""
     if not _is_whole(value):
         raise ValueError(f"{where}: {name} must be a whole number, got {value!r}")
+    if abs(value) >= LARGEST_WHOLE:
+        raise ValueError(f"{where}: {name} must be a whole number below 2^53 in magnitude, got {value!r}")
     return int(value)
 
 
@@ -149,10 +152,7 @@ def read_jsonl(path: Path) -> Iterable[tuple[int, dict]]:
         for number, line in enumerate(file, start=1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not JSON: {error.msg}") from None
+            record = parse_json(line, f"{path}:{number}")
             if not isinstance(record, dict):
                 raise ValueError(f"{path}:{number}: expected a JSON object")
             yield number, record

@@ -10,7 +10,6 @@ first turn).
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import zlib
 from pathlib import Path
@@ -18,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moesd._checks import UsageError, one_of
+from moesd._checks import UsageError, one_of, usage_errors
+from moesd._files import MAX_READ_BYTES, lookup_problem, parse_json, regular_file
 
 PROMPT_SETS = {
     # name: (hub dataset id, hub config, hub split, file inside a local folder)
@@ -73,22 +73,30 @@ def _read_local(name: str, source: Path) -> tuple[pd.DataFrame, Path]:
     if source.is_dir() and not path.exists():
         path = source / Path(PROMPT_SETS[name][3]).name
     if not path.exists():
+        if lookup_problem(path):  # a loop of links, a name too long
+            regular_file("prompt source", path)
         raise FileNotFoundError(f"no {name} prompts at {source} (looked for {PROMPT_SETS[name][3]})")
     if not path.is_file():
         raise UsageError(f"{path}: not a file of {name} prompts")
+    with usage_errors():
+        regular_file("prompt source", path)  # not a FIFO or a device, not larger than a file read whole may be
     compressed = path.suffix == ".gz"
     opener = gzip.open if compressed else open
     records = []
     try:
         with opener(path, "rt", encoding="utf-8") as file:
+            read = 0
             for number, line in enumerate(file, start=1):
+                read += len(line)
+                if read > MAX_READ_BYTES:  # a gzip file that unpacks to far more than it holds
+                    raise UsageError(f"{path}: unpacks to more than {MAX_READ_BYTES / 2**30:g} GiB by line {number}, "
+                                     "more than a file read whole may hold")
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise UsageError(f"{path}: line {number} is not JSON ({error.msg}); a prompt file "
-                                     "holds one JSON object per line") from None
+                    record = parse_json(line, f"{path}: line {number}")
+                except ValueError as error:
+                    raise UsageError(f"{error}; a prompt file holds one JSON object per line") from None
                 if not isinstance(record, dict):
                     raise UsageError(f"{path}: line {number} holds a {type(record).__name__}, "
                                      "not a JSON object (one record per line)")

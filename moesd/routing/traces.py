@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moesd._files import atomic_write, regular_file
+from moesd._files import atomic_write, npz_arrays, parse_json, regular_file
 
 PHASES = ("prefill", "decode", "unknown", "rejected")
 """Allowed ``phase`` values; ``"unknown"`` marks tokens whose forward pass the source did not name, and
@@ -254,13 +254,12 @@ class RoutingTrace:
                                  "vLLM's by moesd.routing.vllm_logs")
             file.seek(0)
             try:
-                with np.load(file, allow_pickle=False) as data:
-                    missing = {"experts", "num_experts"} - set(data.files)
-                    if missing:
-                        raise ValueError(f"missing arrays {sorted(missing)}")
-                    fields = {name: data[name] for name in data.files}
+                fields = npz_arrays(path)  # each array's declared size checked before it is read
+                missing = {"experts", "num_experts"} - set(fields)
+                if missing:
+                    raise ValueError(f"missing arrays {sorted(missing)}")
                 fields["num_experts"] = fields["num_experts"].item()
-                fields["meta"] = json.loads(str(fields.get("meta", "{}")))
+                fields["meta"] = parse_json(str(fields.get("meta", "{}")), "its meta")
                 return cls(**fields)
             except Exception as error:  # a corrupt zip, bad JSON or failed validation
                 raise ValueError(f"{path}: not a valid routing trace: {error}") from error

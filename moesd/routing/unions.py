@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moesd._checks import within_memory
+from moesd._checks import as_array, within_memory
 from moesd.routing.traces import RoutingTrace, cached, missing_entries, read_only
 from moesd.theory.experts import expected_active_experts, expected_active_experts_from_popularity
 
@@ -225,6 +225,7 @@ def random_union(trace: RoutingTrace, t: int, samples: int = 1000, seed: int = 0
     pool = _complete_tokens(trace)
     if int(t) != t or not 1 <= t <= pool.size:
         raise ValueError(f"t must be a whole number in [1, {pool.size}], got {t!r}")
+    samples = _checked_samples(samples, int(t) + 3 * len(trace.layers), f"{int(t)} tokens")
     rng = np.random.default_rng(seed)
     picks = pool[np.stack([rng.choice(pool.size, int(t), replace=False) for _ in range(samples)])]
     unions = np.bitwise_or.reduce(np.take(expert_masks(trace), picks, axis=0), axis=1)
@@ -244,6 +245,8 @@ def verify_union(trace: RoutingTrace, batch_size: int, window: int, samples: int
     pandas.DataFrame
         Columns ``layer``, ``sample``, ``union``.
     """
+    samples = _checked_samples(samples, int(batch_size) + 3 * len(trace.layers),
+                               f"{batch_size} sequences x {window} tokens")
     picks = verify_picks(trace, batch_size, window, samples, seed)
     masks = _sequence_order(trace)[1]
     tokens, layers, words = masks.shape
@@ -258,6 +261,14 @@ def verify_union(trace: RoutingTrace, batch_size: int, window: int, samples: int
         counts.append(_count(np.bitwise_or.reduce(union, axis=1).reshape(len(chosen), layers, words)))
     counts = np.concatenate(counts) if counts else np.zeros((0, len(trace.layers)), np.int64)
     return _long_frame(counts, trace, sample=np.arange(samples))
+
+
+def _checked_samples(samples, values_each: int, what: str) -> int:
+    """``samples`` as an int (a whole number >= 1), refused before any work when the samples' picks and rows would
+    pass :data:`moesd._checks.MEMORY_LIMIT` (``values_each`` values per sample)."""
+    samples = int(as_array("samples", samples, low=1, whole=True))
+    within_memory(f"{samples} samples of {what}", samples * values_each)
+    return samples
 
 
 def verify_picks(trace: RoutingTrace, batch_size: int, window: int, samples: int, seed: int) -> np.ndarray:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moesd._files import atomic_write
+from moesd._files import atomic_write, npz_arrays, parse_json, read_json
 from moesd.routing.importers import from_arrays
 from moesd.routing.log_reading import (check_ragged, expert_ids, field_names, get_field, given_num_experts,
                                        infer_num_experts, names_its_files, read_jsonl, request_key, router_weights,
@@ -334,10 +334,7 @@ def _read_vllm_routed(path: Path):
     if not path.is_file():
         raise (IsADirectoryError if path.is_dir() else FileNotFoundError)(2, "not a file", str(path))
     if path.suffix == ".json":
-        try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}: not JSON: {error.msg} (line {error.lineno})") from None
+        document = read_json("path", path)
         if not isinstance(document, dict) or document.get("format") != VLLM_ROUTED_FORMAT:
             raise ValueError(f"{path}: field 'format' must be {VLLM_ROUTED_FORMAT!r} (written by "
                              "save_vllm_routed_experts)")
@@ -355,16 +352,16 @@ def _read_vllm_routed(path: Path):
                 raise ValueError(f"{where}: no field {error}") from None
         return document.get("meta", {}), requests
     try:
-        with open(path, "rb") as file, np.load(file, allow_pickle=False) as data:
-            missing = {"routed_experts", "rows", "prompt_tokens", "output_tokens", "request_id"} - set(data.files)
-            if missing:
-                raise ValueError(f"missing arrays {sorted(missing)}")
-            rows, routed = data["rows"], data["routed_experts"]
-            _check_routed_arrays(data)
-            bounds = np.r_[0, np.cumsum(rows)]
-            requests = [(str(name), int(prompt), int(output), routed[a:b]) for name, prompt, output, a, b in
-                        zip(data["request_id"], data["prompt_tokens"], data["output_tokens"], bounds[:-1], bounds[1:])]
-            meta = json.loads(str(data["meta"])) if "meta" in data.files else {}
+        data = npz_arrays(path)  # each array's declared size checked before it is read
+        missing = {"routed_experts", "rows", "prompt_tokens", "output_tokens", "request_id"} - set(data)
+        if missing:
+            raise ValueError(f"missing arrays {sorted(missing)}")
+        rows, routed = data["rows"], data["routed_experts"]
+        _check_routed_arrays(data)
+        bounds = np.r_[0, np.cumsum(rows)]
+        requests = [(str(name), int(prompt), int(output), routed[a:b]) for name, prompt, output, a, b in
+                    zip(data["request_id"], data["prompt_tokens"], data["output_tokens"], bounds[:-1], bounds[1:])]
+        meta = parse_json(str(data["meta"]), "its meta") if "meta" in data else {}
     except Exception as error:
         raise ValueError(f"{path}: not a file written by save_vllm_routed_experts: {error}") from error
     return meta, requests

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesd._checks import as_array
+from moesd._checks import as_array, finite_results
 from moesd._numeric import increasing_root
 
 __all__ = ["position_acceptance", "tokens_per_round", "alpha_for_acceptance_length"]
 
 
+@finite_results
 def position_acceptance(alpha, gamma: int, decay=1.0) -> np.ndarray:
     """Acceptance of each draft position, ``alpha_i = alpha decay**(i - 1)`` for ``i = 1..gamma``.
 
@@ -49,6 +50,7 @@ def position_acceptance(alpha, gamma: int, decay=1.0) -> np.ndarray:
     return np.asarray(alpha)[..., None] * np.asarray(decay)[..., None] ** np.arange(gamma)
 
 
+@finite_results
 def tokens_per_round(acceptance) -> np.ndarray:
     """Expected tokens one SD round emits, ``1 + sum_i prod_{j <= i} alpha_j``.
 
@@ -69,6 +71,7 @@ def tokens_per_round(acceptance) -> np.ndarray:
     return 1.0 + np.cumprod(acceptance, axis=-1).sum(axis=-1)
 
 
+@finite_results
 def alpha_for_acceptance_length(length, gamma: int, decay=1.0) -> np.ndarray:
     """The first position's acceptance ``alpha`` at which a round of ``gamma`` drafts emits ``length`` tokens.
 

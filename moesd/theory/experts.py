@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from moesd._checks import UsageError, as_array, broadcast, within_memory
+from moesd._checks import UsageError, as_array, broadcast, finite_results, within_memory
 
 
 def _log_miss(t: np.ndarray, rho: np.ndarray) -> np.ndarray:
@@ -44,6 +44,7 @@ _LARGEST_EXACT_COUNT = 2.0**53
 """Beyond this, float64 no longer holds every whole number: a larger ``T_thres`` is not exact."""
 
 
+@finite_results
 def sparsity(E, K):
     """MoE sparsity ``rho = K / E``, the probability that one token selects a given expert.
 
@@ -70,6 +71,7 @@ def sparsity(E, K):
     return K / E
 
 
+@finite_results
 def expected_active_experts(t, E, K):
     """Expected number of distinct experts activated by ``t`` tokens (Eq. 8).
 
@@ -103,6 +105,7 @@ def expected_active_experts(t, E, K):
     return np.asarray(E, dtype=float) * _activation_probability(t, rho)
 
 
+@finite_results
 def tokens_per_expert(t, rho):
     """Mean number of tokens each activated expert processes (Eq. 10).
 
@@ -127,6 +130,7 @@ def tokens_per_expert(t, rho):
     return rho * t / _activation_probability(t, rho)
 
 
+@finite_results
 def full_activation_threshold(rho, tau=0.95):
     """Fewest tokens that activate at least a fraction ``tau`` of the experts (Eq. 9).
 
@@ -169,6 +173,7 @@ def full_activation_threshold(rho, tau=0.95):
     return threshold if threshold.ndim else int(threshold)
 
 
+@finite_results
 def tokens_per_expert_derivative(t, rho):
     """Derivative of ``T_exp`` with respect to ``rho`` at fixed ``t`` (Appendix B, Eq. 12).
 
@@ -205,6 +210,7 @@ _SERIES_BELOW = 1e-5
 """``rho t`` under which :func:`tokens_per_expert_derivative` uses its Taylor series."""
 
 
+@finite_results
 def appendix_b_f(rho, t):
     """``F(rho; T) = (1 - rho)**(T - 1) (rho T + 1 - rho)`` (Appendix B, Eq. 13).
 
@@ -230,6 +236,7 @@ def appendix_b_f(rho, t):
     return np.exp(_log_miss(t - 1.0, rho)) * (rho * t + 1.0 - rho)
 
 
+@finite_results
 def expected_active_experts_from_popularity(t, p):
     """Expected activated experts for ``t`` tokens with non-uniform routing.
 
@@ -274,6 +281,7 @@ def expected_active_experts_from_popularity(t, p):
     return np.sum(_activation_probability(np.expand_dims(t, -1), p), axis=-1)
 
 
+@finite_results
 def most_loaded_share(active, E, parts):
     """Expected activated experts on the most loaded of ``parts`` GPUs that each hold ``E / parts`` experts.
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moesd._checks import UsageError, as_array, broadcast
+from moesd._checks import UsageError, as_array, broadcast, finite_results
 from moesd.theory.experts import expected_active_experts
 
 
@@ -78,8 +78,8 @@ class Hardware:
     internode : str
         What the inter-node network is, and where its numbers come from.
     bandwidth_fraction, flops_fraction : float
-        Fractions of ``memory_bandwidth`` and of the tensor peaks that measured kernels achieve
-        (1 for a record whose peaks were themselves measured).
+        Fractions of ``memory_bandwidth`` and of the tensor peaks that measured kernels achieve, in (0, 1]
+        (1 for a record whose peaks were themselves measured; no kernel beats its peak).
     efficiency_source : str
         Where the two fractions come from.
     """
@@ -112,8 +112,8 @@ class Hardware:
         domains = {"peak_flops": positive, "memory_bandwidth": positive, "memory_bytes": positive,
                    "fp8_flops": positive, "fp32_flops": positive, "fp4_flops": positive, "interconnect_bandwidth": dict(low=0),
                    "interconnect_latency": dict(low=0), "interconnect_peers": dict(low=0, whole=True),
-                   "gpus_per_node": dict(low=1, whole=True), "bandwidth_fraction": positive,
-                   "flops_fraction": positive, "internode_bandwidth": dict(low=0),
+                   "gpus_per_node": dict(low=1, whole=True), "bandwidth_fraction": dict(positive, high=1),
+                   "flops_fraction": dict(positive, high=1), "internode_bandwidth": dict(low=0),
                    "internode_latency": dict(low=0), "max_nodes": dict(low=1, whole=True)}
         for field, domain in domains.items():
             value = getattr(self, field)
@@ -122,6 +122,12 @@ class Hardware:
                     as_array(f"hardware.{field}", value, **domain)
                 except UsageError as error:
                     raise UsageError(f"{error} (Hardware record {self.name!r})") from None
+        with np.errstate(over="ignore", under="ignore"):
+            ridge = np.float64(self.peak_flops) / np.float64(self.memory_bandwidth)
+        if not 0 < ridge < np.inf:
+            raise UsageError(f"hardware.peak_flops / hardware.memory_bandwidth, the ridge point, is {ridge:g} FLOP/byte "
+                             f"for {self.peak_flops:g} FLOP/s over {self.memory_bandwidth:g} bytes/s: not a number "
+                             f"a float holds (Hardware record {self.name!r})")
         if self.max_nodes > 1 and not self.internode_bandwidth:
             raise UsageError(f"hardware.max_nodes must be 1 without an internode_bandwidth, got {self.max_nodes} "
                              f"(Hardware record {self.name!r})")
@@ -251,6 +257,7 @@ def hardware_record(hardware, argument: str = "hardware") -> Hardware:
     return hardware
 
 
+@finite_results
 def ffn_cost(tokens, d_model, d_ff, E=1, K=1, num_matrices=3, bytes_per_value=2):
     """FLOPs and memory traffic of one FFN layer, dense or a layer of routed experts.
 
@@ -296,6 +303,7 @@ def ffn_cost(tokens, d_model, d_ff, E=1, K=1, num_matrices=3, bytes_per_value=2)
     return flops, (loaded + activations) * bytes_per_value
 
 
+@finite_results
 def arithmetic_intensity(flops, traffic):
     """Arithmetic intensity, FLOPs per byte of memory traffic (Eq. 1).
 
@@ -317,6 +325,7 @@ def arithmetic_intensity(flops, traffic):
     return flops / traffic
 
 
+@finite_results
 def time_floor(flops, traffic, hardware):
     """Roofline lower bound on a kernel's time, ``max(traffic / bandwidth, flops / peak)``.
 
@@ -341,6 +350,7 @@ def time_floor(flops, traffic, hardware):
     return np.maximum(traffic / hardware.memory_bandwidth, flops / hardware.peak_flops)
 
 
+@finite_results
 def ffn_target_efficiency(batch_size, gamma, hardware, d_model, d_ff, E=1, K=1,
                           num_matrices=3, bytes_per_value=2):
     """Roofline-floor target efficiency of one FFN layer, ``T(B) / T(B gamma)``.
@@ -413,6 +423,7 @@ def compute_bound_tokens(hardware, d_model, d_ff, E=1, K=1, num_matrices=3,
     return int(tokens[reached[0]]) if reached.size else None
 
 
+@finite_results
 def G(t, lam_rp, s):
     """Roofline-shaped growth of time with tokens, the paper's ``G(t; lambda RP, s)`` (Eq. 11).
 

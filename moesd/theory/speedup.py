@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moesd._checks import UsageError, as_array, broadcast
+from moesd._checks import UsageError, as_array, broadcast, finite_results
 from moesd._numeric import increasing_root
 
 
@@ -48,6 +48,7 @@ def _emitted_fraction(sigma, gamma: np.ndarray) -> np.ndarray:
     return sigma
 
 
+@finite_results
 def expected_tokens_per_round(alpha, gamma):
     """Expected tokens one SD round emits, ``(1 - alpha**(gamma+1)) / (1 - alpha)``.
 
@@ -80,6 +81,7 @@ def _power_sum_closed(alpha: np.ndarray, gamma: np.ndarray) -> np.ndarray:
     return np.where(alpha == 1.0, gamma + 1.0, tokens)
 
 
+@finite_results
 def sigma(alpha, gamma):
     """Fraction of the ``gamma + 1`` possible tokens a round emits (Eq. 5).
 
@@ -130,6 +132,7 @@ def _bisect_power_sum(wanted: np.ndarray, gamma: np.ndarray) -> np.ndarray:
     return increasing_root(lambda alpha: _power_sum_closed(alpha, gamma), wanted)
 
 
+@finite_results
 def alpha_from_sigma(sigma, gamma):
     """Invert Eq. 5: the acceptance probability that yields ``sigma`` at draft length ``gamma``.
 
@@ -182,6 +185,7 @@ def alpha_from_sigma(sigma, gamma):
     return alpha if alpha.ndim else float(alpha)
 
 
+@finite_results
 def target_efficiency(t_target_1, t_target_gamma):
     """Target efficiency ``T_T(B, 1) / T_T(B, gamma)`` (Section 3.1).
 
@@ -205,6 +209,7 @@ def target_efficiency(t_target_1, t_target_gamma):
         return t_target_1 / t_target_gamma
 
 
+@finite_results
 def sd_time(rounds, gamma, t_draft, t_target_gamma, t_reject):
     """Wall time of speculative decoding (Eq. 2).
 
@@ -270,6 +275,7 @@ class SpeedupTerms:
             return self.tokens_per_round / (self.verify + self.draft + self.reject)
 
 
+@finite_results
 def speedup_terms(sigma, gamma, t_target_1, t_target_gamma, t_draft, t_reject=0.0) -> SpeedupTerms:
     """Split the SD speedup of Eq. 4 into its acceptance, verification, draft and rejection terms.
 
@@ -310,6 +316,7 @@ def speedup_terms(sigma, gamma, t_target_1, t_target_gamma, t_draft, t_reject=0.
         )
 
 
+@finite_results
 def speedup(sigma, gamma, t_target_1, t_target_gamma, t_draft, t_reject=0.0):
     """SD speedup over autoregressive decoding from stage times (Eqs. 3-4).
 
@@ -323,6 +330,7 @@ def speedup(sigma, gamma, t_target_1, t_target_gamma, t_draft, t_reject=0.0):
     return speedup_terms(sigma, gamma, t_target_1, t_target_gamma, t_draft, t_reject).speedup
 
 
+@finite_results
 def leviathan_speedup(alpha, gamma, cost_ratio):
     """Leviathan et al.'s expected walltime improvement factor (their Theorem 3.8).
 
@@ -350,6 +358,7 @@ def leviathan_speedup(alpha, gamma, cost_ratio):
         return expected_tokens_per_round(alpha, gamma) / (_draft_length(gamma) * cost_ratio + 1.0)
 
 
+@finite_results
 def min_target_efficiency(observed_speedup, sigma, gamma):
     """Smallest target efficiency consistent with an observed speedup (Eq. 4 rearranged).
 
