@@ -22,10 +22,10 @@ import pandas as pd
 import torch
 from timing import median_seconds
 
-import moesd.measure.sd as sd
+import moesd.engine.sd as sd
 from moesd.measure.bench import build_models
 from moesd.measure.presets import preset
-from moesd.measure.sd import SpeculativeDecoder
+from moesd.engine.sd import SpeculativeDecoder
 from moesd.zoo import get_model, noisy_copy
 
 REPEATS, TOKENS, GAMMA = 5, 48, 3
