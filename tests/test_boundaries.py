@@ -5,7 +5,8 @@ one operator or constant of the code it names is changed.
 * the rounding before ``ceil`` there, which keeps an exact whole ratio from being pushed up by one;
 * the clip after Newton's steps in ``alpha_from_sigma``, which keeps alpha in [0, 1] at the floor of sigma;
 * the 1e-12 tolerance of the Eq. 4 ceiling check in ``min_target_efficiency``;
-* ``any`` (not ``all``) over layers when ``random_union`` leaves out tokens with unlogged entries.
+* ``any`` (not ``all``) over layers when ``random_union`` leaves out tokens with unlogged entries;
+* the ranges of acceptance by draft position, and the tolerance of the acceptance length's inversion.
 """
 
 import numpy as np
@@ -14,6 +15,7 @@ from oracles import random_trace
 
 from moesd.routing.traces import MISSING, RoutingTrace
 from moesd.routing.unions import random_union
+from moesd.theory.acceptance import alpha_for_acceptance_length, position_acceptance, tokens_per_round
 from moesd.theory.experts import full_activation_threshold
 from moesd.theory.speedup import alpha_from_sigma, min_target_efficiency
 
@@ -87,3 +89,32 @@ def test_random_union_leaves_out_a_token_unlogged_in_one_layer():
     for layer_index, layer in enumerate(trace.layers):
         everyone = len(set(experts[1:, layer_index].ravel().tolist()))
         assert (drawn.loc[drawn["layer"] == layer, "union"] == everyone).all()
+
+
+def test_acceptance_by_position_refuses_values_outside_their_ranges():
+    """alpha and decay are probabilities in [0, 1], gamma whole in [1, 4096]; each edge itself is allowed."""
+    assert position_acceptance(1.0, 4096, 1.0).shape == (4096,) and position_acceptance(0.5, 1).tolist() == [0.5]
+    for arguments, name in [((1.001, 3), "alpha"), ((0.5, 3, 1.001), "decay"), ((0.5, 4097), "gamma"),
+                            ((0.5, 0), "gamma")]:
+        with pytest.raises(ValueError, match=name):
+            position_acceptance(*arguments)
+    assert tokens_per_round([1.0, 1.0]) == 3.0
+    with pytest.raises(ValueError, match="acceptance"):
+        tokens_per_round([0.5, 1.001])
+
+
+def test_acceptance_length_is_inverted_up_to_every_draft_accepted_and_no_further():
+    """A length of 1 (nothing accepted) gives alpha 0, the longest (every draft accepted) alpha 1, even when it
+    is one float step longer; a length beyond it, or below 1, is refused, also when
+    only one value of an array is."""
+    assert alpha_for_acceptance_length(1.0, 3) == pytest.approx(0.0, abs=1e-9)
+    alpha = alpha_for_acceptance_length(1.5, 3)  # 1 + a + a^2 + a^3 = 1.5
+    assert 1 + alpha + alpha**2 + alpha**3 == pytest.approx(1.5, abs=1e-9)
+    longest = float(tokens_per_round(position_acceptance(1.0, 3, 0.9)))  # 1 + 1 + 0.9 + 0.729 = 3.629
+    assert alpha_for_acceptance_length(np.nextafter(longest, 4.0), 3, 0.9) == pytest.approx(1.0, abs=1e-9)
+    assert alpha_for_acceptance_length(4096 + 1, 4096) == pytest.approx(1.0, abs=1e-9)
+    assert alpha_for_acceptance_length(2.0 + 1e-12, 1) == pytest.approx(1.0, abs=1e-9)  # gamma 1, the tolerance itself
+    for length, gamma, match in [(longest + 1e-9, 3, "at most 3.629"), (0.999, 3, "length"),
+                                 ([2.0, 4.5], 3, "at most 4 tokens"), (2.0, 4097, "gamma")]:
+        with pytest.raises(ValueError, match=match):
+            alpha_for_acceptance_length(length, gamma, 0.9 if length == longest + 1e-9 else 1.0)
