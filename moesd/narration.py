@@ -2,7 +2,7 @@
 predictor's recommendation.
 
 The criteria (:mod:`moesd.paper.criteria`), the claims (:mod:`moesd.paper.verdicts`) and the
-recommendation (:mod:`moesd.model.recommend`) compute statuses, numbers and parts; the words are
+recommendation (:mod:`moesd.predictor.recommend`) compute statuses, numbers and parts; the words are
 written here only: numbers for prose, the phrases of each shape, the summary and sentence of a
 :class:`~moesd.paper.criteria.Verdict` built from its typed parts, and the report ``moesd predict``
 prints. A wording change touches this module alone, and tests assert fields, not sentences.
@@ -13,7 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moesd.paper.criteria import CONTRADICTED, FAILS, HOLDS, INCONCLUSIVE, NOT_SHOWN, PART_COLUMNS, UNMEASURABLE, Verdict
+from moesd.paper.criteria import (CONTRADICTED, DETAIL, FAILS, FLUCTUATION_TOLERANCE, HOLDS, NOT_SHOWN,
+                                  PARTLY_HOLDS,
+                                  PART_COLUMNS, SHOWN, UNTESTABLE, Reading, Verdict)
 
 
 def number(x, whole: bool = False) -> str:
@@ -68,23 +70,19 @@ def join(*phrases) -> str:
     return "; ".join(p for p in phrases if p)
 
 
-def verdict(claim: str, statement: str, status: str, numbers, details: str, notes=()) -> Verdict:
-    """A Verdict whose sentence reads ``claim (statement): status - details.``
-
-    ``notes`` are ``(outcome, part, where)`` or ``(outcome, part, where, detectable, unit)`` tuples for the
-    parts that do not hold (outcome :data:`CONTRADICTED`, :data:`NOT_SHOWN` or :data:`UNMEASURABLE`;
-    ``detectable`` the smallest effect a part not shown needed, in ``unit``); the summary lists them,
-    grouped by part, contradicted parts first (places that all read ``gamma = g`` are listed as
-    ``gamma = 2, 3``), with the range of the detectable effects of the parts not shown. Without notes
-    the summary is the status, with ``details`` when the claim does not hold.
-    """
-    numbers = numbers if isinstance(numbers, pd.DataFrame) else pd.DataFrame(numbers)
-    parts = pd.DataFrame([(*note, *(None, "")[len(note) - 3:]) for note in notes], columns=list(PART_COLUMNS))
+def _parts_frame(notes) -> pd.DataFrame:
+    parts = pd.DataFrame(list(notes), columns=list(PART_COLUMNS))
     parts["detectable"] = parts["detectable"].astype(float)
+    return parts
+
+
+def parts_phrase(parts: pd.DataFrame) -> str:
+    """The parts of a reading that are not shown, grouped by part and outcome (contradicted first), with where and
+    the range of the detectable effects of the parts within noise; details marked as such."""
     grouped = {}
-    for note in parts.itertuples(index=False):
-        grouped.setdefault((note.outcome, note.part), []).append(note)
-    order = (CONTRADICTED, NOT_SHOWN, UNMEASURABLE)
+    for part in parts[parts["outcome"] != SHOWN].itertuples(index=False):
+        grouped.setdefault((part.outcome, part.part, part.role), []).append(part)
+    order = (CONTRADICTED, NOT_SHOWN, UNTESTABLE)
 
     def places(group):
         wheres, prefix = [str(n.where) for n in group], "gamma = "
@@ -96,11 +94,161 @@ def verdict(claim: str, statement: str, status: str, numbers, details: str, note
             low, high = (f"{x:.0f}" if unit == "B" else f"{x:.2g}" for x in (min(sizes), max(sizes)))
             text += f"; detectable from {low if low == high else f'{low}-{high}'}{' ' + unit if unit else ''}"
         return text
-    phrases = [f"{part} {outcome} ({places(group)})"
-               for (outcome, part), group in sorted(grouped.items(), key=lambda item: order.index(item[0][0]))]
-    summary = (f"{status}: {'; '.join(phrases)}" if phrases else status if status == HOLDS
-               else f"{status}: {details}")
-    return Verdict(claim, status, numbers, f"{claim} ({statement}): {status} - {details}.", summary, parts)
+    return "; ".join(f"{part}{' (a detail)' if role == DETAIL else ''} {outcome} ({places(group)})"
+                     for (outcome, part, role), group in
+                     sorted(grouped.items(), key=lambda item: (item[0][2] == DETAIL, order.index(item[0][0]))))
+
+
+def reading(claim: str, statement: str, status: str, notes, details: str) -> Reading:
+    """One :class:`Reading`: its parts, a summary (the status and the parts not shown) and a sentence
+    ``claim (statement): status - details.``."""
+    parts = _parts_frame(notes)
+    phrase = parts_phrase(parts)
+    summary = f"{status}: {phrase}" if phrase else status if status == HOLDS else f"{status}: {details}"
+    return Reading(status, parts, summary, f"{claim} ({statement}): {status} - {details}.")
+
+
+def verdict(claim: str, statement: str, statuses: dict, numbers, notes: dict, details: str) -> Verdict:
+    """A :class:`Verdict` from both readings' statuses and notes (``(outcome, part, where, detectable, unit, role)``
+    tuples), its numbers (rows) and the details of its sentences; the plain sentence from :func:`plain_reading`."""
+    numbers = numbers if isinstance(numbers, pd.DataFrame) else pd.DataFrame(numbers)
+    material = reading(claim, statement, statuses["material"], notes["material"], details)
+    strict = reading(claim, statement, statuses["strict"], notes["strict"], details)
+    return Verdict(claim, material, strict, numbers, plain_reading(claim, material, strict, numbers, details))
+
+
+TOLERANCE_PHRASE = f"a quarter of the move it interrupts (FLUCTUATION_TOLERANCE = {FLUCTUATION_TOLERANCE:g})"
+
+WHY_READINGS_DIFFER = {
+    "Fig. 2": "on reversals smaller than the tolerance",
+    "Fig. 3": "on dips and bumps smaller than the tolerance",
+    "Fig. 4": "because it requires K = 1, 2 to fall at any context and leaves them out of the ordering",
+    "Fig. 5": "on the run-to-run spread of the speedups as measured, whose runs differ in acceptance",
+    "Fig. 6": "on the dense curve's early rise and the pairs' different acceptance",
+    "Table 3": "with coverage pooled over the curves",
+}
+"""Why a claim's strict reading can differ from its material one, for the plain sentence."""
+
+
+def status_verb(status: str) -> str:
+    """A status as the verb of a sentence: ``holds``, ``partly holds``, ``does not hold``, ``is inconclusive``,
+    ``is not testable here``."""
+    return status if status in (HOLDS, PARTLY_HOLDS, FAILS) else f"is {status}"
+
+
+def plain_reading(claim: str, material: Reading, strict: Reading, numbers: pd.DataFrame, details: str) -> str:
+    """One sentence a student reads: the material status in the paper's terms, what the data show, and where the
+    strict reading differs and why (the parts themselves are in the readings' summaries)."""
+    if material.status == UNTESTABLE and strict.status == UNTESTABLE:
+        return f"{claim} is not testable here: {details}."
+    shows = _PLAIN.get(claim, lambda numbers, material: "")(numbers, material)
+    text = f"{claim} {status_verb(material.status)} as the paper states it" + (f": {shows}" if shows else "")
+    if strict.status != material.status:
+        text += f"; read strictly it {status_verb(strict.status)}, {WHY_READINGS_DIFFER[claim]}"
+    return text + "."
+
+
+def _outcome(material: Reading, part: str) -> set:
+    return set(material.parts.loc[material.parts["part"] == part, "outcome"])
+
+
+def _last_judged(numbers: pd.DataFrame, key: str) -> dict | None:
+    """The row of the largest gamma (or the last row) that has ``key``."""
+    if key not in numbers:
+        return None
+    rows = numbers[numbers[key].notna()]
+    return None if rows.empty else rows.iloc[-1].to_dict()
+
+
+def _plain_fig2(numbers, material) -> str:
+    row = _last_judged(numbers, "first")
+    if row is None:
+        return ""
+    return (f"at gamma = {row['gamma']} the speedup rises from {number(row['first'])} to {number(row['peak'])} "
+            f"(B = {number(row['peak_batch_size'], True)}) and falls to {number(row['last'])}, target efficiency "
+            f"tracking it (rank correlation {row['rank_correlation']:.2f})")
+
+
+def _plain_fig3(numbers, material) -> str:
+    row = _last_judged(numbers, "moe_first")
+    if row is None:
+        return ""
+    text = (f"at gamma = {row['gamma']} the MoE's efficiency goes {number(row['moe_first'])} -> "
+            f"{number(row['moe_peak'])} (B = {number(row['moe_peak_batch_size'], True)}) -> {number(row['moe_last'])} "
+            f"while the dense model's goes {number(row['dense_first'])} -> {number(row['dense_last'])}")
+    judged = numbers[numbers["moe_first"].notna()]
+    dips = judged[~judged["moe_unimodal"].astype(bool)]
+    if len(dips):
+        dip = dips.loc[dips["moe_largest_reversal"].idxmax()]
+        text += (f"; the MoE's dip of {dip['moe_largest_reversal']:.3f} from B = "
+                 f"{number(dip['moe_largest_reversal_from'], True)} to {number(dip['moe_largest_reversal_to'], True)} "
+                 f"(gamma = {dip['gamma']}) is {number(dip['moe_largest_reversal_share'])} of the move it interrupts")
+        if dip["moe_largest_reversal_from"] == dip["first_batch_size"] and "predicted_first" in judged:
+            predicted = dip["predicted_first"] - dip["predicted_second"]
+            text += (f", and where a step is its bytes Eq. 8 predicts {'a dip' if predicted > 0 else 'no dip'} there "
+                     f"({dip['predicted_first']:.3f} -> {dip['predicted_second']:.3f})")
+    bumps = judged[judged["dense_rises_beyond_noise"].astype(bool)]
+    if len(bumps):
+        bump = bumps.loc[bumps["dense_largest_rise"].idxmax()]
+        text += (f"; the dense curve's largest bump, {bump['dense_largest_rise']:.3f} from B = "
+                 f"{number(bump['dense_largest_rise_from'], True)} to {number(bump['dense_largest_rise_to'], True)}, "
+                 f"is {number(bump['dense_largest_rise_share'])} of its fall")
+    return text
+
+
+def _plain_fig4(numbers, material) -> str:
+    if "role" not in numbers:
+        return ""
+    gamma = numbers["gamma"].max()
+    rows = numbers[numbers["gamma"] == gamma]
+    text = (f"at gamma = {gamma} the peaks lie at B = "
+            + ", ".join(f"{number(r.peak_batch_size, True)} (K = {r.K})" for r in rows.itertuples()))
+    if _outcome(material, "the wider range") == {UNTESTABLE}:
+        text += f"; whether the range widens cannot be seen on a grid that ends at B = {number(rows['largest_batch_size'].max(), True)}"
+    falls = rows[rows["role"] == "monotone"]
+    if len(falls) and "attention_context" in falls and falls["attention_context"].notna().all():
+        rising = falls[falls["fall"] < -falls["fall_margin"]]
+        ks = ", ".join(str(k) for k in sorted(falls["K"]))
+        if len(rising):
+            text += (f"; K = {', '.join(str(k) for k in sorted(rising['K']))} rise, as the paper's theory predicts "
+                     f"below their T_thres")
+        text += (f"; the paper explains K = {ks}'s fall by attention dominating a step, which by bytes needs "
+                 f"{span(falls['attention_context'] / 1e3, whole=True)} thousand tokens of context here, against "
+                 f"{number(falls['study_context'].max(), True)} measured")
+    return text
+
+
+def _plain_fig5(numbers, material) -> str:
+    if "normalised_rises_then_falls" not in numbers:
+        return ""
+    judged = numbers[numbers["normalised_rises_then_falls"].notna()]
+    return (f"{int(judged['normalised_rises_then_falls'].astype(bool).sum())} of {len(judged)} settings' "
+            f"acceptance-normalised speedups rise then fall, with typical run ranges of "
+            f"{span(judged['normalised_run_range'])} against rises of {span(judged['normalised_rise'])}")
+
+
+def _plain_fig6(numbers, material) -> str:
+    row = _last_judged(numbers, "normalised_above")
+    if row is None:
+        return ""
+    return (f"at gamma = {row['gamma']} the MoE's acceptance-normalised speedup is above the dense pair's beyond "
+            f"noise at {row['normalised_above']} of the {row['normalised_batch_sizes']} batch sizes past 16 and below it "
+            f"at {row['normalised_below']}, while the dense pair's falls from {number(row['normalised_dense_first'])} "
+            f"to {number(row['normalised_dense_last'])}")
+
+
+def _plain_table3(numbers, material) -> str:
+    if "coverage" not in numbers or "median_coverage" not in numbers.attrs:
+        return ""
+    judged = numbers[numbers["judged"]]
+    worst = judged.loc[judged["mse"].idxmax()]
+    return (f"the worst fit (m = {int(worst['m'])}) covers {number(worst['coverage'])} of its curves' batch-size "
+            f"ranges against a median of {number(numbers.attrs['median_coverage'])}, and coverage and error have a "
+            f"rank correlation of {numbers.attrs['coverage_correlation']:.2f}")
+
+
+_PLAIN = {"Fig. 2": _plain_fig2, "Fig. 3": _plain_fig3, "Fig. 4": _plain_fig4, "Fig. 5": _plain_fig5,
+          "Fig. 6": _plain_fig6, "Table 3": _plain_table3}
 
 
 def _keys(row: dict, prefix: str) -> dict:
@@ -171,35 +319,23 @@ def no_common_pass(gammas) -> str:
     return f"the forward studies share no pass of gamma + 1 tokens for gamma in {list(gammas)}"
 
 
-def fig4_gamma(rows: list, monotone_ks, minimum: int, later: str | None = None, wider: str | None = None) -> str:
-    """Fig. 4's phrase for one gamma from its rows (:func:`moesd.paper.verdicts.sparser_peaks_later_and_wider`):
-    the falls of ``monotone_ks``, then the peaks and ranges of the other K and the statuses of their
-    ``later`` peak and ``wider`` range (None when fewer than two other K were measured)."""
+def fig4_details(rows: list, monotone_ks, minimum: int) -> str:
+    """Fig. 4's details from its rows (:func:`moesd.paper.sparsity_verdicts.sparser_peaks_later_and_wider`): per
+    gamma, the falls of ``monotone_ks`` and each K's peak region and range above x/sqrt(2)."""
     phrases = []
-    for k in monotone_ks:
-        row = next((r for r in rows if r["role"] == "monotone" and r["K"] == k), None)
-        if row is None:
-            phrases.append(f"no K = {k} curve of {minimum}+ batch sizes")
-        else:
-            phrases.append(f"K = {k} {fall_phrase(row)} "
-                           f"{_which(row['falls_monotonically'], 'falls monotonically', 'does not fall monotonically')}")
-    shaped = [r for r in rows if r["role"] == "shaped"]
-    if later is None:
-        phrases.append(f"fewer than two K outside {list(monotone_ks)}")
-        return ", ".join(phrases)
-    listing = ", ".join(f"K = {r['K']} peak within B = {span([r['peak_low'], r['peak_high']], whole=True)}, "
-                        f"width {span([r['width_low'], r['width_high']], whole=True)}"
-                        for r in shaped).replace("-inf", " or more")
-    widening = {HOLDS: "widens beyond noise", FAILS: "narrows beyond noise", INCONCLUSIVE: "does not widen beyond noise",
-                UNMEASURABLE: f"cannot be shown wider (the K = {shaped[0]['K']} range may reach past the largest B)"}
-    phrases.append(f"{listing}: the peak {_which(later == HOLDS, 'moves', 'does not move')} to larger B beyond noise "
-                   f"and the range {widening[wider]} as K falls")
-    return ", ".join(phrases)
-
-
-def fig4_details(phrases_by_gamma: dict, rows: list) -> str:
-    """Fig. 4's details: each gamma's :func:`fig4_gamma` phrase, and the noise."""
-    return join(*(f"gamma = {gamma}: {phrase}" for gamma, phrase in phrases_by_gamma.items()), noise_phrase(rows))
+    for gamma in dict.fromkeys(row["gamma"] for row in rows):
+        here = [row for row in rows if row["gamma"] == gamma]
+        falls = []
+        for k in monotone_ks:
+            row = next((r for r in here if r["K"] == k), None)
+            falls.append(f"no K = {k} curve of {minimum}+ batch sizes" if row is None else
+                         f"K = {k} {fall_phrase(row)} " + _which(row["falls_monotonically"], "falls monotonically",
+                                                                  "does not fall monotonically"))
+        listing = ", ".join(f"K = {r['K']} peak within B = {span([r['peak_low'], r['peak_high']], whole=True)}, "
+                            f"width {span([r['width_low'], r['width_high']], whole=True)}"
+                            for r in here).replace("-inf", " or more")
+        phrases.append(f"gamma = {gamma}: " + ", ".join([*falls, listing]))
+    return join(*phrases, noise_phrase(rows))
 
 
 def fig5_details(rows: list, minimum: int, one_gamma: bool) -> str:
@@ -278,18 +414,19 @@ def batch_runs(chosen, sizes) -> str:
 
 
 def where_sd_pays(advice, margin: float) -> str:
-    """Where SD is on, marginal or off at one acceptance value (a :class:`moesd.model.recommend.Advice`),
+    """Where SD is on, marginal or off at one acceptance value (a :class:`moesd.predictor.recommend.Advice`),
     and whether the host cost decides it; not judged where nothing fits."""
     sizes = advice.best["batch_size"].to_numpy()
     if not advice.judged:
         return "not judged: nothing fits (the speedups below assume a batch size did)"
     if not len(advice.on) and not len(advice.marginal):
-        text = "SD does not pay at any of these batch sizes: leave it off"
+        text = "SD's error band reaches 1 or below at every one of these batch sizes: leave it off"
     else:
-        parts = [f"SD pays (best speedup > {1 + margin:g}) at {len(advice.on)} of {len(sizes)} batch sizes"
+        parts = [f"SD pays (the best speedup's error band above {1 + margin:g}) at {len(advice.on)} of {len(sizes)} "
+                 "batch sizes"
                  + (f", {batch_runs(advice.on, sizes)}" if len(advice.on) else "")]
         if len(advice.marginal):
-            parts.append(f"marginal (1-{1 + margin:g}) at {batch_runs(advice.marginal, sizes)}")
+            parts.append(f"marginal (the band's low end 1-{1 + margin:g}) at {batch_runs(advice.marginal, sizes)}")
         text = "; ".join(parts)
     if advice.host_decides:
         text += (f" (this depends on the host cost: at --host-ms {advice.other_host_ms:.2g} SD is on at "
@@ -329,10 +466,10 @@ def advice_report(advice, margin: float, length: str | None = None) -> str:
     shown = _thinned(advice.best)
     table = shown.assign(t_target_1=shown["t_target_1"] * 1e3, t_target_gamma=shown["t_target_gamma"] * 1e3,
                          t_draft=shown["t_draft"] * 1e3)[
-        ["batch_size", "gamma", "speedup", "sd", "target_efficiency", "draft_term", "t_target_1",
-         "t_target_gamma", "t_draft"]].rename(columns={
-            "gamma": "best gamma", "sd": "SD", "t_target_1": "T_T(B,1) ms", "t_target_gamma": "T_T(B,g+1) ms",
-            "t_draft": "T_D(B,1) ms"})
+        ["batch_size", "gamma", "speedup", "speedup_low", "speedup_high", "sd", "target_efficiency", "draft_term",
+         "t_target_1", "t_target_gamma", "t_draft"]].rename(columns={
+            "gamma": "best gamma", "speedup_low": "band low", "speedup_high": "band high", "sd": "SD",
+            "t_target_1": "T_T(B,1) ms", "t_target_gamma": "T_T(B,g+1) ms", "t_draft": "T_D(B,1) ms"})
     band = (", the paper's x / sqrt(2) band (>= peak / sqrt(2) and > 1) "
             + (f"B = {advice.band[0]}" if advice.band[0] == advice.band[1] else f"B = {advice.band[0]}-{advice.band[1]}")
             if advice.band else "")
@@ -342,39 +479,60 @@ def advice_report(advice, margin: float, length: str | None = None) -> str:
             + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
 
 
-def predict_setup(target: str, draft: str, recommendation, tp: int, ep: int, draft_tp: int, dtype: str, context: int,
-                  host_ms: float, other_host_ms: float, engine: str | None = None,
-                  step_ms: float | None = None, dp_attention: bool = False, draft_dtype: str | None = None,
-                  draft_topk: int = 1, verify_tokens: int | None = None, step_batch: int = 1) -> str:
-    """The first line of ``moesd predict``: the setup and what the model prices (the draft's dtype, a tree's
-    candidates and verified tokens where not the defaults; the nodes a ``tp`` beyond one node spans)."""
-    hardware = recommendation.hardware
+def predict_setup(setup, target: str, draft: str, other_host_ms: float) -> str:
+    """The first line of ``moesd predict``: the deployment (a :class:`moesd.predictor.setup.Setup`, its models as
+    ``target`` and ``draft`` name them) and what the model prices (the draft's dtype, a tree's candidates and verified
+    tokens, the KV cache's dtype, the sampling temperature where not the defaults; the nodes a ``tp`` beyond one node
+    spans)."""
+    hardware, tp = setup.hardware, setup.tp
     nodes = (f"; --tp {tp} spans {-(-tp // hardware.gpus_per_node)} nodes of {hardware.gpus_per_node} "
              f"{hardware.name} joined by their network" if tp > hardware.gpus_per_node else "")
-    parallel = f"ep {ep}" + (", attention data-parallel" if dp_attention else "")
+    parallel = f"ep {setup.ep}" + (", attention data-parallel" if setup.dp_attention else "")
     drafting = ", ".join(part for part in [
-        f"{draft_dtype} weights" if draft_dtype not in (None, dtype) else "",
-        f"{draft_topk} candidates per position" if draft_topk != 1 else "",
-        f"{verify_tokens} tokens verified per sequence" if verify_tokens is not None else ""] if part)
-    setup = (f"{target} on {tp} x {hardware.name} ({parallel}), draft {draft} on {draft_tp} GPU(s)"
-             + (f" ({drafting})" if drafting else "")
-             + f", {dtype}, context {context} tokens{nodes}; speedup of Eq. 4 predicted by moesd.model.predict ")
-    if engine is not None or step_ms is not None:
-        return setup + ("(roofline at achieved fractions of data-sheet peaks"
-                        + (f", {engine}'s profile" if engine else "")
-                        + (f", a fixed cost per forward pass that makes the plain step at B = {step_batch} your "
-                           f"measured {step_ms:g} ms" if step_ms is not None else "") + ")")
-    return (setup + f"(roofline at achieved fractions of data-sheet peaks, host cost {host_ms:g} ms per forward pass"
-            + (f": where SD pays, an upper bound; for a serving engine give --engine-profile and --step-ms, or "
-               f"--host-ms a host cost per forward pass, e.g. {other_host_ms:.2g} ms from vLLM v0's own profile, "
-               "moesd.paper.predictor_check" if host_ms == 0 else "") + ")")
+        f"{setup.draft_dtype} weights" if setup.draft_dtype not in (None, setup.dtype) else "",
+        f"{setup.draft_topk} candidates per position" if setup.draft_topk != 1 else "",
+        f"{setup.tree_tokens} tokens verified per sequence" if setup.tree_tokens is not None else ""] if part)
+    where = ("(no GPU pass: the drafts are looked up in the context)" if setup.drafting == "free"
+             else f"on {setup.draft_gpus} GPU(s)")
+    extras = "".join([f", {setup.kv_dtype} KV cache" if setup.kv_dtype else "",
+                      f", sampling at temperature {setup.temperature:g}" if setup.temperature else
+                      (", greedy verification" if setup.temperature == 0 else "")])
+    line = (f"{target} on {tp} x {hardware.name} ({parallel}), draft {draft} {where}"
+            + (f" ({drafting})" if drafting else "")
+            + f", {setup.dtype}{extras}, context {setup.context} tokens{nodes}; speedup of Eq. 4 predicted by "
+            "moesd.predictor.predict ")
+    step_ms = None if setup.step_seconds is None else setup.step_seconds * 1e3
+    if setup.engine is not None or step_ms is not None:
+        return line + ("(roofline at achieved fractions of data-sheet peaks"
+                       + (f", {setup.engine.name}'s profile" if setup.engine is not None else "")
+                       + (f", a fixed cost per forward pass that makes the plain step at B = {setup.step_batch_size} "
+                          f"your measured {step_ms:g} ms" if step_ms is not None else "")
+                       + (f", the round at gamma {setup.sd_step_gamma} your measured "
+                          f"{setup.sd_step_seconds * 1e3:g} ms" if setup.sd_step_seconds is not None else "") + ")")
+    host_ms = setup.host_seconds * 1e3
+    return (line + f"(roofline at achieved fractions of data-sheet peaks, host cost {host_ms:g} ms per forward pass"
+            + (f"; for a serving engine give --engine-profile and --step-ms, or --host-ms a host cost per forward "
+               f"pass, e.g. {other_host_ms:.2g} ms from vLLM v0's own profile, moesd.paper.predictor_check"
+               if host_ms == 0 else "") + ")")
+
+
+def band_line(recommendation, margin: float) -> str:
+    """What the error band is (:class:`moesd.predictor.band.ErrorBand`) and how the SD calls use it."""
+    band = recommendation.band
+    how = {"device": "the GPUs' work only", "profile": "an engine profile without a measured step",
+           "anchored": "an engine profile and a measured plain step"}[band.variant]
+    return (f"error band: published speedups have come out at {band.low:.2f}x to {band.high:.2f}x of predictions "
+            f"made as this one is ({how}; the range over the {band.points} points of {band.sources} sources in "
+            f"data/engines/published_speedups.csv, which held for {band.loso_covered} of them when each source was "
+            f"left out of the calibration); SD is on only where the band's low end exceeds {1 + margin:g}")
 
 
 def engine_range(engine: str, recommendation, length: str | None = None) -> str:
-    """Where SD is on at both ends of an engine profile's published cost ranges (``length``: as
-    :func:`acceptance_label` takes it)."""
+    """The sensitivity line: where SD is on at both ends of an engine profile's published cost ranges (``length``:
+    as :func:`acceptance_label` takes it); the constants' spread, not the model's error (that is the band)."""
     sizes = recommendation.judged
-    lines = [f"\nacross {engine}'s published cost ranges (moesd.model.engine.ENGINES):"]
+    lines = [f"\nsensitivity to {engine}'s published cost ranges (moesd.predictor.engine.ENGINES; the constants' "
+             "spread, not the model's error):"]
     for advice, low, high in zip(recommendation.advice, *(recommendation.engine_ends[e] for e in ("low", "high"))):
         runs = [batch_runs(on, sizes) if len(on) else "no batch size" for on in (low, high)]
         lines.append(f"  {acceptance_label(advice, length)}: SD is on at {runs[0]} with the costs that favour it, "
@@ -388,11 +546,18 @@ STEP_NOTE = ("note: a measured plain step (--step-ms, at --step-batch sequences)
 """What ``moesd predict --engine-profile`` without ``--step-ms`` notes."""
 
 
-def predict_notes(recommendation, tp: int, draft_tp: int, engine: str | None = None,
-                  step_ms: float | None = None) -> list:
-    """Notes on a draft head (an EAGLE-3 head's own vocabulary; a head priced on GPUs of its own) and
-    :data:`STEP_NOTE` for an engine profile without a measured step."""
-    notes = [STEP_NOTE] if engine is not None and step_ms is None else []
+def predict_notes(recommendation, setup) -> list:
+    """Notes on the draft (an EAGLE-3 head's own vocabulary; a head priced on GPUs of its own; the n-gram drafter's
+    zero draft cost), on sampling at a temperature, and :data:`STEP_NOTE` for an engine profile without a measured
+    step."""
+    notes = [STEP_NOTE] if setup.engine is not None and setup.step_seconds is None else []
+    if setup.temperature:
+        notes.append("note: at a temperature above 0 give the acceptance measured at that temperature (rejection "
+                     "sampling accepts fewer drafts than greedy verification); the plain step and the round pay "
+                     "the sampling kernels over the vocabulary (moesd.predictor.kernels.sampling_time)")
+    if setup.drafting == "free":
+        notes.append("note: the n-gram drafter looks its drafts up in the context on the host: its draft cost is "
+                     "priced at zero, and its acceptance is the text's (give the one measured on your workload)")
     if not recommendation.draft_head:
         return notes
     target_vocab, draft_vocab = recommendation.vocabularies
@@ -400,15 +565,15 @@ def predict_notes(recommendation, tp: int, draft_tp: int, engine: str | None = N
     if draft_vocab != target_vocab:
         parts.append(f"the draft is an EAGLE-3 head; its {draft_vocab}-token vocabulary maps onto the target's "
                      f"{target_vocab} tokens")
-    if draft_tp < tp:
-        parts.append(f"engines run a draft head on the target's GPUs: --draft-tp {tp} prices that, --draft-tp "
-                     f"{draft_tp} prices it on {draft_tp} GPU(s) of its own")
+    if setup.drafting != "free" and setup.draft_gpus < setup.tp:
+        parts.append(f"engines run a draft head on the target's GPUs: --draft-tp {setup.tp} prices that, --draft-tp "
+                     f"{setup.draft_gpus} prices it on {setup.draft_gpus} GPU(s) of its own")
     return ([f"note: {'; '.join(parts)}"] if parts else []) + notes
 
 
 def memory_lines(recommendation, batch_sizes) -> list:
     """What does not fit, with the changes that make more of ``batch_sizes`` fit
-    (:class:`moesd.model.recommend.Shortfall`), and which batch sizes the advice covers."""
+    (:class:`moesd.predictor.recommend.Shortfall`), and which batch sizes the advice covers."""
     batch = np.asarray(batch_sizes)
     hardware = recommendation.hardware
     lines = []
@@ -436,7 +601,8 @@ def memory_lines(recommendation, batch_sizes) -> list:
 
 def sd_legend(margin: float) -> str:
     """The last paragraph of ``moesd predict``: what on, marginal and off mean and what the table's terms are."""
-    return (f"\nSD: on where the best gamma's speedup exceeds {1 + margin:g}, marginal where it exceeds 1 by less "
-            f"(a margin of {100 * margin:g} %), else off. draft_term: gamma T_D(B,1) / T_T(B,1), the draft's "
+    return (f"\nSD: on where the low end of the best gamma's error band (band low) exceeds {1 + margin:g}, marginal "
+            f"where it exceeds 1 by less (a margin of {100 * margin:g} %), else off: off unless the band is above 1. "
+            "draft_term: gamma T_D(B,1) / T_T(B,1), the draft's "
             "share of Eq. 4's denominator; target_efficiency: T_T(B,1) / T_T(B,gamma+1), where T_T(B,g+1) is the "
             "verification pass (of a tree's verified tokens for a tree).")
