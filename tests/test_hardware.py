@@ -1,4 +1,4 @@
-"""The measured roofline (moesd.measure.hardware), the clocks (moesd.measure.timing) and the decode-step breakdown
+"""The measured roofline (moesd.measure.hardware), the clocks (moesd.engine.timing) and the decode-step breakdown
 (moesd.measure.breakdown): counting, record structure, sidecar round trips, the CLI.
 
 Timings are never asserted: only structure, the FLOP and byte accounting, and invariants that hold
@@ -12,7 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from moesd.measure import breakdown, hardware, timing  # noqa: E402
+from moesd.engine import timing  # noqa: E402
+from moesd.measure import breakdown, hardware  # noqa: E402
 from moesd.cli import main  # noqa: E402
 from moesd.theory.experts import expected_active_experts  # noqa: E402
 from moesd.measure.analysis import ridge_point_for

@@ -1,4 +1,4 @@
-"""The Measuring SD chapter's tables: the engine's round, the protocol checks, the regime, the step against N(B)."""
+"""The Measuring SD chapter's tables: the protocol checks, the regime, the step against N(B)."""
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -7,19 +7,9 @@ import pytest
 
 from moesd.plots.measuring_sd import (expert_cost_fit, expert_read_seconds, plot_regime_gemm,
                                       plot_step_against_experts, protocol_checks, regime_steps,
-                                      round_loop_source, sigma_standard_error, step_against_experts,
+                                      sigma_standard_error, step_against_experts,
                                       streaming_shares, study_durations)
 from moesd.measure.regime import RegimeCheck, study_sidecar
-
-
-def test_round_loop_source_is_the_engine_s_while_block():
-    source = round_loop_source()
-    lines = source.splitlines()
-    assert lines[0].startswith("while ") and not lines[0].startswith(" ")
-    assert all(line.startswith("    ") for line in lines[1:] if line.strip())  # the block, dedented once
-    for call in ("draft(", "verify(", "emit(", "self._accept(", "stats.records.append("):
-        assert call in source
-    assert "stats.t_total" not in source  # the line after the loop is left out
 
 
 def e2e_rows(rounds=5, sigma_shift=0.0):

@@ -138,23 +138,6 @@ def test_efficiency_bounds_plots_every_row():
     assert list(marks.get_xdata()) == [2, 3] and np.allclose(marks.get_ydata(), [1 / 3, 1 / 4])
 
 
-def test_engine_round_source_is_the_engines_loop():
-    """The listing starts at the loop, holds every stage of a round and its record, and each of its lines
-    is a line of SpeculativeDecoder.generate (so the chapter shows the code that runs)."""
-    import inspect
-
-    from moesd.measure.sd import SpeculativeDecoder
-
-    listing = theory.engine_round_source()
-    lines = listing.splitlines()
-    assert lines[0].startswith("while ")
-    for stage in ("draft(", "verify(", "self._accept(", "emit(", "stats.records.append("):
-        assert stage in listing
-    assert listing.count("(") == listing.count(")")
-    source = {line.strip() for line in inspect.getsource(SpeculativeDecoder.generate).splitlines()}
-    assert all(line.strip() in source for line in lines)
-
-
 def test_goodness_of_fit_of_exact_and_wrong_samples():
     probabilities = np.array([0.5, 0.25, 0.125, 0.125])
     exact = np.repeat(np.arange(4), (probabilities * 800).astype(int))  # counts exactly as expected

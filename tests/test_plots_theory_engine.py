@@ -41,7 +41,9 @@ def test_temperature_scales_both_tokens():
     assert hot == pytest.approx(p[0] @ p)
 
 
-@pytest.mark.parametrize("prompt, temperature", [([[0], [1]], 1.0), ([[0]], 0.0)])
-def test_bad_arguments_raise(prompt, temperature):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("prompt, temperature, match", [
+    ([[0], [1]], 1.0, r"prompt must have shape \[1, length\], got \(2, 1\)"),
+    ([[0]], 0.0, "temperature must be > 0, got 0.0")])
+def test_bad_arguments_raise(prompt, temperature, match):
+    with pytest.raises(ValueError, match=match):
         second_token_distribution(Bigram(np.zeros((2, 2))), torch.tensor(prompt), temperature=temperature)

@@ -9,9 +9,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 scipy_stats = pytest.importorskip("scipy.stats")
 
-from moesd.measure.sd import (SpeculativeDecoder, accept_greedy, accept_sampling, accept_synthetic,  # noqa: E402
+from moesd.engine.sd import (SpeculativeDecoder, accept_greedy, accept_sampling, accept_synthetic,  # noqa: E402
                       generate_autoregressive)
-from moesd.measure.static_cache import StaticCaches  # noqa: E402
+from moesd.engine.static_cache import StaticCaches  # noqa: E402
 from moesd.theory.speedup import sigma as sigma_of_alpha  # noqa: E402
 from moesd.zoo import get_model  # noqa: E402
 from moesd.zoo import noisy_copy  # noqa: E402
@@ -325,3 +325,74 @@ def test_bad_arguments_raise(pair):
         decoder.generate(ids, torch.zeros_like(mask))
     with pytest.raises(ValueError, match="shape"):
         decoder.generate(ids, mask[:, :1])
+
+
+def test_sampling_over_static_caches_equals_sampling_over_dynamic_ones(small_vocabulary_pair):
+    """Speculative sampling draws the same tokens whichever caches hold the slots (same seed, same numbers)."""
+    target, draft = small_vocabulary_pair
+    ids, mask = left_padded([3, 1, 4, 2], target.config.vocab_size, seed=6)
+    decoder = SpeculativeDecoder(target, draft, 3)
+    dynamic = decoder.generate(ids, mask, max_new_tokens=10, temperature=1.0, seed=5)
+    static = decoder.generate(ids, mask, max_new_tokens=10, temperature=1.0, seed=5,
+                              static_caches=StaticCaches(ids.shape[1] + 9 * 4 + 1))
+    assert torch.equal(static.sequences, dynamic.sequences)
+    assert 0.1 < dynamic.stats.acceptance_rate < 0.9  # ragged: rejections, residual draws and bonus tokens
+
+
+def test_round_source_is_the_round_that_runs():
+    """The chapter's listing: the whole round, every stage in it, no clock in it, one screen long."""
+    import inspect
+
+    from moesd.engine import round_source
+
+    listing = round_source()
+    lines = listing.splitlines()
+    assert lines[0].startswith("def round(self, gen") and len(lines) < 25
+    for stage in ("draft(", "verify(", "self.accept(", "keep_accepted("):
+        assert stage in listing
+    for clock in ("time", "synchron", "Event", "timer"):
+        assert clock not in listing
+    assert listing.strip() in inspect.cleandoc(inspect.getsource(SpeculativeDecoder)) or all(
+        line.strip() in inspect.getsource(SpeculativeDecoder) for line in lines)
+
+
+def test_a_round_reads_no_clock(monkeypatch):
+    """The round itself never reads a clock: the caller times it from outside."""
+    from moesd.engine import sd, timing
+
+    stub = FixedLogits()
+    decoder = SpeculativeDecoder(stub, stub, 3)
+    ids = torch.ones(2, 3, dtype=torch.long)
+    gen = sd._start(stub, stub, ids, torch.ones_like(ids), 20, 0.0, 0, None, 0, 4, 4, None)
+    sd._prefill(gen)
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: pytest.fail("a round read the clock"))
+    accepted = decoder.round(gen)
+    assert accepted.tolist() == [3, 3]  # the stub's draft is its own target: every draft token accepted
+    assert gen.generated.count.tolist() == [5, 5] and gen.slots.length == 3 + 4
+
+
+def test_stages_are_marked_around_the_round_and_the_target_forward(monkeypatch):
+    """A fake clock that ticks one second per reading: each round's marks are its start, the target forward's
+    start and end, and its end, so each stage lasts one tick (a decode step: verify 2, after 1)."""
+    from moesd.engine import timing
+
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: float(next(ticks)))
+    stub = FixedLogits()
+    ids = torch.ones(2, 3, dtype=torch.long)
+    stats = SpeculativeDecoder(stub, stub, 2).generate(ids, max_new_tokens=1 + 4 * 3, max_rounds=4).stats
+    assert [(r.t_draft, r.t_verify, r.t_reject) for r in stats.records] == [(1.0, 1.0, 1.0)] * 4
+    assert stats.t_prefill == 1.0 and stats.t_total == 2 + 4 * 4 - 1  # from the first of 2 + 4 x 4 marks to the last
+    ar = generate_autoregressive(stub, ids, max_new_tokens=6, max_rounds=3).stats
+    assert [(r.t_draft, r.t_verify, r.t_reject) for r in ar.records] == [(0.0, 2.0, 1.0)] * 3
+
+
+def test_the_timer_refuses_a_round_without_one_target_forward():
+    from moesd.engine.timing import RoundTimer
+
+    verifier = torch.nn.Identity()
+    with RoundTimer("cpu", verifier) as timer, pytest.raises(RuntimeError, match="2 times, not once"):
+        with timer.round():
+            verifier(torch.zeros(1))
+            verifier(torch.zeros(1))
+    verifier(torch.zeros(1))  # the hooks are gone

@@ -123,6 +123,7 @@ def test_the_gpu_run_plan_without_a_gpu(tmp_path):
         assert refused.returncode != 0 and "torch sees no GPU here" in refused.stderr and "make gpu" in refused.stderr
 
 
+@pytest.mark.integration  # the probe (tools/cuda_graph_probe.py) builds torch models
 def test_the_cuda_graph_probe_times_a_repeatable_static_cache_step_on_the_cpu(capsys):
     """The probe's eager part: a forward over a rewound static cache gives the dynamic cache's logits (exit 0)."""
     import importlib.util

@@ -23,7 +23,7 @@ from moesd.measure import studies as measurements  # noqa: E402
 from moesd.measure.bench import run_sweep, time_speculative  # noqa: E402
 from moesd.measure.protocol import random_ids  # noqa: E402
 from moesd.measure.sweeps import SweepConfig  # noqa: E402
-from moesd.measure.sd import SpeculativeDecoder  # noqa: E402
+from moesd.engine.sd import SpeculativeDecoder  # noqa: E402
 from moesd.theory.speedup import sigma as eq5  # noqa: E402
 from moesd.measure.vllm_engine import (UNMEASURED_COLUMNS, check_config, save_model, synthetic_acceptance_rates,  # noqa: E402
                                tiny_models)
@@ -179,7 +179,7 @@ def test_target_as_its_own_draft_accepts_everything(folders, engines):
 @needs_vllm
 def test_counters_match_emitted_tokens_and_the_hf_engine(folders, engines):
     """Greedy acceptance is a property of the models and prompts: vLLM's counters over the window equal the
-    accepted tokens of moesd's own engine (moesd.measure.sd) on the same models, prompts and rounds."""
+    accepted tokens of moesd's own engine (moesd.engine.sd) on the same models, prompts and rounds."""
     from moesd.measure.vllm_engine import time_window
 
     target, draft = folders["models"]

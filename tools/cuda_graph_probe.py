@@ -3,7 +3,7 @@
 The forward study times each forward eagerly: on a GPU a small-batch step is then partly kernel-launch
 time, which vLLM (the paper's engine) hides with CUDA graphs. A graph needs static shapes and no host
 synchronisation inside the forward, hence a ``StaticCache`` (what ``moesd sweep forward --cuda-graphs``
-times with :func:`moesd.measure.static_cache.static_step`). This probe builds a 2-layer random-weight
+times with :func:`moesd.engine.static_cache.static_step`). This probe builds a 2-layer random-weight
 Qwen2-57B-A14B shape, fills a cache of 64 tokens, and for B in (1, 32) and s in (1, 5) times the
 forward of s new tokens over the dynamic cache (what the eager forward study times), over a rewound
 static cache, and on CUDA as a graph replay (medians of 20, CUDA events); it prints the largest
@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from moesd.measure.timing import Timer  # noqa: E402
+from moesd.engine.timing import Timer  # noqa: E402
 from moesd.measure.router_control import RoutingControl, distinct_experts  # noqa: E402
-from moesd.measure.sd import SpeculativeDecoder, generate_autoregressive  # noqa: E402
-from moesd.measure.static_cache import (GraphStep, StaticCaches, filled_cache, rewind, static_forward,  # noqa: E402
+from moesd.engine.sd import SpeculativeDecoder, generate_autoregressive  # noqa: E402
+from moesd.engine.static_cache import (GraphStep, StaticCaches, filled_cache, rewind, static_forward,  # noqa: E402
                                         static_step)
 from moesd.zoo import get_model, noisy_copy  # noqa: E402
 

@@ -63,7 +63,7 @@ def fitting_frame(rows: pd.DataFrame, sidecar: dict) -> pd.DataFrame:
 def forward_target_efficiency(forward: pd.DataFrame, gammas=(2, 3, 4), role: str = "target") -> pd.DataFrame:
     """Target efficiency ``T_T(B, 1) / T_T(B, gamma)`` from a forward study, per batch size.
 
-    The verification pass scores ``gamma + 1`` positions per sequence (as vLLM and :mod:`moesd.measure.sd` do).
+    The verification pass scores ``gamma + 1`` positions per sequence (as vLLM and :mod:`moesd.engine.sd` do).
     The ratio is taken within each repeat (``run``), whose passes are timed minutes apart at most, and
     then summarised over repeats: a slow drift of the machine (seen on the shared CPU host as whole
     repeats running 30 % slower) scales both passes of a repeat alike and cancels, where a ratio of

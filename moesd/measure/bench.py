@@ -1,11 +1,11 @@
-"""Timing sweeps of the paper's experiments (Sec. 4) with the project's own engine (:mod:`moesd.measure.sd`):
+"""Timing sweeps of the paper's experiments (Sec. 4) with the project's own engine (:mod:`moesd.engine.sd`):
 the forward study and the e2e-type studies under the steady-state protocol (:mod:`moesd.measure.protocol`).
 What a sweep measures (its study, models, grid and acceptance) is a :class:`moesd.measure.sweeps.SweepConfig`;
 its rows go to a :class:`moesd.measure.result_file.ResultFile`.
 
 Method: warm-up runs first; points are visited in a seeded random order in every repeat so that
 drift (thermal, background load) spreads over them; device work is synchronised before every clock
-reading (CUDA events time the forwards of the forward study on a GPU: :class:`moesd.measure.timing.Timer`).
+reading (CUDA events time the forwards of the forward study on a GPU: :class:`moesd.engine.timing.Timer`).
 Every point is written as soon as it is measured; a sweep that stops part-way resumes where it stopped
 (:mod:`moesd.measure.result_file`).
 
@@ -25,14 +25,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from moesd.engine.records import DecodeStats
+from moesd.engine.sd import SpeculativeDecoder, generate_autoregressive
+from moesd.engine.static_cache import GraphStep, StaticCaches, filled_cache
+from moesd.engine.timing import Timer
 from moesd.measure.protocol import prompt_seed, random_ids, sd_variants
-from moesd.measure.records import DecodeStats
 from moesd.measure.result_file import ResultFile, check_sweep
 from moesd.measure.router_control import RoutingControl, distinct_experts, set_top_k
-from moesd.measure.sd import SpeculativeDecoder, generate_autoregressive
-from moesd.measure.static_cache import GraphStep, StaticCaches, filled_cache
 from moesd.measure.sweeps import FORWARD_STUDIES, SweepConfig
-from moesd.measure.timing import Timer
 from moesd.theory.speedup import speedup
 from moesd.zoo import get_model
 

@@ -10,7 +10,7 @@ measured on the same architecture at its narrowest width, :data:`OVERHEAD_WIDTH`
 negligible), and compute (FLOPs / GEMM FLOP/s measured at the step's tokens per matrix with the
 weight in cache).
 
-Calls are timed by :func:`moesd.measure.timing.time_calls`; torch is imported inside the functions
+Calls are timed by :func:`moesd.engine.timing.time_calls`; torch is imported inside the functions
 that measure.
 """
 
@@ -25,7 +25,7 @@ import pandas as pd
 from moesd._checks import as_array
 from moesd.measure.hardware import (RooflineMeasurement, matmul_seconds, measure_roofline, parse_device,
                                     parse_dtype, torch_threads)
-from moesd.measure.timing import check_clock, time_calls
+from moesd.engine.timing import check_clock, time_calls
 from moesd.theory.experts import expected_active_experts, tokens_per_expert
 
 OVERHEAD_WIDTH = 1 / 256

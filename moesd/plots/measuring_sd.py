@@ -1,6 +1,6 @@
 """Figures of the chapter *Measuring SD* (``book/measuring_sd.ipynb``), and the tables behind them.
 
-The chapter shows the engine's round (:func:`round_loop_source`), checks the shipped e2e study against
+The chapter shows the engine's round (:func:`moesd.engine.round_source`), checks the shipped e2e study against
 its own settings and Eq. 4 (:func:`protocol_checks`, :func:`moesd.measure.analysis.eq4_terms`), asks whether the studies are
 in the paper's regime (:func:`plot_regime_gemm`, :func:`regime_steps`, :func:`streaming_shares`,
 :func:`expert_read_seconds`), reads the forward study's step against the activated experts
@@ -11,30 +11,12 @@ in the paper's regime (:func:`plot_regime_gemm`, :func:`regime_steps`, :func:`st
 from __future__ import annotations
 
 import datetime
-import inspect
-import textwrap
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from moesd.plots import PALETTE
-
-
-def round_loop_source() -> str:
-    """The round loop of :meth:`moesd.measure.sd.SpeculativeDecoder.generate`, dedented, as the package has it.
-
-    Read from the source with :mod:`inspect`, so that the chapter cannot drift from the engine:
-    the ``while`` statement and its block (draft, verify, accept, emit, and the stage timers).
-    """
-    from moesd.measure.sd import SpeculativeDecoder
-
-    lines = inspect.getsource(SpeculativeDecoder.generate).splitlines()
-    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("while "))
-    indent = len(lines[start]) - len(lines[start].lstrip())
-    stop = next((i for i in range(start + 1, len(lines))
-                 if lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) <= indent), len(lines))
-    return textwrap.dedent("\n".join(lines[start:stop]))
 
 
 def sigma_standard_error(alpha: float, gamma: int, sequence_rounds) -> float:

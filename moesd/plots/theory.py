@@ -267,28 +267,6 @@ def g_curves(rp: float, settings=((1.0, 1.005), (0.5, 1.005), (0.5, 1.01), (0.2,
 
 # ---- The algorithm of speculative decoding, run (the speculative decoding chapter) --------------------
 
-def engine_round_source() -> str:
-    """The source of one round of :meth:`moesd.measure.sd.SpeculativeDecoder.generate`, verbatim and dedented.
-
-    The lines of its loop, from ``while`` to the call that records the round, so that a chapter shows the
-    engine's own round and cannot drift from it.
-    """
-    import inspect
-    import textwrap
-
-    from moesd.measure.sd import SpeculativeDecoder
-
-    lines = inspect.getsource(SpeculativeDecoder.generate).splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip().startswith("while "))
-    stop = next(i for i in range(start, len(lines)) if "stats.records.append" in lines[i])
-    depth = 0
-    for stop in range(stop, len(lines)):  # the record's call may continue on the next lines
-        depth += lines[stop].count("(") - lines[stop].count(")")
-        if depth <= 0:
-            break
-    return textwrap.dedent("\n".join(lines[start:stop + 1]))
-
-
 def second_token_distribution(model, prompt, temperature: float = 1.0) -> np.ndarray:
     """Exact distribution of the second token ``model`` generates after ``prompt``, by enumeration.
 

@@ -14,7 +14,7 @@ where ``sigma`` is the fraction of the ``gamma + 1`` possible tokens a round emi
 (Eq. 5). The ratio ``T_T(B, 1) / T_T(B, gamma)`` is the paper's *target efficiency*: 1
 when verification costs no more than a decode step, ``1 / gamma`` when cost grows with the
 gamma tokens the paper counts (``1 / (gamma + 1)`` for the gamma + 1 positions that
-:mod:`moesd.measure.sd` and vLLM score, where the speedup falls to at most ``sigma``). Leviathan
+:mod:`moesd.engine.sd` and vLLM score, where the speedup falls to at most ``sigma``). Leviathan
 et al.'s walltime factor is Eq. 4 with target efficiency 1 and free rejection sampling
 (:func:`leviathan_speedup`).
 

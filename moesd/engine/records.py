@@ -1,8 +1,9 @@
 """What a generation records: one :class:`RoundRecord` per round (or decode step), the
 :class:`DecodeStats` of a generation or of a window of its rounds, and the :class:`DecodeOutput`
-that :mod:`moesd.measure.sd` returns.
+that :mod:`moesd.engine.sd` returns.
 
-Times are seconds of wall clock taken after device synchronisation; counters follow vLLM's
+Times are seconds, taken from outside each round (:class:`moesd.engine.timing.RoundTimer`: CUDA events on a
+GPU, the wall clock elsewhere); counters follow vLLM's
 definitions (per sequence and round: ``gamma`` drafted, ``accepted`` kept, ``accepted + 1`` emitted).
 A caller times a *window* of rounds in which every sequence was active (:meth:`DecodeStats.window`,
 :attr:`DecodeStats.full`), as :mod:`moesd.measure.bench` does.
@@ -27,9 +28,9 @@ class RoundRecord:
         Draft tokens accepted and tokens emitted by those sequences (``accepted + active`` for SD,
         ``active`` for a decode step).
     t_draft, t_verify, t_reject : float
-        Seconds of the round's stages, contiguous, after device synchronisation: drafting (the
-        ``gamma`` draft forwards), the target forward (verification; the decode forward of a step),
-        and acceptance with bookkeeping (token selection of a step).
+        Seconds of the round's stages, contiguous: drafting (the ``gamma`` draft forwards and picks), the
+        target forward (verification; the decode forward of a step), and acceptance with bookkeeping
+        (token selection of a step).
     """
 
     active: int
@@ -41,7 +42,7 @@ class RoundRecord:
 
     @property
     def seconds(self) -> float:
-        """Wall time of the round (the sum of its stages)."""
+        """Seconds of the round (the sum of its stages)."""
         return self.t_draft + self.t_verify + self.t_reject
 
 
@@ -50,8 +51,8 @@ class DecodeStats:
     """Counters and stage times of one generation, or of a window of its rounds.
 
     Counters follow vLLM's definitions: per sequence and round, ``gamma`` tokens are drafted,
-    ``accepted`` of them are kept, and ``accepted + 1`` tokens are emitted. Times are seconds of wall
-    clock, taken after device synchronisation.
+    ``accepted`` of them are kept, and ``accepted + 1`` tokens are emitted. Times are seconds, taken
+    from outside each round (:class:`moesd.engine.timing.RoundTimer`).
 
     Attributes
     ----------

@@ -1,0 +1,26 @@
+"""The speculative decoding engine: a batched, lossless SD round over Hugging Face causal LMs, the KV caches it
+decodes over, and the clocks that time it from outside.
+
+* :mod:`moesd.engine.sd` -- :class:`~moesd.engine.sd.SpeculativeDecoder` (its round: draft, verify, accept,
+  keep what was accepted) and the plain-decoding baseline;
+* :mod:`moesd.engine.static_cache` -- the slot layout both caches share, static caches and CUDA graphs;
+* :mod:`moesd.engine.timing` -- timing from outside: a generation's rounds, one call, repeated calls;
+* :mod:`moesd.engine.records` -- what a generation records and returns.
+
+The studies that use the engine (protocol, sweeps, result files, regime) live in :mod:`moesd.measure`; nothing
+here imports them. Importing this package imports no torch.
+"""
+
+
+def round_source() -> str:
+    """The source of one round of the engine, :meth:`moesd.engine.sd.SpeculativeDecoder.round`, dedented.
+
+    Read from the package with :mod:`inspect`, so that a chapter shows the code that runs and cannot drift
+    from it.
+    """
+    import inspect
+    import textwrap
+
+    from moesd.engine.sd import SpeculativeDecoder
+
+    return textwrap.dedent(inspect.getsource(SpeculativeDecoder.round))
