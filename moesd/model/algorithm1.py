@@ -8,7 +8,7 @@ ridge point in FLOP/byte (equal to it for bf16 weights, as in the paper; twice i
 
 * ``ar_time     = bias + k1 G(B) + k2 N(B) + k3 G(B K / N(B))``
 * ``verify_time = bias + k1 G(B w) + k2 N(B w) + k3 G(B w K / N(B w))``, ``w = gamma`` as Algorithm 1
-  writes it, or ``w = gamma + 1`` as vLLM and :mod:`moesd.measure.sd` verify
+  writes it, or ``w = gamma + 1`` as vLLM and :mod:`moesd.engine.sd` verify
 * ``draft_time  = draft_bias + draft_k G(B)``,  ``reject_time = reject_bias + reject_k B``
 
 and the speedup is ``sigma (gamma + 1) ar_time / denominator``. Line 11 of the paper prints
@@ -363,7 +363,7 @@ def compute_speedup(params, B, gamma, K, E, sigma, rp, variant: str = "eq4", ver
         ``draft + ar + verify + reject``.
     verify_tokens : {"gamma", "gamma+1"} or array_like, optional
         Tokens per sequence in the verification forward: ``gamma`` as Algorithm 1 writes it (default)
-        or ``gamma + 1`` as vLLM and :mod:`moesd.measure.sd` verify (or any numbers >= 1).
+        or ``gamma + 1`` as vLLM and :mod:`moesd.engine.sd` verify (or any numbers >= 1).
 
     Returns
     -------

@@ -143,7 +143,7 @@ def compare_stage_times(result: FitResult, measured: pd.DataFrame, num_experts: 
     Absolute times are not identifiable from speedups (see the module docstring), so the comparison
     is of ``draft_time / ar_time`` with ``t_draft / t_target_1`` and ``reject_time / ar_time`` with
     ``t_reject / t_target_1`` (and, when ``t_target_gamma`` is there, ``verify_time / ar_time`` with
-    ``t_target_gamma / t_target_1``; :mod:`moesd.measure.sd` verifies ``gamma + 1`` positions, the fitted term
+    ``t_target_gamma / t_target_1``; :mod:`moesd.engine.sd` verifies ``gamma + 1`` positions, the fitted term
     the fit's ``verify_tokens``). The round's cost outside the verification is compared too
     (``overhead``): a speedup fit sees the draft and rejection terms only through it, and can trade one
     for the other. Fitted, it is the fit's denominator less ``verify_time``, per ``result.variant``:

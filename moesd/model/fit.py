@@ -74,7 +74,7 @@ class FitResult:
     fitted : pandas.DataFrame
         The measurements used, with the index labels of the frame they came from.
     verify_tokens : str
-        ``"gamma"`` (Algorithm 1's ``B gamma`` verified tokens) or ``"gamma+1"`` (vLLM's, moesd.measure.sd's).
+        ``"gamma"`` (Algorithm 1's ``B gamma`` verified tokens) or ``"gamma+1"`` (vLLM's, moesd.engine.sd's).
     lower, upper : numpy.ndarray
         The bounds, in :data:`PARAMETERS` order.
     status, message
