@@ -142,7 +142,7 @@ class SweepConfig:
     cuda_graphs : bool
         On CUDA only: run each forward as the replay of a CUDA graph captured over a static KV cache
         (as vLLM and other serving engines run decode steps, without the per-kernel launch cost an
-        eager step pays; :mod:`moesd.measure.static_cache`): the forward studies time the replays, the
+        eager step pays; :mod:`moesd.engine.static_cache`): the forward studies time the replays, the
         end-to-end studies decode with them (captured in the warm-up round, so at least one is
         needed); default False, eager forwards over a dynamic cache.
     """

@@ -112,7 +112,7 @@ def predict_sd(setup: Setup, batch_size, gamma, sigma=None, *, alpha=None, alpha
     The target verifies on its ``tp`` GPUs; the draft proposes on its own (by default one GPU for a separate draft
     model, the paper's setup, and the target's ``tp`` for a draft head: :class:`~moesd.predictor.setup.Setup`). A
     round costs ``gamma T_D(B, 1) + T_T(B, gamma + 1) + T_reject``; the verification pass scores ``gamma + 1``
-    positions per sequence (the drafts and the bonus token, as vLLM and :mod:`moesd.measure.sd` do;
+    positions per sequence (the drafts and the bonus token, as vLLM and :mod:`moesd.engine.sd` do;
     ``Setup.verify_tokens="gamma"`` scores ``gamma``, as Algorithm 1 writes, a number a tree's tokens).
 
     Parameters

@@ -61,7 +61,7 @@ def check_pair(target, draft) -> bool:
       states (and reads vectors of that target's width);
     * a separate draft model whose vocabulary differs from the target's. Standard SD checks the draft's tokens
       by their ids in the target's distribution, so the two need one tokenizer; the rule is equal
-      ``vocab_size`` (the rows of the LM heads), as :mod:`moesd.measure.sd` and vLLM require. Vocabularies
+      ``vocab_size`` (the rows of the LM heads), as :mod:`moesd.engine.sd` and vLLM require. Vocabularies
       padded to different sizes around one tokenizer (Qwen2.5-72B's 152064 against Qwen2.5-0.5B's 151936) are
       refused as well: a tolerance would also pass unrelated tokenizers (OLMoE's 50304 against OPT's 50272).
       Price such a pair with the draft's Architecture at the target's ``vocab_size``. A head keeps its own
