@@ -189,7 +189,7 @@ def _sample_part(part: str, frame: pd.DataFrame | None, unit: str, key: str, nee
     worst = frame.loc[frame["ratio"].idxmin()]
     row = {"part": part, "scope": f"{unit}s", "material": HOLDS if (medians >= TOLERANCE).all() else FAILS,
            "strict": FAILS if min(tests) < SIGN_LEVEL else HOLDS, "worst_ratio": float(worst["ratio"]),
-           "where": f"{unit} {worst[unit]} (layer {worst['layer']}), {key} = {worst[key]}",
+           "where": f"{unit} {int(worst[unit])} (layer {int(worst['layer'])}), {key} = {int(worst[key])}",
            "count": int(frame[unit].nunique()), "reason": None}
     return row, frame
 
