@@ -13,7 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moesd.paper.criteria import CONTRADICTED, FAILS, HOLDS, INCONCLUSIVE, NOT_SHOWN, PART_COLUMNS, UNMEASURABLE, Verdict
+from moesd.paper.criteria import (CONTRADICTED, DETAIL, FAILS, FLUCTUATION_TOLERANCE, HOLDS, NOT_SHOWN,
+                                  PARTLY_HOLDS,
+                                  PART_COLUMNS, SHOWN, UNTESTABLE, Reading, Verdict)
 
 
 def number(x, whole: bool = False) -> str:
@@ -68,23 +70,19 @@ def join(*phrases) -> str:
     return "; ".join(p for p in phrases if p)
 
 
-def verdict(claim: str, statement: str, status: str, numbers, details: str, notes=()) -> Verdict:
-    """A Verdict whose sentence reads ``claim (statement): status - details.``
-
-    ``notes`` are ``(outcome, part, where)`` or ``(outcome, part, where, detectable, unit)`` tuples for the
-    parts that do not hold (outcome :data:`CONTRADICTED`, :data:`NOT_SHOWN` or :data:`UNMEASURABLE`;
-    ``detectable`` the smallest effect a part not shown needed, in ``unit``); the summary lists them,
-    grouped by part, contradicted parts first (places that all read ``gamma = g`` are listed as
-    ``gamma = 2, 3``), with the range of the detectable effects of the parts not shown. Without notes
-    the summary is the status, with ``details`` when the claim does not hold.
-    """
-    numbers = numbers if isinstance(numbers, pd.DataFrame) else pd.DataFrame(numbers)
-    parts = pd.DataFrame([(*note, *(None, "")[len(note) - 3:]) for note in notes], columns=list(PART_COLUMNS))
+def _parts_frame(notes) -> pd.DataFrame:
+    parts = pd.DataFrame(list(notes), columns=list(PART_COLUMNS))
     parts["detectable"] = parts["detectable"].astype(float)
+    return parts
+
+
+def parts_phrase(parts: pd.DataFrame) -> str:
+    """The parts of a reading that are not shown, grouped by part and outcome (contradicted first), with where and
+    the range of the detectable effects of the parts within noise; details marked as such."""
     grouped = {}
-    for note in parts.itertuples(index=False):
-        grouped.setdefault((note.outcome, note.part), []).append(note)
-    order = (CONTRADICTED, NOT_SHOWN, UNMEASURABLE)
+    for part in parts[parts["outcome"] != SHOWN].itertuples(index=False):
+        grouped.setdefault((part.outcome, part.part, part.role), []).append(part)
+    order = (CONTRADICTED, NOT_SHOWN, UNTESTABLE)
 
     def places(group):
         wheres, prefix = [str(n.where) for n in group], "gamma = "
@@ -96,11 +94,161 @@ def verdict(claim: str, statement: str, status: str, numbers, details: str, note
             low, high = (f"{x:.0f}" if unit == "B" else f"{x:.2g}" for x in (min(sizes), max(sizes)))
             text += f"; detectable from {low if low == high else f'{low}-{high}'}{' ' + unit if unit else ''}"
         return text
-    phrases = [f"{part} {outcome} ({places(group)})"
-               for (outcome, part), group in sorted(grouped.items(), key=lambda item: order.index(item[0][0]))]
-    summary = (f"{status}: {'; '.join(phrases)}" if phrases else status if status == HOLDS
-               else f"{status}: {details}")
-    return Verdict(claim, status, numbers, f"{claim} ({statement}): {status} - {details}.", summary, parts)
+    return "; ".join(f"{part}{' (a detail)' if role == DETAIL else ''} {outcome} ({places(group)})"
+                     for (outcome, part, role), group in
+                     sorted(grouped.items(), key=lambda item: (item[0][2] == DETAIL, order.index(item[0][0]))))
+
+
+def reading(claim: str, statement: str, status: str, notes, details: str) -> Reading:
+    """One :class:`Reading`: its parts, a summary (the status and the parts not shown) and a sentence
+    ``claim (statement): status - details.``."""
+    parts = _parts_frame(notes)
+    phrase = parts_phrase(parts)
+    summary = f"{status}: {phrase}" if phrase else status if status == HOLDS else f"{status}: {details}"
+    return Reading(status, parts, summary, f"{claim} ({statement}): {status} - {details}.")
+
+
+def verdict(claim: str, statement: str, statuses: dict, numbers, notes: dict, details: str) -> Verdict:
+    """A :class:`Verdict` from both readings' statuses and notes (``(outcome, part, where, detectable, unit, role)``
+    tuples), its numbers (rows) and the details of its sentences; the plain sentence from :func:`plain_reading`."""
+    numbers = numbers if isinstance(numbers, pd.DataFrame) else pd.DataFrame(numbers)
+    material = reading(claim, statement, statuses["material"], notes["material"], details)
+    strict = reading(claim, statement, statuses["strict"], notes["strict"], details)
+    return Verdict(claim, material, strict, numbers, plain_reading(claim, material, strict, numbers, details))
+
+
+TOLERANCE_PHRASE = f"a quarter of the move it interrupts (FLUCTUATION_TOLERANCE = {FLUCTUATION_TOLERANCE:g})"
+
+WHY_READINGS_DIFFER = {
+    "Fig. 2": "on reversals smaller than the tolerance",
+    "Fig. 3": "on dips and bumps smaller than the tolerance",
+    "Fig. 4": "because it requires K = 1, 2 to fall at any context and leaves them out of the ordering",
+    "Fig. 5": "on the run-to-run spread of the speedups as measured, whose runs differ in acceptance",
+    "Fig. 6": "on the dense curve's early rise and the pairs' different acceptance",
+    "Table 3": "with coverage pooled over the curves",
+}
+"""Why a claim's strict reading can differ from its material one, for the plain sentence."""
+
+
+def status_verb(status: str) -> str:
+    """A status as the verb of a sentence: ``holds``, ``partly holds``, ``does not hold``, ``is inconclusive``,
+    ``is not testable here``."""
+    return status if status in (HOLDS, PARTLY_HOLDS, FAILS) else f"is {status}"
+
+
+def plain_reading(claim: str, material: Reading, strict: Reading, numbers: pd.DataFrame, details: str) -> str:
+    """One sentence a student reads: the material status in the paper's terms, what the data show, and where the
+    strict reading differs and why (the parts themselves are in the readings' summaries)."""
+    if material.status == UNTESTABLE and strict.status == UNTESTABLE:
+        return f"{claim} is not testable here: {details}."
+    shows = _PLAIN.get(claim, lambda numbers, material: "")(numbers, material)
+    text = f"{claim} {status_verb(material.status)} as the paper states it" + (f": {shows}" if shows else "")
+    if strict.status != material.status:
+        text += f"; read strictly it {status_verb(strict.status)}, {WHY_READINGS_DIFFER[claim]}"
+    return text + "."
+
+
+def _outcome(material: Reading, part: str) -> set:
+    return set(material.parts.loc[material.parts["part"] == part, "outcome"])
+
+
+def _last_judged(numbers: pd.DataFrame, key: str) -> dict | None:
+    """The row of the largest gamma (or the last row) that has ``key``."""
+    if key not in numbers:
+        return None
+    rows = numbers[numbers[key].notna()]
+    return None if rows.empty else rows.iloc[-1].to_dict()
+
+
+def _plain_fig2(numbers, material) -> str:
+    row = _last_judged(numbers, "first")
+    if row is None:
+        return ""
+    return (f"at gamma = {row['gamma']} the speedup rises from {number(row['first'])} to {number(row['peak'])} "
+            f"(B = {number(row['peak_batch_size'], True)}) and falls to {number(row['last'])}, target efficiency "
+            f"tracking it (rank correlation {row['rank_correlation']:.2f})")
+
+
+def _plain_fig3(numbers, material) -> str:
+    row = _last_judged(numbers, "moe_first")
+    if row is None:
+        return ""
+    text = (f"at gamma = {row['gamma']} the MoE's efficiency goes {number(row['moe_first'])} -> "
+            f"{number(row['moe_peak'])} (B = {number(row['moe_peak_batch_size'], True)}) -> {number(row['moe_last'])} "
+            f"while the dense model's goes {number(row['dense_first'])} -> {number(row['dense_last'])}")
+    judged = numbers[numbers["moe_first"].notna()]
+    dips = judged[~judged["moe_unimodal"].astype(bool)]
+    if len(dips):
+        dip = dips.loc[dips["moe_largest_reversal"].idxmax()]
+        text += (f"; the MoE's dip of {dip['moe_largest_reversal']:.3f} from B = "
+                 f"{number(dip['moe_largest_reversal_from'], True)} to {number(dip['moe_largest_reversal_to'], True)} "
+                 f"(gamma = {dip['gamma']}) is {number(dip['moe_largest_reversal_share'])} of the move it interrupts")
+        if dip["moe_largest_reversal_from"] == dip["first_batch_size"] and "predicted_first" in judged:
+            predicted = dip["predicted_first"] - dip["predicted_second"]
+            text += (f", and where a step is its bytes Eq. 8 predicts {'a dip' if predicted > 0 else 'no dip'} there "
+                     f"({dip['predicted_first']:.3f} -> {dip['predicted_second']:.3f})")
+    bumps = judged[judged["dense_rises_beyond_noise"].astype(bool)]
+    if len(bumps):
+        bump = bumps.loc[bumps["dense_largest_rise"].idxmax()]
+        text += (f"; the dense curve's largest bump, {bump['dense_largest_rise']:.3f} from B = "
+                 f"{number(bump['dense_largest_rise_from'], True)} to {number(bump['dense_largest_rise_to'], True)}, "
+                 f"is {number(bump['dense_largest_rise_share'])} of its fall")
+    return text
+
+
+def _plain_fig4(numbers, material) -> str:
+    if "role" not in numbers:
+        return ""
+    gamma = numbers["gamma"].max()
+    rows = numbers[numbers["gamma"] == gamma]
+    text = (f"at gamma = {gamma} the peaks lie at B = "
+            + ", ".join(f"{number(r.peak_batch_size, True)} (K = {r.K})" for r in rows.itertuples()))
+    if _outcome(material, "the wider range") == {UNTESTABLE}:
+        text += f"; whether the range widens cannot be seen on a grid that ends at B = {number(rows['largest_batch_size'].max(), True)}"
+    falls = rows[rows["role"] == "monotone"]
+    if len(falls) and "attention_context" in falls and falls["attention_context"].notna().all():
+        rising = falls[falls["fall"] < -falls["fall_margin"]]
+        ks = ", ".join(str(k) for k in sorted(falls["K"]))
+        if len(rising):
+            text += (f"; K = {', '.join(str(k) for k in sorted(rising['K']))} rise, as the paper's theory predicts "
+                     f"below their T_thres")
+        text += (f"; the paper explains K = {ks}'s fall by attention dominating a step, which by bytes needs "
+                 f"{span(falls['attention_context'] / 1e3, whole=True)} thousand tokens of context here, against "
+                 f"{number(falls['study_context'].max(), True)} measured")
+    return text
+
+
+def _plain_fig5(numbers, material) -> str:
+    if "normalised_rises_then_falls" not in numbers:
+        return ""
+    judged = numbers[numbers["normalised_rises_then_falls"].notna()]
+    return (f"{int(judged['normalised_rises_then_falls'].astype(bool).sum())} of {len(judged)} settings' "
+            f"acceptance-normalised speedups rise then fall, with typical run ranges of "
+            f"{span(judged['normalised_run_range'])} against rises of {span(judged['normalised_rise'])}")
+
+
+def _plain_fig6(numbers, material) -> str:
+    row = _last_judged(numbers, "normalised_above")
+    if row is None:
+        return ""
+    return (f"at gamma = {row['gamma']} the MoE's acceptance-normalised speedup is above the dense pair's beyond "
+            f"noise at {row['normalised_above']} of the {row['normalised_batch_sizes']} batch sizes past 16 and below it "
+            f"at {row['normalised_below']}, while the dense pair's falls from {number(row['normalised_dense_first'])} "
+            f"to {number(row['normalised_dense_last'])}")
+
+
+def _plain_table3(numbers, material) -> str:
+    if "coverage" not in numbers or "median_coverage" not in numbers.attrs:
+        return ""
+    judged = numbers[numbers["judged"]]
+    worst = judged.loc[judged["mse"].idxmax()]
+    return (f"the worst fit (m = {int(worst['m'])}) covers {number(worst['coverage'])} of its curves' batch-size "
+            f"ranges against a median of {number(numbers.attrs['median_coverage'])}, and coverage and error have a "
+            f"rank correlation of {numbers.attrs['coverage_correlation']:.2f}")
+
+
+_PLAIN = {"Fig. 2": _plain_fig2, "Fig. 3": _plain_fig3, "Fig. 4": _plain_fig4, "Fig. 5": _plain_fig5,
+          "Fig. 6": _plain_fig6, "Table 3": _plain_table3}
 
 
 def _keys(row: dict, prefix: str) -> dict:
@@ -171,35 +319,23 @@ def no_common_pass(gammas) -> str:
     return f"the forward studies share no pass of gamma + 1 tokens for gamma in {list(gammas)}"
 
 
-def fig4_gamma(rows: list, monotone_ks, minimum: int, later: str | None = None, wider: str | None = None) -> str:
-    """Fig. 4's phrase for one gamma from its rows (:func:`moesd.paper.verdicts.sparser_peaks_later_and_wider`):
-    the falls of ``monotone_ks``, then the peaks and ranges of the other K and the statuses of their
-    ``later`` peak and ``wider`` range (None when fewer than two other K were measured)."""
+def fig4_details(rows: list, monotone_ks, minimum: int) -> str:
+    """Fig. 4's details from its rows (:func:`moesd.paper.sparsity_verdicts.sparser_peaks_later_and_wider`): per
+    gamma, the falls of ``monotone_ks`` and each K's peak region and range above x/sqrt(2)."""
     phrases = []
-    for k in monotone_ks:
-        row = next((r for r in rows if r["role"] == "monotone" and r["K"] == k), None)
-        if row is None:
-            phrases.append(f"no K = {k} curve of {minimum}+ batch sizes")
-        else:
-            phrases.append(f"K = {k} {fall_phrase(row)} "
-                           f"{_which(row['falls_monotonically'], 'falls monotonically', 'does not fall monotonically')}")
-    shaped = [r for r in rows if r["role"] == "shaped"]
-    if later is None:
-        phrases.append(f"fewer than two K outside {list(monotone_ks)}")
-        return ", ".join(phrases)
-    listing = ", ".join(f"K = {r['K']} peak within B = {span([r['peak_low'], r['peak_high']], whole=True)}, "
-                        f"width {span([r['width_low'], r['width_high']], whole=True)}"
-                        for r in shaped).replace("-inf", " or more")
-    widening = {HOLDS: "widens beyond noise", FAILS: "narrows beyond noise", INCONCLUSIVE: "does not widen beyond noise",
-                UNMEASURABLE: f"cannot be shown wider (the K = {shaped[0]['K']} range may reach past the largest B)"}
-    phrases.append(f"{listing}: the peak {_which(later == HOLDS, 'moves', 'does not move')} to larger B beyond noise "
-                   f"and the range {widening[wider]} as K falls")
-    return ", ".join(phrases)
-
-
-def fig4_details(phrases_by_gamma: dict, rows: list) -> str:
-    """Fig. 4's details: each gamma's :func:`fig4_gamma` phrase, and the noise."""
-    return join(*(f"gamma = {gamma}: {phrase}" for gamma, phrase in phrases_by_gamma.items()), noise_phrase(rows))
+    for gamma in dict.fromkeys(row["gamma"] for row in rows):
+        here = [row for row in rows if row["gamma"] == gamma]
+        falls = []
+        for k in monotone_ks:
+            row = next((r for r in here if r["K"] == k), None)
+            falls.append(f"no K = {k} curve of {minimum}+ batch sizes" if row is None else
+                         f"K = {k} {fall_phrase(row)} " + _which(row["falls_monotonically"], "falls monotonically",
+                                                                  "does not fall monotonically"))
+        listing = ", ".join(f"K = {r['K']} peak within B = {span([r['peak_low'], r['peak_high']], whole=True)}, "
+                            f"width {span([r['width_low'], r['width_high']], whole=True)}"
+                            for r in here).replace("-inf", " or more")
+        phrases.append(f"gamma = {gamma}: " + ", ".join([*falls, listing]))
+    return join(*phrases, noise_phrase(rows))
 
 
 def fig5_details(rows: list, minimum: int, one_gamma: bool) -> str:

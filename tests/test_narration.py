@@ -6,23 +6,42 @@ from moesd.paper import criteria as cr
 from moesd import narration
 
 
+def _notes(notes):
+    return {"strict": [(*n, *(None, "")[len(n) - 3:], cr.CLAIM) for n in notes], "material": []}
+
+
 def test_a_summary_groups_parts_by_outcome_contradicted_first_with_detectable_effects():
     notes = [(cr.NOT_SHOWN, "the later peak", "gamma = 2", 24.0, "B"),
              (cr.NOT_SHOWN, "the later peak", "gamma = 4", 31.0, "B"),
              (cr.CONTRADICTED, "K = 2's monotone fall", "gamma = 2"),
-             (cr.CONTRADICTED, "K = 2's monotone fall", "gamma = 4")]
-    verdict = narration.verdict("Fig. 4", "a claim", cr.FAILS, [], "the details", notes)
-    assert verdict.summary == ("does not hold: K = 2's monotone fall contradicted by the data (gamma = 2, 4); "
-                               "the later peak not shown beyond noise (gamma = 2, 4; detectable from 24-31 B)")
-    assert verdict.sentence == "Fig. 4 (a claim): does not hold - the details."
-    assert list(verdict.parts["outcome"]) == [cr.NOT_SHOWN, cr.NOT_SHOWN, cr.CONTRADICTED, cr.CONTRADICTED]
-    assert np.isnan(verdict.parts["detectable"].iloc[2])
+             (cr.CONTRADICTED, "K = 2's monotone fall", "gamma = 4"),
+             (cr.SHOWN, "the wider range", "gamma = 2")]
+    verdict = narration.verdict("Fig. 4", "a claim", {"strict": cr.FAILS, "material": cr.UNTESTABLE}, [],
+                                _notes(notes), "the details")
+    assert verdict.strict.summary == ("does not hold: K = 2's monotone fall contradicted by the data (gamma = 2, 4); "
+                                      "the later peak not shown beyond noise (gamma = 2, 4; detectable from 24-31 B)")
+    assert verdict.strict.sentence == "Fig. 4 (a claim): does not hold - the details."
+    assert list(verdict.strict.parts["outcome"]) == [cr.NOT_SHOWN, cr.NOT_SHOWN, cr.CONTRADICTED, cr.CONTRADICTED,
+                                                     cr.SHOWN]
+    assert np.isnan(verdict.strict.parts["detectable"].iloc[2])
+    assert verdict.plain.startswith("Fig. 4 is not testable here as the paper states it")
+    assert "read strictly it does not hold" in verdict.plain
 
 
-def test_a_claim_that_holds_or_cannot_be_measured_says_so_in_its_summary():
-    assert narration.verdict("Fig. 2", "s", cr.HOLDS, [], "numbers").summary == cr.HOLDS
-    missing = narration.verdict("Fig. 2", "s", cr.UNMEASURABLE, [], narration.no_study("e2e"))
-    assert missing.summary == "not measurable here: no complete e2e study on this device"
+def test_a_claim_that_holds_or_cannot_be_tested_says_so_in_its_summary():
+    both = {"strict": cr.HOLDS, "material": cr.HOLDS}
+    assert narration.verdict("Fig. 2", "s", both, [], _notes([]), "numbers").summary == cr.HOLDS
+    missing = narration.verdict("Fig. 2", "s", dict.fromkeys(both, cr.UNTESTABLE), [], _notes([]),
+                                narration.no_study("e2e"))
+    assert missing.summary == "not testable here: no complete e2e study on this device"
+    assert missing.plain == "Fig. 2 is not testable here: no complete e2e study on this device."
+
+
+def test_a_detail_is_named_as_one():
+    notes = {"strict": [], "material": [(cr.CONTRADICTED, "the small run-to-run spread", "mtbench T=1", None, "",
+                                         cr.DETAIL)]}
+    verdict = narration.verdict("Fig. 5", "s", {"strict": cr.HOLDS, "material": cr.HOLDS}, [], notes, "numbers")
+    assert "spread (a detail) contradicted" in verdict.summary
 
 
 def test_numbers_for_prose():

@@ -106,6 +106,99 @@ def streaming_share(sidecar: dict, step_seconds: float, batch_size: int = 1, tok
                           step_seconds=float(step_seconds))
 
 
+def attention_dominated_context(model: str, batch_size: int = 1, top_k: int | None = None,
+                                dtype: str = "bfloat16") -> float:
+    """Tokens of context per sequence from which attention reads at least half of a decode step's bytes.
+
+    Attention here is its projections' weights and the KV cache a step reads; the rest is everything else the step
+    reads (shared and routed experts, with Eq. 8's activated experts at ``B`` tokens, the router, norms, the LM
+    head). The KV cache grows linearly with the context, so the crossing is ``(rest - projections) / (KV bytes per
+    token of context)`` (0 where the projections alone are the larger part). This is the context a study needs
+    before the paper's explanation of K = 1, 2's fall (attention dominating, Amdahl's law) can apply.
+
+    Parameters
+    ----------
+    model : str
+        A :data:`moesd.zoo.MODELS` name, at full depth.
+    batch_size : int
+        Sequences B of the decode step.
+    top_k : int, optional
+        K of the step (default: the checkpoint's).
+    dtype : str
+        The sweep's dtype (``bfloat16``, ``float16`` or ``float32``).
+
+    Returns
+    -------
+    float
+        Tokens of context per sequence.
+    """
+    step_dtype = _STEP_DTYPES.get(dtype)
+    if step_dtype is None:
+        raise ValueError(f"dtype: no step byte count for {dtype!r}")
+    empty = step_time(model, "H200", 1, batch_size, context=0, dtype=step_dtype, top_k=top_k).bytes
+    full = step_time(model, "H200", 1, batch_size, context=1024, dtype=step_dtype, top_k=top_k).bytes
+    per_token = float(full["kv_cache"]) / 1024
+    rest = sum(float(value) for key, value in empty.items() if key not in ("attention", "kv_cache"))
+    return max(0.0, (rest - float(empty["attention"])) / per_token)
+
+
+IN_REGIME_SHARE = 1 / 3
+"""The weight-reading share of a B = 1 target step from which a study is judged on the first page.
+
+A study tests the paper's mechanism only if the bytes a pass reads drive its time. If a share ``s`` of a step is
+reading weights and the rest an overhead that does not depend on them (kernel launches, per-expert dispatch), a
+verification that reads ``r`` times the bytes takes ``1 + s (r - 1)`` steps, not ``r``: below a third, the overhead
+is at least twice the weight reading and the curves are mostly the overhead's. The rule was set to tell the
+launch- and dispatch-bound contrast folders apart from the studies whose steps are their weight-reading
+products, with those folders' shares (0.11-0.23 for their MoE steps) known when it was set; it decides which
+studies the first page shows, not any verdict's status.
+"""
+
+
+@dataclass(frozen=True)
+class StudyRegime:
+    """Whether one study is in the paper's regime (:func:`study_regime`).
+
+    Attributes
+    ----------
+    streaming_share : float
+        Bytes of its B = 1 target step at the copy (STREAM) bandwidth over the measured step (NaN if unknown).
+    products_share : float
+        Where the device's regime check (``regime.json``) timed the same model and dtype: the share of the step its
+        weight-reading matrix products take, timed one by one at their own reading rate (NaN otherwise).
+    weight_share : float
+        The larger of the two, at most 1: how much of the step is reading weights.
+    in_regime : bool
+        ``weight_share >= IN_REGIME_SHARE``.
+    """
+
+    streaming_share: float
+    products_share: float
+    weight_share: float
+    in_regime: bool
+
+
+def study_regime(rows: pd.DataFrame, sidecar: dict, check: "RegimeCheck | None" = None) -> StudyRegime:
+    """Whether a study's B = 1 target step is mostly reading weights (:data:`IN_REGIME_SHARE`).
+
+    The streaming share is the sidecar's (``streaming_share``) or, for files measured before sweeps recorded it,
+    :func:`measured_streaming_share` of the rows. A CPU's matrix-vector kernels may read weights well below the
+    STREAM rate, so where the device's regime check measured the same model and dtype, the products' share of the
+    step counts too: a step that is its weight-reading products is in the regime at the kernels' reading rate.
+    """
+    recorded = sidecar.get("streaming_share") or measured_streaming_share(rows, sidecar) or {}
+    streaming = float(recorded.get("share", float("nan")))
+    products = float("nan")
+    if check is not None:
+        settings = sidecar.get("settings", {})
+        match = check.steps[(check.steps["model"] == settings.get("target"))
+                            & (check.steps["dtype"] == settings.get("dtype"))]
+        if not match.empty:
+            products = float(match["products_share"].iloc[0])
+    share = min(1.0, max((x for x in (streaming, products) if x == x), default=float("nan")))
+    return StudyRegime(streaming, products, share, bool(share >= IN_REGIME_SHARE))
+
+
 # ---- The regime check: can this machine run a study in the paper's regime? --------------------------
 
 PROJECTIONS = {"qwen2-57b-a14b expert gate/up": ("qwen2-57b-a14b", 3584, 2560),

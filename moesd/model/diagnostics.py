@@ -83,7 +83,8 @@ def robustness_study(frame: pd.DataFrame, rp: float, strides=PAPER_STRIDES, size
         measurement, as Table 3), ``mse_fitted``, held-back ``mape`` and ``max_abs_error``,
         ``fit_seconds``, ``solver`` (see :data:`moesd.model.fit.SOLVERS`), ``status`` (of the last trf run: > 0
         converged), ``nfev`` (residual evaluations), ``on_bounds`` (parameters on a bound, as a string),
-        ``batch_sizes`` (sorted, as a string) and ``result`` (the :class:`FitResult`).
+        ``batch_sizes`` (sorted, as a string), ``points`` (its ``K/gamma/B`` points, as a string) and ``result``
+        (the :class:`FitResult`).
     """
     array = measurement_array(frame)
     for name in ("stride", "m", "begin"):
@@ -105,6 +106,8 @@ def robustness_study(frame: pd.DataFrame, rp: float, strides=PAPER_STRIDES, size
                      "nfev": result.nfev,
                      "on_bounds": " ".join(f"{name} ({side})" for name, side in result.on_bounds().items()),
                      "batch_sizes": " ".join(str(int(b)) for b in sorted(result.fitted["B"].unique())),
+                     "points": " ".join(f"{k:g}/{g:g}/{b:g}" for k, g, b in
+                                        result.fitted[["K", "gamma", "B"]].itertuples(index=False)),
                      "result": result})
     return pd.DataFrame(rows)
 

@@ -1,20 +1,24 @@
-"""The scorecard: every claim of :mod:`moesd.paper.verdicts` judged on one device folder of
-``data/measurements/``, and the folders there.
+"""The scorecard: every claim of :mod:`moesd.paper.verdicts` and :mod:`moesd.paper.sparsity_verdicts` judged on one
+device folder of ``data/measurements/``, whether each claim's studies are in the paper's regime, and the folders.
 """
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
-from moesd.paper.criteria import UNMEASURABLE
-from moesd.narration import verdict
-from moesd.paper.verdicts import (CLAIMS, efficiency_moe_rises_dense_falls, moe_above_dense, poor_coverage_worst_fits,
-                                  shape_holds_across_settings, sparser_peaks_later_and_wider,
-                                  speedup_rises_then_falls)
-
+from moesd.paper.criteria import UNTESTABLE
+from moesd.paper.sparsity_verdicts import poor_coverage_worst_fits, sparser_peaks_later_and_wider
+from moesd.paper.verdicts import (efficiency_moe_rises_dense_falls, moe_above_dense, shape_holds_across_settings,
+                                  speedup_rises_then_falls, untestable)
 
 STUDIES = ("e2e", "forward", "dense", "dense_forward", "sparsity", "settings")
 """The result files the claims read from a device folder."""
+
+CLAIM_STUDIES = {"Fig. 2": ("e2e",), "Fig. 3": ("forward", "dense_forward"), "Fig. 4": ("sparsity",),
+                 "Fig. 5": ("settings",), "Fig. 6": ("e2e", "dense"), "Table 3": ("sparsity",)}
+"""The studies each claim is judged on."""
 
 
 def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.DataFrame:
@@ -34,9 +38,10 @@ def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.D
         If the sidecar holds no measured roofline or names no known MoE target, or the study has
         too few rows for a fit.
     """
-    from moesd.model.diagnostics import robustness_study
-    from moesd.model.measurements import from_sweep
     from moesd.measure.analysis import ridge_tokens_for
+    from moesd.model.algorithm1 import PARAMETERS
+    from moesd.model.diagnostics import robustness_study
+    from moesd.model.measurements import from_sweep, mean_over_repeats
     from moesd.zoo import get_model
 
     target = sidecar.get("settings", {}).get("target")
@@ -46,9 +51,6 @@ def robustness_for(sparsity: pd.DataFrame, sidecar: dict, **fit_options) -> pd.D
         raise ValueError(f"the sidecar's target {target!r} is not a known model") from error
     if not num_experts:
         raise ValueError(f"the sidecar's target {target!r} is not an MoE")
-    from moesd.model.algorithm1 import PARAMETERS
-    from moesd.model.measurements import mean_over_repeats
-
     if "run" in sparsity and sparsity["run"].nunique() > 1:
         sparsity = mean_over_repeats(sparsity)
     frame = from_sweep(sparsity, num_experts)
@@ -76,29 +78,49 @@ def load_studies(device: str) -> tuple[dict, dict]:
     return frames, sidecars
 
 
-def verdicts(frames: dict, robustness: pd.DataFrame | None = None, robustness_note: str | None = None) -> list:
-    """Every claim's :class:`Verdict` from a dict of study frames (keys of :data:`STUDIES`; any may be missing).
+def verdicts(frames: dict, robustness: pd.DataFrame | None = None, robustness_note: str | None = None,
+             sidecars: dict | None = None) -> list:
+    """Every claim's :class:`~moesd.paper.criteria.Verdict` from a dict of study frames (keys of :data:`STUDIES`).
 
     ``robustness`` is the Table 3 input (:func:`moesd.model.diagnostics.robustness_study`); without it, Table 3 is
-    not measurable, for the reason ``robustness_note`` (default: no robustness study).
+    not testable, for the reason ``robustness_note`` (default: no robustness study). ``sidecars`` (study ->
+    sidecar) give Fig. 3 Eq. 8's memory-bound efficiency and Fig. 4 the model and context its K = 1, 2 part needs.
     """
+    sidecars = sidecars or {}
     table3 = poor_coverage_worst_fits(robustness)
     if robustness is None and robustness_note:
-        table3 = verdict("Table 3", CLAIMS["Table 3"], UNMEASURABLE, [], robustness_note)
+        table3 = untestable("Table 3", robustness_note)
     return [speedup_rises_then_falls(frames.get("e2e")),
-            efficiency_moe_rises_dense_falls(frames.get("forward"), frames.get("dense_forward")),
-            sparser_peaks_later_and_wider(frames.get("sparsity")),
+            efficiency_moe_rises_dense_falls(frames.get("forward"), frames.get("dense_forward"),
+                                             sidecar=sidecars.get("forward")),
+            sparser_peaks_later_and_wider(frames.get("sparsity"), sidecar=sidecars.get("sparsity")),
             shape_holds_across_settings(frames.get("settings")),
             moe_above_dense(frames.get("e2e"), frames.get("dense")),
             table3]
 
 
-def scorecard(device: str, robustness: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per claim for a device folder of ``data/measurements/``: claim, status, summary, sentence, measured_with.
+def regimes(device: str, frames: dict, sidecars: dict) -> pd.DataFrame:
+    """Per study of a device folder: its :class:`~moesd.measure.regime.StudyRegime` fields, indexed by study."""
+    from moesd.measure.regime import RegimeCheck, study_regime
+    from moesd.measure.studies import measurements_dir
 
-    Missing result files make their claims "not measurable here". Table 3 uses ``robustness`` when
-    given (an empty frame skips it), else fits the device's sparsity study (:func:`robustness_for`,
-    21 fits, seconds); a sidecar without a measured roofline makes it not measurable, and says so.
+    path = measurements_dir() / device / "regime.json"
+    check = RegimeCheck.from_dict(json.loads(path.read_text())) if path.is_file() else None
+    rows = {study: vars(study_regime(frames[study], sidecars[study], check)) for study in frames}
+    return pd.DataFrame.from_dict(rows, orient="index",
+                                  columns=["streaming_share", "products_share", "weight_share", "in_regime"])
+
+
+def scorecard(device: str, robustness: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per claim for a device folder of ``data/measurements/``.
+
+    Columns: ``device``, ``claim``, ``status`` and ``summary`` (the material reading), ``strict_status`` and
+    ``strict_summary``, ``plain`` (the sentence for students), ``sentence``, ``measured_with``, ``in_regime``
+    (every study the claim reads is in the paper's regime, :func:`moesd.measure.regime.study_regime`; False for a
+    claim with no study) and ``weight_share`` (the smallest of its studies'). Missing result files make their claims
+    "not testable here". Table 3 uses ``robustness`` when given (an empty frame skips it), else fits the device's
+    sparsity study (:func:`robustness_for`, seconds); a sidecar without a measured roofline makes it not testable,
+    and says so.
     """
     frames, sidecars = load_studies(device)
     note = None if "sparsity" in frames else "no complete sparsity study on this device"
@@ -107,11 +129,25 @@ def scorecard(device: str, robustness: pd.DataFrame | None = None) -> pd.DataFra
             robustness = robustness_for(frames["sparsity"], sidecars["sparsity"])
         except ValueError as error:
             note = f"the robustness study cannot be fitted: {error}"
+    regime = regimes(device, frames, sidecars)
     basis = measured_with(sidecars)
-    rows = [{"device": device, "claim": v.claim, "status": v.status, "summary": v.summary, "sentence": v.sentence,
-             "measured_with": basis}
-            for v in verdicts(frames, robustness, note)]
+    rows = []
+    for v in verdicts(frames, robustness, note, sidecars):
+        studies = [s for s in CLAIM_STUDIES[v.claim] if s in regime.index]
+        judged = len(studies) == len(CLAIM_STUDIES[v.claim])
+        rows.append({"device": device, "claim": v.claim, "status": v.status, "summary": v.summary,
+                     "strict_status": v.strict.status, "strict_summary": v.strict.summary, "plain": v.plain,
+                     "sentence": v.sentence, "measured_with": basis,
+                     "in_regime": bool(judged and regime.loc[studies, "in_regime"].all()),
+                     "weight_share": float(regime.loc[studies, "weight_share"].min()) if studies else float("nan")})
     return pd.DataFrame(rows)
+
+
+def first_page(cards: pd.DataFrame) -> pd.DataFrame:
+    """The rows of scorecards (:func:`scorecard`, concatenated) a reader sees first: claims whose studies are in the
+    paper's regime and that some reading could test; the others belong beside the contrast that explains them."""
+    keep = cards["in_regime"] & ~((cards["status"] == UNTESTABLE) & (cards["strict_status"] == UNTESTABLE))
+    return cards[keep].reset_index(drop=True)
 
 
 def measured_with(sidecars: dict) -> str:
@@ -133,3 +169,4 @@ def devices() -> list[str]:
     from moesd.measure.studies import measurements_dir
 
     return sorted(path.name for path in measurements_dir().iterdir() if path.is_dir())
+

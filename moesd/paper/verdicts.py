@@ -1,103 +1,133 @@
-"""Verdicts on the paper's measured claims, computed from this project's measurements.
+"""Verdicts on the paper's measured claims of the end-to-end and forward studies (Figs. 2, 3, 5, 6).
 
-One function per claim (Figs. 2-6 and Table 3 of the paper). Each returns a :class:`Verdict`: the
-status, the numbers behind it (a DataFrame), its parts that do not hold with the smallest effect
-the study could have detected for each, and one sentence that states it with those numbers, for a
-chapter to print. :func:`moesd.paper.scorecard.scorecard` runs every claim on one device folder of ``data/measurements/``.
-
-A claim is made of parts (a rise, a fall, an ordering...). Each part is shown by the data, or
-:data:`CONTRADICTED` by them (its opposite is beyond noise), or :data:`NOT_SHOWN` (within noise
-either way), or not measurable. The claim :data:`HOLDS` when every part is shown, **does not hold**
-(:data:`FAILS`) when some part is contradicted, is :data:`INCONCLUSIVE` when no part is contradicted
-and some part is within noise (then the *smallest detectable effect* of that part, the size the
-effect would have needed to count, says what the study could have shown), and is
-:data:`UNMEASURABLE` when a part lacks the data. The inconclusive status and the detectable effects
-were added on 2026-11-26, before the studies at real widths were measured; the criteria that decide
-each part did not change.
-
-The noise model and the criteria's building blocks live in :mod:`moesd.paper.criteria`, the sentences in
-:mod:`moesd.narration`, and the scorecard of a device folder in :mod:`moesd.paper.scorecard`.
+One function per claim. Each judges its claim under both readings of :mod:`moesd.paper.criteria` (the material
+one, the claim as the paper states it, leads; the strict one stands beside it) and returns a
+:class:`~moesd.paper.criteria.Verdict`: both readings' statuses and parts, the numbers behind them (one row per
+curve) and a plain sentence. Fig. 4 and Table 3, judged on the sparsity study, are in
+:mod:`moesd.paper.sparsity_verdicts`; :func:`moesd.paper.scorecard.scorecard` runs them all on a device folder.
+The noise model and shape tests are in :mod:`moesd.paper.curves`, the sentences in :mod:`moesd.narration`.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
-from moesd.paper.criteria import (CONTRADICTED, MIN_BATCH_SIZES, NOISE_Z, NOT_SHOWN,
-                                   UNMEASURABLE, Verdict, combine, curve, fall_outcome, falls_monotonically,
-                                   growth_detectable, growth_status, half_power_width, peak_region, rises_then_falls,
-                                   shape_detectable, shape_outcome, status_of, tracks, tracks_outcome)
-from moesd.narration import (FEWER_THAN_TWO_SETTINGS, NO_COMMON_GAMMA, NO_ROBUSTNESS, fig2_details, fig3_details,
-                                   fig4_details, fig4_gamma, fig5_details, fig6_details, judged_from, no_common_pass,
-                                   no_study, number, table3_details, table3_too_few, verdict)
+from moesd.paper.criteria import (CLAIM, CLAIMS, CONTRADICTED, DETAIL, FLUCTUATION_TOLERANCE, NOT_SHOWN, SHOWN,
+                                  UNTESTABLE, Verdict, fall_outcome, material_status, shape_detectable, shape_outcome,
+                                  strict_status, tracks_outcome)
+from moesd.paper.curves import MIN_BATCH_SIZES, NOISE_Z, curve, falls_monotonically, rises_then_falls, tracks
 
-CLAIMS = {
-    "Fig. 2": "the MoE speedup rises then falls with B, and target efficiency tracks that shape",
-    "Fig. 3": "MoE target efficiency rises then falls with B, the dense model's only falls",
-    "Fig. 4": ("as K falls the peak batch size grows and the range with speedup >= x/sqrt(2) widens; "
-               "K = 1, 2 fall monotonically"),
-    "Fig. 5": "the rise-then-fall holds in every setting, with small run-to-run spread",
-    "Fig. 6": "the MoE's SD speedup is above the dense pair's for B > 16, and the dense pair's only falls",
-    "Table 3": "the worst fits are those whose samples cover the batch sizes poorly",
-}
-"""The paper's claims this module judges, by figure or table, as one statement each."""
+READINGS = {"strict": 0.0, "material": FLUCTUATION_TOLERANCE}
+"""Each reading and the tolerance its shape tests take (:mod:`moesd.paper.criteria`)."""
 
 
-def _from_batch_size(frame: pd.DataFrame | None, smallest) -> pd.DataFrame | None:
+def new_notes() -> dict:
+    """Empty lists of part notes per reading: ``(outcome, part, where, detectable, unit, role)`` tuples."""
+    return {reading: [] for reading in READINGS}
+
+
+def note(outcome, part, where, detectable=None, unit="", role=CLAIM) -> tuple:
+    """One part's note; ``detectable`` is kept for a part within noise only."""
+    return (outcome, part, where, detectable if outcome == NOT_SHOWN else None, unit, role)
+
+
+def judged(claim: str, numbers, notes: dict, details, statement: str | None = None) -> Verdict:
+    """A :class:`Verdict` from both readings' notes: statuses from :mod:`moesd.paper.criteria`, words from narration.
+
+    ``numbers`` is a list of rows (dicts), each with the ``where`` its notes name (e.g. ``gamma = 4``); each row
+    gains the ``status`` and ``material_status`` of its own notes. A DataFrame is kept as it is. ``details`` is the
+    sentences' details, or a function of the rows that writes them.
+    """
+    from moesd.narration import verdict
+
+    statuses = {"strict": strict_status(n[0] for n in notes["strict"]),
+                "material": material_status(n[0] for n in notes["material"] if n[5] == CLAIM)}
+    rows = [{**row, "status": strict_status(n[0] for n in notes["strict"] if n[2] == row.get("where")),
+             "material_status": material_status(n[0] for n in notes["material"]
+                                                if n[2] == row.get("where") and n[5] == CLAIM)}
+            for row in numbers] if isinstance(numbers, list) else numbers
+    details = details(rows) if callable(details) else details
+    return verdict(claim, statement or CLAIMS[claim].statement, statuses, rows, notes, details)
+
+
+def untestable(claim: str, reason: str, statement: str | None = None) -> Verdict:
+    """A claim the data cannot speak to, for ``reason``."""
+    from moesd.narration import verdict
+
+    return verdict(claim, statement or CLAIMS[claim].statement, {r: UNTESTABLE for r in READINGS}, [],
+                   new_notes(), reason)
+
+
+def rows_from(frame: pd.DataFrame | None, smallest) -> pd.DataFrame | None:
     """The rows of a study with ``batch_size >= smallest`` (all rows when ``smallest`` is None)."""
     return frame if frame is None or smallest is None else frame[frame["batch_size"] >= smallest]
+
+
+def _missing(**frames) -> str:
+    """The names of the studies among ``frames`` that are absent or empty, joined by "and"."""
+    return " and ".join(name for name, frame in frames.items() if frame is None or frame.empty)
+
+
+def _shape_fields(shape: dict, prefix: str = "", reading: str = "strict") -> dict:
+    """A shape test's fields for a numbers row: all of the strict test's, the material test's verdict fields."""
+    if reading == "strict":
+        return {prefix + key: value for key, value in shape.items()}
+    return {f"{prefix}material_{key}": shape[key] for key in ("unimodal", "rises_then_falls", "largest_reversal",
+                                                              "largest_reversal_from", "largest_reversal_to")
+            if key in shape}
 
 
 def speedup_rises_then_falls(e2e: pd.DataFrame | None, from_batch_size=None) -> Verdict:
     """Fig. 2: the MoE SD speedup rises then falls with batch size, and target efficiency tracks that shape.
 
-    Criterion, for every gamma of the e2e study (columns ``batch_size``, ``gamma``, ``run``,
-    ``speedup``, ``target_efficiency``; one row per point and repeat), over the batch sizes from
-    ``from_batch_size`` on (default: all):
+    Input: the e2e study (``batch_size``, ``gamma``, ``run``, ``speedup``, ``target_efficiency``; one row per point
+    and repeat), from ``from_batch_size`` on (default: all). Per gamma, both readings ask:
 
-    * the speedup curve :func:`rises_then_falls`: its peak is interior, both the rise from the
-      smallest batch size and the fall to the largest exceed the noise margin, and no reversal
-      exceeds it;
-    * the target-efficiency curve (the same runs' ``target_efficiency``: a decode step's time over
-      the verification pass's) rises then falls in the same sense (the paper: it "tracks this
-      shape"; columns ``efficiency_*``), and
-    * it :func:`tracks` the speedup: positive rank correlation at the 5 % level and peak regions
-      that overlap. (A follower flat up to its peak and falling after it would pass this last part
-      alone.)
+    * the speedup curve :func:`~moesd.paper.curves.rises_then_falls` (interior peak, rise and fall beyond noise,
+      no reversal that counts: beyond noise in the strict reading, beyond noise and the tolerance in the
+      material one);
+    * the target-efficiency curve of the same runs rises then falls in the same sense (columns
+      ``efficiency_*``), and
+    * it :func:`~moesd.paper.curves.tracks` the speedup: positive rank correlation at the 5 % level and peak
+      regions that overlap.
 
-    Holds when all hold at every gamma; not measurable without the study or with fewer than
-    :data:`MIN_BATCH_SIZES` batch sizes at some gamma.
+    Not testable without the study or with fewer than ``MIN_BATCH_SIZES`` batch sizes at some gamma.
     """
-    claim, statement = "Fig. 2", judged_from(CLAIMS["Fig. 2"], from_batch_size)
-    e2e = _from_batch_size(e2e, from_batch_size)
+    from moesd.narration import fig2_details, judged_from
+
+    statement = judged_from(CLAIMS["Fig. 2"].statement, from_batch_size)
+    e2e = rows_from(e2e, from_batch_size)
     if e2e is None or e2e.empty:
-        return verdict(claim, statement, UNMEASURABLE, [], no_study("e2e"))
-    rows, notes = [], []
+        return untestable("Fig. 2", _no_study("e2e"), statement)
+    rows, notes = [], new_notes()
     for gamma, group in e2e.groupby("gamma"):
         speed, efficiency = curve(group, "speedup"), curve(group, "target_efficiency")
         where = f"gamma = {gamma}"
         if min(len(speed.batch_size), len(efficiency.batch_size)) < MIN_BATCH_SIZES:
-            rows.append({"gamma": gamma, "status": UNMEASURABLE})
-            notes.append((UNMEASURABLE, "the curves", where))
+            rows.append({"gamma": gamma, "where": where})
+            for reading in READINGS:
+                notes[reading].append(note(UNTESTABLE, "the curves", where))
             continue
-        shape, efficiency_shape = rises_then_falls(speed), rises_then_falls(efficiency)
         track = tracks(speed, efficiency)
-        parts = ((shape_outcome(shape, speed), "the speedup's rise then fall", shape_detectable(shape), ""),
-                 (shape_outcome(efficiency_shape, efficiency), "the efficiency's rise then fall",
-                  shape_detectable(efficiency_shape), ""),
-                 (tracks_outcome(track), "the efficiency tracking the speedup", track["detectable_correlation"],
-                  "rank correlation"))
-        status = status_of(outcome for outcome, *_ in parts)
-        rows.append({"gamma": gamma, "status": status, **shape,
-                     **{f"efficiency_{k}": value for k, value in efficiency_shape.items()}, **track,
-                     "noise": speed.noise})
-        notes += [(outcome, part, where, detectable if outcome == NOT_SHOWN else None, unit)
-                  for outcome, part, detectable, unit in parts if outcome]
-    status = combine(r["status"] for r in rows)
-    return verdict(claim, statement, status, rows, fig2_details(rows, MIN_BATCH_SIZES), notes)
+        row = {"gamma": gamma, "where": where, **track, "noise": speed.noise}
+        for reading, tolerance in READINGS.items():
+            shape, efficiency_shape = rises_then_falls(speed, tolerance), rises_then_falls(efficiency, tolerance)
+            row.update({**_shape_fields(shape, "", reading), **_shape_fields(efficiency_shape, "efficiency_", reading)})
+            notes[reading] += [
+                note(shape_outcome(shape, speed), "the speedup's rise then fall", where, shape_detectable(shape)),
+                note(shape_outcome(efficiency_shape, efficiency), "the efficiency's rise then fall", where,
+                     shape_detectable(efficiency_shape)),
+                note(tracks_outcome(track), "the efficiency tracking the speedup", where,
+                     track["detectable_correlation"], "rank correlation")]
+        rows.append(row)
+    return judged("Fig. 2", rows, notes, lambda rows: fig2_details(rows, MIN_BATCH_SIZES), statement)
+
+
+def _no_study(*names) -> str:
+    from moesd.narration import no_study
+
+    return no_study(*names)
 
 
 def forward_efficiency(forward: pd.DataFrame, gamma: int) -> pd.DataFrame:
@@ -115,195 +145,144 @@ def forward_efficiency(forward: pd.DataFrame, gamma: int) -> pd.DataFrame:
     return (seconds[1] / seconds[gamma + 1]).rename("efficiency").dropna().reset_index()
 
 
+def memory_bound_efficiency(sidecar: dict, batch_sizes, gamma: int) -> np.ndarray:
+    """What Eq. 8 predicts for a forward study's target efficiency where a step is its bytes: bytes of a decode step
+    over bytes of a verification pass, ``bytes(B, 1) / bytes(B, gamma + 1)``.
+
+    The bytes (:func:`moesd.measure.regime.step_bytes`: the weights a pass uses with Eq. 8's expected activated
+    experts, its KV cache) are those of the sidecar's model as the sweep built it; a step that only reads its bytes
+    has this efficiency. For Qwen2-57B-A14B, whose shared expert is as wide as eight routed experts, the ratio can
+    fall from B = 1 to 2 before it rises.
+    """
+    from moesd.measure.regime import step_bytes
+
+    return np.array([step_bytes(sidecar, int(b), 1) / step_bytes(sidecar, int(b), gamma + 1) for b in batch_sizes])
+
+
 def efficiency_moe_rises_dense_falls(forward: pd.DataFrame | None, dense_forward: pd.DataFrame | None,
-                                     gammas=(2, 3, 4), from_batch_size=None) -> Verdict:
+                                     gammas=(2, 3, 4), from_batch_size=None, sidecar: dict | None = None) -> Verdict:
     """Fig. 3: MoE target efficiency rises then falls with batch size; the dense model's only falls.
 
-    Criterion, for every gamma in ``gammas`` that both forward studies can give (a pass of
-    ``gamma + 1`` tokens per sequence), with the efficiency ``T_T(B, 1) / T_T(B, gamma + 1)`` of each
-    run (:func:`forward_efficiency`) as the repeats, over the batch sizes from ``from_batch_size`` on
-    (default: all) for both models:
+    Per gamma in ``gammas`` that both forward studies can give (a pass of ``gamma + 1`` tokens per sequence), with
+    the efficiency of each run (:func:`forward_efficiency`) as the repeats, from ``from_batch_size`` on (default
+    all), both readings ask:
 
-    * the MoE curve :func:`rises_then_falls` (interior peak, rise and fall each beyond noise, no
-      reversal beyond noise);
-    * the dense curve :func:`falls_monotonically` (no later point above an earlier one beyond
-      noise, and an overall fall beyond noise). A dense curve that stays flat within noise fails:
-      the claim is that it falls.
+    * the MoE curve :func:`~moesd.paper.curves.rises_then_falls`;
+    * the dense curve :func:`~moesd.paper.curves.falls_monotonically` (an overall fall beyond noise and no rise
+      that counts). A dense curve that stays flat within noise is not shown: the claim is that it falls.
 
-    Holds when both hold at every such gamma; not measurable without either study, with no common
-    gamma, or with fewer than :data:`MIN_BATCH_SIZES` batch sizes.
+    With the MoE study's ``sidecar``, the numbers add Eq. 8's memory-bound efficiency at the two smallest batch
+    sizes (:func:`memory_bound_efficiency`: ``predicted_first``, ``predicted_second``), so a dip there can be set
+    beside what the bytes predict. Not testable without either study, with no common gamma, or with fewer than
+    ``MIN_BATCH_SIZES`` batch sizes.
     """
-    claim, statement = "Fig. 3", judged_from(CLAIMS["Fig. 3"], from_batch_size)
-    forward, dense_forward = _from_batch_size(forward, from_batch_size), _from_batch_size(dense_forward, from_batch_size)
-    if forward is None or dense_forward is None or forward.empty or dense_forward.empty:
-        missing = " and ".join(name for name, frame in (("forward", forward), ("dense_forward", dense_forward))
-                               if frame is None or frame.empty)
-        return verdict(claim, statement, UNMEASURABLE, [], no_study(missing))
-    rows, notes = [], []
+    from moesd.narration import fig3_details, judged_from, no_common_pass
+
+    statement = judged_from(CLAIMS["Fig. 3"].statement, from_batch_size)
+    forward, dense_forward = (rows_from(forward, from_batch_size),
+                              rows_from(dense_forward, from_batch_size))
+    missing = _missing(forward=forward, dense_forward=dense_forward)
+    if missing:
+        return untestable("Fig. 3", _no_study(missing), statement)
+    rows, notes = [], new_notes()
     for gamma in gammas:
         moe, dense = forward_efficiency(forward, gamma), forward_efficiency(dense_forward, gamma)
         if moe.empty or dense.empty:
             continue
         moe_curve, dense_curve = curve(moe, "efficiency"), curve(dense, "efficiency")
+        where = f"gamma = {gamma}"
         if min(len(moe_curve.batch_size), len(dense_curve.batch_size)) < MIN_BATCH_SIZES:
-            rows.append({"gamma": gamma, "status": UNMEASURABLE})
-            notes.append((UNMEASURABLE, "the curves", f"gamma = {gamma}"))
+            rows.append({"gamma": gamma, "where": where})
+            for reading in READINGS:
+                notes[reading].append(note(UNTESTABLE, "the curves", where))
             continue
-        shape, fall = rises_then_falls(moe_curve), falls_monotonically(dense_curve)
-        parts = ((shape_outcome(shape, moe_curve), "the MoE efficiency's rise then fall", shape_detectable(shape)),
-                 (fall_outcome(fall), "the dense efficiency's fall", fall["fall_margin"]))
-        notes += [(outcome, part, f"gamma = {gamma}", detectable if outcome == NOT_SHOWN else None, "")
-                  for outcome, part, detectable in parts if outcome]
-        status = status_of(outcome for outcome, *_ in parts)
-        rows.append({"gamma": gamma, "status": status, **{f"moe_{k}": v for k, v in shape.items()},
-                     **{f"dense_{k}": v for k, v in fall.items()}, "noise": moe_curve.noise,
-                     "dense_noise": dense_curve.noise})
+        row = {"gamma": gamma, "where": where, "first_batch_size": float(moe_curve.batch_size[0]),
+               "noise": moe_curve.noise, "dense_noise": dense_curve.noise}
+        if sidecar is not None:
+            first, second = memory_bound_efficiency(sidecar, moe_curve.batch_size[:2], gamma)
+            row.update(predicted_first=float(first), predicted_second=float(second))
+        for reading, tolerance in READINGS.items():
+            shape, fall = rises_then_falls(moe_curve, tolerance), falls_monotonically(dense_curve, tolerance)
+            row.update({**_shape_fields(shape, "moe_", reading), **_fall_fields(fall, "dense_", reading)})
+            notes[reading] += [note(shape_outcome(shape, moe_curve), "the MoE efficiency's rise then fall", where,
+                                    shape_detectable(shape)),
+                               note(fall_outcome(fall), "the dense efficiency's fall", where, fall["fall_margin"])]
+        rows.append(row)
     if not rows:
-        return verdict(claim, statement, UNMEASURABLE, [], no_common_pass(gammas))
-    return verdict(claim, statement, combine(r["status"] for r in rows), rows, fig3_details(rows, MIN_BATCH_SIZES),
-                   notes)
+        return untestable("Fig. 3", no_common_pass(gammas), statement)
+    return judged("Fig. 3", rows, notes, lambda rows: fig3_details(rows, MIN_BATCH_SIZES), statement)
 
 
-def sparser_peaks_later_and_wider(sparsity: pd.DataFrame | None, monotone_ks=(1, 2), from_batch_size=None) -> Verdict:
-    """Fig. 4: as K falls, the peak batch size grows and the range above x/sqrt(2) widens; K = 1, 2 only fall.
+def _fall_fields(fall: dict, prefix: str, reading: str) -> dict:
+    """A fall test's fields for a numbers row: all of the strict test's, the material test's verdict fields."""
+    if reading == "strict":
+        return {prefix + key: value for key, value in fall.items()}
+    return {f"{prefix}material_{key}": fall[key] for key in ("falls_monotonically", "rises_beyond_noise",
+                                                             "largest_rise", "largest_rise_from", "largest_rise_to")}
 
-    Input: the sparsity study (columns ``batch_size``, ``gamma``, ``num_experts_per_tok`` (K),
-    ``speedup``; often one repeat, so the noise is the neighbour scatter). The paper plots speedups
-    rescaled by ``sigma_{K=8} / sigma_K`` (:func:`moesd.model.measurements.sigma_adjusted_speedup`); that factor is
-    one constant per (K, gamma) curve, and every quantity below (peak position, the range relative
-    to the curve's own peak x, margins) is unchanged when a curve is scaled, so the raw speedup gives
-    the same verdict and needs no K = 8 run.
 
-    Criterion, for every gamma, over the batch sizes from ``from_batch_size`` on (default: all):
+def normalised_speedup(rows: pd.DataFrame) -> pd.Series:
+    """Speedup over what acceptance alone would give, ``speedup / (sigma (gamma + 1))``, per row.
 
-    * each K in ``monotone_ks`` (the paper's K = 1, 2, attention-dominated by Amdahl's law)
-      :func:`falls_monotonically`;
-    * over the other K ("shaped" K, at least two), ordered from densest to sparsest, the peak
-      region (:func:`peak_region`: batch sizes within noise of the peak) :func:`grows_beyond_noise`:
-      no step to a sparser K moves it wholly below the denser K's, and the sparsest K's lies wholly
-      above the densest K's;
-    * over the same K, the width of the range with speedup >= x/sqrt(2) (x the peak of that K and
-      gamma; :func:`half_power_width`, in batch sizes, with its noise interval from raising and
-      lowering the level by the noise) grows beyond noise in the same sense (:func:`growth_status`).
-      A range that may reach beyond the largest batch size measured has no upper bound
-      (``width_high`` infinite): it cannot be shown narrower than another, so when the densest K's
-      range has none, the width part is not measurable, unless a step reverses beyond noise.
-
-    Holds when every part holds at every gamma; does not hold when any measurable part fails; not
-    measurable when a part lacks data (no study, a K of ``monotone_ks`` missing, fewer than two
-    shaped K, fewer than :data:`MIN_BATCH_SIZES` batch sizes for a curve, or the densest K's range
-    above x/sqrt(2) unbounded as above).
+    ``sigma (gamma + 1)`` is the tokens a round emits (Eq. 5); dividing by it leaves Eq. 4's systemic part, the
+    time of one AR step over the time of one SD round: the quantity the settings and the MoE-against-dense
+    comparisons are about once acceptance differs between them.
     """
-    claim = "Fig. 4"
-    statement = judged_from(CLAIMS[claim].replace("1, 2", ", ".join(map(str, monotone_ks))), from_batch_size)
-    sparsity = _from_batch_size(sparsity, from_batch_size)
-    if sparsity is None or sparsity.empty:
-        return verdict(claim, statement, UNMEASURABLE, [], no_study("sparsity"))
-    rows, statuses, phrases, notes = [], [], {}, []
-    for gamma, group in sparsity.groupby("gamma"):
-        curves = {int(k): curve(rows_k, "speedup") for k, rows_k in group.groupby("num_experts_per_tok")}
-        curves = {k: c for k, c in curves.items() if len(c.batch_size) >= MIN_BATCH_SIZES}
-        gamma_rows, status, phrase, gamma_notes = _sparsity_at_gamma(curves, monotone_ks)
-        rows += [{"gamma": gamma, **row} for row in gamma_rows]
-        statuses.append(status)
-        phrases[gamma] = phrase
-        notes += [(outcome, part, f"gamma = {gamma}", *rest) for outcome, part, *rest in gamma_notes]
-    return verdict(claim, statement, combine(statuses), rows, fig4_details(phrases, rows), notes)
-
-
-def _sparsity_at_gamma(curves: dict, monotone_ks) -> tuple[list, str, str, list]:
-    """Rows, status, phrase and summary notes of :func:`sparser_peaks_later_and_wider` for one gamma's K -> Curve.
-
-    Notes are ``(outcome, part, detectable, unit)`` tuples: the caller names the gamma.
-    """
-    rows, parts, notes = [], [], []
-    for k in monotone_ks:
-        if k not in curves:
-            parts.append(UNMEASURABLE)
-            notes.append((UNMEASURABLE, f"K = {k}'s monotone fall", None, ""))
-            continue
-        fall = falls_monotonically(curves[k])
-        parts.append(status_of([fall_outcome(fall)]))
-        if fall_outcome(fall):
-            notes.append((fall_outcome(fall), f"K = {k}'s monotone fall",
-                          fall["fall_margin"] if fall_outcome(fall) == NOT_SHOWN else None, ""))
-        rows.append({"K": k, "role": "monotone", **fall, "noise": curves[k].noise})
-    shaped = sorted((k for k in curves if k not in monotone_ks), reverse=True)
-    if len(shaped) < 2:
-        parts.append(UNMEASURABLE)
-        notes.append((UNMEASURABLE, "the peak and range ordering", None, ""))
-        return rows, combine(parts), fig4_gamma(rows, monotone_ks, MIN_BATCH_SIZES), notes
-    peaks, widths = [], []
-    for k in shaped:
-        c = curves[k]
-        low, high = peak_region(c)
-        width, narrowest, widest = half_power_width(c)
-        peaks.append((low, high))
-        widths.append((narrowest, widest))
-        level = c.value[c.peak_index] / math.sqrt(2)
-        rows.append({"K": k, "role": "shaped", "peak_batch_size": float(c.batch_size[c.peak_index]),
-                     "peak": float(c.value[c.peak_index]), "peak_low": low, "peak_high": high, "width": width,
-                     "width_low": narrowest, "width_high": widest,
-                     "reaches_largest_B": bool((c.value[c.peak_index:] >= level).all()), "noise": c.noise})
-    (later, later_outcome), (wider, wider_outcome) = growth_status(peaks), growth_status(widths)
-    parts += [later, wider]
-    notes += [(outcome, part, detectable if outcome == NOT_SHOWN else None, "B")
-              for outcome, part, detectable in ((later_outcome, "the later peak", growth_detectable(peaks)),
-                                                (wider_outcome, "the wider range", growth_detectable(widths)))
-              if outcome]
-    return rows, combine(parts), fig4_gamma(rows, monotone_ks, MIN_BATCH_SIZES, later, wider), notes
+    return rows["speedup"] / (rows["sigma"] * (rows["gamma"] + 1))
 
 
 def shape_holds_across_settings(settings: pd.DataFrame | None) -> Verdict:
     """Fig. 5: the rise-then-fall holds in every setting, with small run-to-run spread.
 
-    Input: the settings study (the e2e columns plus ``setting``, e.g. "humaneval, T=0", emulated by
-    synthetic sigma; several runs). Criterion, for every (setting, gamma):
+    Input: the settings study (the e2e columns plus ``setting``, e.g. "humaneval, T=0"; several runs). Per
+    (setting, gamma):
 
-    * the speedup curve (mean over runs) :func:`rises_then_falls`, the noise from the runs;
-    * the spread is small: the run-to-run range (largest minus smallest run) at a batch size,
-      typically (the median over batch sizes), is below every part of the shape (the rise, the fall)
-      that exceeds its noise margin. Then a single run's deviation cannot typically undo what the
-      mean shows: each run on its own shows it, which is what the paper's "tiny run-to-run variance"
-      lets a reader see in its Fig. 5. A part within noise is not compared: it is smaller than the
-      noise, and so than a typical range of a few runs, and the first bullet already reports it as
-      not shown; a curve with no rise (peak at the smallest B) would otherwise fail the spread
-      against a rise of zero however tight its runs. With no part beyond noise the spread is not
-      judged (``small_spread`` None), and the curve fails on its shape.
+    * **strict**: the speedup curve (mean over runs) :func:`~moesd.paper.curves.rises_then_falls`, and the spread
+      is small: the run-to-run range (largest minus smallest run) at a batch size, typically (the median over
+      batch sizes), is below every part of the shape (the rise, the fall) that exceeds its noise margin. A part
+      within noise is not compared (a curve with no rise would otherwise fail the spread against a rise of zero
+      however tight its runs); with no part beyond noise the spread is not judged.
+    * **material**: the same on the acceptance-normalised speedup (:func:`normalised_speedup`; the settings differ
+      in acceptance, and per-run acceptance seeds, which the paper fixed, move whole runs), reversals counted
+      beyond noise and the tolerance; the spread is a :data:`~moesd.paper.criteria.DETAIL`.
 
-    Holds when both hold for every setting and gamma; not measurable without the study, with fewer
-    than two settings (nothing to hold *across*), fewer than two runs at every batch size (no
-    spread), or fewer than :data:`MIN_BATCH_SIZES` batch sizes.
+    Not testable without the study, with fewer than two settings (nothing to hold *across*), fewer than two runs
+    at every batch size (no spread), or fewer than ``MIN_BATCH_SIZES`` batch sizes.
     """
-    claim, statement = "Fig. 5", CLAIMS["Fig. 5"]
+    from moesd.narration import FEWER_THAN_TWO_SETTINGS, fig5_details
+
     if settings is None or settings.empty:
-        return verdict(claim, statement, UNMEASURABLE, [], no_study("settings"))
+        return untestable("Fig. 5", _no_study("settings"))
     if settings["setting"].nunique() < 2:
-        return verdict(claim, statement, UNMEASURABLE, [], FEWER_THAN_TWO_SETTINGS)
-    rows, notes = [], []
+        return untestable("Fig. 5", FEWER_THAN_TWO_SETTINGS)
+    settings = settings.assign(normalised_speedup=normalised_speedup(settings))
+    rows, notes = [], new_notes()
     for (setting, gamma), group in settings.groupby(["setting", "gamma"]):
-        c = curve(group, "speedup")
-        runs = group.groupby("batch_size")["speedup"]
         where = f"{setting}, gamma = {gamma}" if settings["gamma"].nunique() > 1 else str(setting)
-        if len(c.batch_size) < MIN_BATCH_SIZES or (runs.count() < 2).any():
-            rows.append({"setting": setting, "gamma": gamma, "status": UNMEASURABLE})
-            notes.append((UNMEASURABLE, "the curve", where))
+        if group["batch_size"].nunique() < MIN_BATCH_SIZES or (group.groupby("batch_size")["run"].count() < 2).any():
+            rows.append({"setting": setting, "gamma": gamma, "where": where})
+            for reading in READINGS:
+                notes[reading].append(note(UNTESTABLE, "the curve", where))
             continue
-        shape = rises_then_falls(c)
-        spread = float((runs.max() - runs.min()).median())
-        shown = [size for size, margin in ((shape["rise"], shape["rise_margin"]), (shape["fall"], shape["fall_margin"]))
-                 if size > margin]
-        small = spread < min(shown) if shown else None
-        parts = ((shape_outcome(shape, c), "the rise then fall", shape_detectable(shape)),
-                 (CONTRADICTED if small is False else None, "the small run-to-run spread", None))
-        notes += [(outcome, part, where, detectable if outcome == NOT_SHOWN else None, "")
-                  for outcome, part, detectable in parts if outcome]
-        status = status_of(outcome for outcome, *_ in parts)
-        rows.append({"setting": setting, "gamma": gamma, "status": status, **shape, "run_range": spread,
-                     "runs": int(runs.count().min()), "small_spread": small, "noise": c.noise})
-    status = combine(r["status"] for r in rows)
-    details = fig5_details(rows, MIN_BATCH_SIZES, one_gamma=settings["gamma"].nunique() == 1)
-    return verdict(claim, statement, status, rows, details, notes)
+        row = {"setting": setting, "gamma": gamma, "where": where, "runs": int(group.groupby("batch_size")["run"].count().min())}
+        for reading, column in (("strict", "speedup"), ("material", "normalised_speedup")):
+            c = curve(group, column)
+            shape = rises_then_falls(c, READINGS[reading])
+            runs = group.groupby("batch_size")[column]
+            spread = float((runs.max() - runs.min()).median())
+            shown = [size for size, margin in ((shape["rise"], shape["rise_margin"]),
+                                               (shape["fall"], shape["fall_margin"])) if size > margin]
+            small = spread < min(shown) if shown else None
+            prefix = "" if reading == "strict" else "normalised_"
+            row.update({f"{prefix}{key}": value for key, value in shape.items()})
+            row.update({f"{prefix}run_range": spread, f"{prefix}small_spread": small, f"{prefix}noise": c.noise})
+            spread_role = CLAIM if reading == "strict" else DETAIL
+            notes[reading] += [note(shape_outcome(shape, c), "the rise then fall", where, shape_detectable(shape)),
+                               note(CONTRADICTED if small is False else SHOWN, "the small run-to-run spread", where,
+                                    role=spread_role)]
+        rows.append(row)
+    one_gamma = settings["gamma"].nunique() == 1
+    return judged("Fig. 5", rows, notes, lambda rows: fig5_details(rows, MIN_BATCH_SIZES, one_gamma))
 
 
 def moe_above_dense(e2e: pd.DataFrame | None, dense: pd.DataFrame | None, beyond: float = 16,
@@ -311,120 +290,68 @@ def moe_above_dense(e2e: pd.DataFrame | None, dense: pd.DataFrame | None, beyond
     """Fig. 6: the MoE's SD speedup is above the dense pair's when the batch size exceeds ``beyond``, and the
     dense pair's speedup only falls.
 
-    Input: the e2e (MoE) and dense studies (``batch_size``, ``gamma``, ``run``, ``speedup``), over the
-    batch sizes from ``from_batch_size`` on (default: all). Criterion, for every gamma both studies
-    measured:
+    Input: the e2e (MoE) and dense studies (``batch_size``, ``gamma``, ``run``, ``speedup``, ``sigma``), from
+    ``from_batch_size`` on (default all). Per gamma both studies measured, on the speedup as measured (strict)
+    or acceptance-normalised (:func:`normalised_speedup`, material):
 
-    * over their common batch sizes B > ``beyond`` (the paper: "when batch size exceeds 16"), with the
-      difference of the two curves' means and its margin ``NOISE_Z * sqrt(se_moe**2 + se_dense**2)``:
-      at no such B is the MoE below the dense pair beyond noise (difference >= -margin), and at more
-      than half of them the MoE is above beyond noise (difference > margin);
-    * the dense pair's speedup curve :func:`falls_monotonically` (the paper's Fig. 6: "dense keeps
-      falling"; columns ``dense_*``).
+    * over their common batch sizes B > ``beyond`` (the paper: "when batch size exceeds 16"), with the difference
+      of the two curves' means and its margin ``NOISE_Z * sqrt(se_moe**2 + se_dense**2)``: at no such B is the
+      MoE below the dense pair beyond noise, and at more than half of them it is above beyond noise;
+    * the dense pair's curve :func:`~moesd.paper.curves.falls_monotonically` (columns ``dense_*``).
 
-    The crossover (the smallest common B from which the MoE stays above the dense pair) is reported,
-    not judged. Holds when all hold at every common gamma; not measurable without either study, with
-    no common gamma, with fewer than three common batch sizes beyond ``beyond`` or fewer than
-    :data:`MIN_BATCH_SIZES` dense batch sizes.
+    The crossover (the smallest common B from which the MoE stays above) is reported, not judged. Not testable
+    without either study, with no common gamma, with fewer than three common batch sizes beyond ``beyond`` or
+    fewer than ``MIN_BATCH_SIZES`` dense batch sizes.
     """
-    claim = "Fig. 6"
-    statement = judged_from(CLAIMS[claim].replace("16", number(beyond, whole=True)), from_batch_size)
-    e2e, dense = _from_batch_size(e2e, from_batch_size), _from_batch_size(dense, from_batch_size)
-    if e2e is None or dense is None or e2e.empty or dense.empty:
-        missing = " and ".join(n for n, f in (("e2e", e2e), ("dense", dense)) if f is None or f.empty)
-        return verdict(claim, statement, UNMEASURABLE, [], no_study(missing))
-    rows, notes = [], []
+    from moesd.narration import NO_COMMON_GAMMA, fig6_details, judged_from, number
+
+    statement = judged_from(CLAIMS["Fig. 6"].statement.replace("16", number(beyond, whole=True)), from_batch_size)
+    e2e, dense = rows_from(e2e, from_batch_size), rows_from(dense, from_batch_size)
+    missing = _missing(e2e=e2e, dense=dense)
+    if missing:
+        return untestable("Fig. 6", _no_study(missing), statement)
+    rows, notes = [], new_notes()
     for gamma in sorted(set(e2e["gamma"]) & set(dense["gamma"])):
-        moe, den = curve(e2e[e2e["gamma"] == gamma], "speedup"), curve(dense[dense["gamma"] == gamma], "speedup")
-        common = np.intersect1d(moe.batch_size, den.batch_size)
-        i, j = np.searchsorted(moe.batch_size, common), np.searchsorted(den.batch_size, common)
-        difference = moe.value[i] - den.value[j]
-        margin = NOISE_Z * np.sqrt(moe.se[i] ** 2 + den.se[j] ** 2)
-        late = common > beyond
         where = f"gamma = {gamma}"
-        if late.sum() < 3 or len(den.batch_size) < MIN_BATCH_SIZES:
-            rows.append({"gamma": gamma, "status": UNMEASURABLE})
-            notes.append((UNMEASURABLE, "the comparison", where))
-            continue
-        below = int((difference[late] < -margin[late]).sum())
-        above = int((difference[late] > margin[late]).sum())
-        staying = np.flatnonzero(np.minimum.accumulate((difference > 0)[::-1])[::-1])
-        crossover = float(common[staying[0]]) if len(staying) else float("nan")
-        fall = falls_monotonically(den)
-        is_above = below == 0 and above > late.sum() / 2
-        above_outcome = CONTRADICTED if below else None if is_above else NOT_SHOWN
-        status = status_of([above_outcome, fall_outcome(fall)])
-        rows.append({"gamma": gamma, "status": status, "batch_sizes": int(late.sum()), "above": above,
-                     "below": below, "median_difference": float(np.median(difference[late])),
-                     "median_margin": float(np.median(margin[late])), "crossover": crossover,
-                     **{f"dense_{k}": value for k, value in fall.items()},
-                     "moe_noise": moe.noise, "dense_noise": den.noise})
-        notes += [(outcome, part, where, detectable if outcome == NOT_SHOWN else None, "")
-                  for outcome, part, detectable in (
-                      (above_outcome, "the MoE above the dense pair", float(np.median(margin[late]))),
-                      (fall_outcome(fall), "the dense speedup's fall", fall["fall_margin"])) if outcome]
+        row = {"gamma": gamma, "where": where}
+        for reading in READINGS:
+            moe_rows, dense_rows = e2e[e2e["gamma"] == gamma], dense[dense["gamma"] == gamma]
+            column = "speedup"
+            if reading == "material":
+                moe_rows = moe_rows.assign(normalised=normalised_speedup(moe_rows))
+                dense_rows = dense_rows.assign(normalised=normalised_speedup(dense_rows))
+                column = "normalised"
+            comparison = _above(curve(moe_rows, column), curve(dense_rows, column), beyond, READINGS[reading])
+            if comparison is None:
+                notes[reading].append(note(UNTESTABLE, "the comparison", where))
+                continue
+            above_outcome, fall, fields = comparison
+            prefix = "" if reading == "strict" else "normalised_"
+            row.update({prefix + key: value for key, value in fields.items()})
+            row.update({f"{prefix}dense_{key}": value for key, value in fall.items()})
+            notes[reading] += [note(above_outcome, "the MoE above the dense pair", where, fields["median_margin"]),
+                               note(fall_outcome(fall), "the dense speedup's fall", where, fall["fall_margin"])]
+        rows.append(row)
     if not rows:
-        return verdict(claim, statement, UNMEASURABLE, [], NO_COMMON_GAMMA)
-    return verdict(claim, statement, combine(r["status"] for r in rows), rows,
-                   fig6_details(rows, beyond, MIN_BATCH_SIZES), notes)
+        return untestable("Fig. 6", NO_COMMON_GAMMA, statement)
+    return judged("Fig. 6", rows, notes, lambda rows: fig6_details(rows, beyond, MIN_BATCH_SIZES), statement)
 
 
-def longest_missing_run(sample, grid) -> int:
-    """Longest run of consecutive grid batch sizes absent from ``sample`` (ends included)."""
-    present = np.isin(np.asarray(grid, dtype=float), np.asarray(sample, dtype=float))
-    longest = run = 0
-    for here in present:
-        run = 0 if here else run + 1
-        longest = max(longest, run)
-    return longest
-
-
-def poor_coverage_worst_fits(robustness: pd.DataFrame | None, batch_sizes=None, parameters: int = 10) -> Verdict:
-    """Table 3: the worst fits of Algorithm 1 are those whose samples cover the batch sizes poorly.
-
-    Input: :func:`moesd.model.diagnostics.robustness_study` (one row per stride: ``m``, ``mse`` over every
-    measurement, ``batch_sizes`` of the sample as a space-separated string). ``batch_sizes`` is the
-    study's grid (default: every batch size any sample holds).
-
-    A sample's *gap* is its longest run of consecutive grid batch sizes left out
-    (:func:`longest_missing_run`; the paper's m = 12 leaves out the 7 above 40, m = 13 the 6 from 2
-    to 20). It covers *poorly* when that gap is longer than an even spread of as many points would
-    leave, ``ceil((n - k) / (k - 1))`` with ``n`` grid batch sizes and ``k = min(m, n)``. Only samples
-    with more points than the model's ``parameters`` count (the paper puts m = 10's error down to
-    too few points). Criterion:
-
-    * the worst fit (largest MSE) covers poorly, and
-    * the poorly covering samples' median MSE exceeds the well covering samples' median MSE by more
-      than ``NOISE_Z`` times the scatter of the well covering samples' MSEs (``1.4826 * MAD``: how
-      much the MSE moves between well covering samples, the noise of this comparison).
-
-    Not measurable with fewer than one poorly and three well covering samples. The criterion was
-    written from the paper's words (App. C.3); the paper's own Table 3, with each sample's batch
-    sizes rebuilt by stride sampling its 228-run design, passes it (``tests/test_verdicts.py``).
-    """
-    claim, statement = "Table 3", CLAIMS["Table 3"]
-    if robustness is None or robustness.empty:
-        return verdict(claim, statement, UNMEASURABLE, [], NO_ROBUSTNESS)
-    samples = [np.array(str(s).split(), dtype=float) for s in robustness["batch_sizes"]]
-    grid = np.unique(np.concatenate(samples) if batch_sizes is None else np.asarray(batch_sizes, dtype=float))
-    table = robustness[["stride", "m", "mse"]].copy()
-    table["gap"] = [longest_missing_run(s, grid) for s in samples]
-    k = np.minimum(table["m"], len(grid))
-    table["even_gap"] = np.ceil((len(grid) - k) / np.maximum(k - 1, 1)).astype(int)
-    table["poor"] = table["gap"] > table["even_gap"]
-    table["judged"] = table["m"] > parameters
-    used = table[table["judged"]]
-    poor, well = used[used["poor"]], used[~used["poor"]]
-    if len(poor) < 1 or len(well) < 3:
-        return verdict(claim, statement, UNMEASURABLE, table, table3_too_few(len(poor), len(well), parameters))
-    worst = used.loc[used["mse"].idxmax()]
-    scatter = 1.4826 * float((well["mse"] - well["mse"].median()).abs().median())
-    excess = float(poor["mse"].median() - well["mse"].median())
-    parts = ((None if worst["poor"] else CONTRADICTED, "the worst fit covering poorly", None),
-             (None if excess > NOISE_Z * scatter else NOT_SHOWN, "the poorly covering samples' larger error",
-              NOISE_Z * scatter))
-    status = status_of(outcome for outcome, *_ in parts)
-    notes = [(outcome, part, f"m > {parameters}", detectable if outcome == NOT_SHOWN else None, "MSE")
-             for outcome, part, detectable in parts if outcome]
-    details = table3_details(worst, poor["m"], poor["mse"].median(), well["mse"].median(), len(well), scatter, excess)
-    return verdict(claim, statement, status, table, details, notes)
+def _above(moe, dense, beyond: float, tolerance: float):
+    """Fig. 6's comparison of two curves past ``beyond``: (outcome of "above", the dense fall, fields) or None."""
+    common = np.intersect1d(moe.batch_size, dense.batch_size)
+    i, j = np.searchsorted(moe.batch_size, common), np.searchsorted(dense.batch_size, common)
+    difference = moe.value[i] - dense.value[j]
+    margin = NOISE_Z * np.sqrt(moe.se[i] ** 2 + dense.se[j] ** 2)
+    late = common > beyond
+    if late.sum() < 3 or len(dense.batch_size) < MIN_BATCH_SIZES:
+        return None
+    below = int((difference[late] < -margin[late]).sum())
+    above = int((difference[late] > margin[late]).sum())
+    staying = np.flatnonzero(np.minimum.accumulate((difference > 0)[::-1])[::-1])
+    outcome = CONTRADICTED if below else SHOWN if above > late.sum() / 2 else NOT_SHOWN
+    fields = {"batch_sizes": int(late.sum()), "above": above, "below": below,
+              "median_difference": float(np.median(difference[late])), "median_margin": float(np.median(margin[late])),
+              "crossover": float(common[staying[0]]) if len(staying) else float("nan"),
+              "moe_noise": moe.noise, "dense_noise": dense.noise}
+    return outcome, falls_monotonically(dense, tolerance), fields

@@ -1,6 +1,6 @@
 """Figures of the chapter *Fitting robustness* (Appendix C of the paper: Algorithm 1, Figs. 8-28, Table 3).
 
-Every function takes the tables of :mod:`moesd.model.diagnostics` and :mod:`moesd.paper.verdicts` and returns a figure;
+Every function takes the tables of :mod:`moesd.model.diagnostics` and :mod:`moesd.paper.sparsity_verdicts` and returns a figure;
 the chapter glues the captions (:func:`moesd.plots.caption`).
 """
 
@@ -29,7 +29,7 @@ def mse_against_m(ours, paper, label_ours: str = "this project", label_paper: st
     Parameters
     ----------
     ours, paper : pandas.DataFrame
-        :attr:`moesd.paper.criteria.Verdict.numbers` of :func:`moesd.paper.verdicts.poor_coverage_worst_fits`:
+        :attr:`moesd.paper.criteria.Verdict.numbers` of :func:`moesd.paper.sparsity_verdicts.poor_coverage_worst_fits`:
         columns ``m``, ``mse`` (over every point of its study; dimensionless: squared speedup), ``poor`` (the sample leaves a longer
         run of batch sizes out than an even spread would) and ``judged`` (m above the parameter count).
         Poorly covering, unjudged and worst samples are labelled with their m.

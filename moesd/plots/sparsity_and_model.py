@@ -36,7 +36,7 @@ def sparsity_panels(frame: pd.DataFrame, predicted=None, title: str = "", repeat
     Each panel shows the measured speedups (points) of one (K, gamma) curve, the model's prediction
     (line, if given), the level ``x / sqrt(2)`` (dashed, ``x`` the curve's largest value, labelled at
     the panel's right edge) and the run of batch sizes around the peak whose speedup is at or above that
-    level (shaded; the range :func:`moesd.paper.criteria.half_power_width` measures).
+    level (shaded; the range :func:`moesd.paper.curves.half_power_width` measures).
     One colour per K, the same in every row.
 
     Parameters
