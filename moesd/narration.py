@@ -602,7 +602,7 @@ def fig1_sentence(judgement) -> str:
                        for row in skew.itertuples())
     windows = parts[parts["part"] == "windows"].iloc[0]
     window_text = (f"windows of consecutive tokens: {windows['material']} (worst {number(windows['worst_ratio'])} of "
-                   f"Eq. 8, {windows['where']})" if windows["material"] != UNMEASURABLE else "")
+                   f"Eq. 8, {windows['where']})" if windows["material"] != UNTESTABLE else "")
     untestable = "; ".join(_UNTESTABLE.get(part, part) for part, _ in judgement.untestable)
     return join(f"Skew alone, per model: {models}", window_text, f"Not testable here: {untestable}")
 

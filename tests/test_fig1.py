@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from moesd.paper import fig1
-from moesd.paper.criteria import FAILS, HOLDS, UNMEASURABLE
+from moesd.paper.criteria import FAILS, HOLDS, UNTESTABLE
 from moesd.theory.experts import expected_active_experts, expected_active_experts_from_popularity
 
 E, K = 64, 8
@@ -84,7 +84,7 @@ def test_windows_need_five_sequences_and_are_judged_by_median_and_sign_test():
     curves = _curves({0: UNIFORM})
     few = fig1.judge_fig1(curves, _windows([0.5, 0.6]))
     row = few.parts.set_index("part").loc["windows"]
-    assert row["material"] == UNMEASURABLE and "fewer than 5" in row["reason"]
+    assert row["material"] == UNTESTABLE and "fewer than 5" in row["reason"]
     assert few.status == HOLDS  # the skew part alone
     below = fig1.judge_fig1(curves, _windows([0.97, 0.98, 0.96, 0.99, 0.97]))
     row = below.parts.set_index("part").loc["windows"]

@@ -15,7 +15,7 @@ from moesd.measure.routing_study import compare_routings, efficiency_summary, pr
 from moesd.measure.studies import load  # noqa: E402
 from moesd.model.forward import step_time  # noqa: E402
 from moesd.paper import fig1  # noqa: E402
-from moesd.paper.criteria import FAILS, HOLDS, UNMEASURABLE  # noqa: E402
+from moesd.paper.criteria import FAILS, HOLDS, UNTESTABLE  # noqa: E402
 from moesd.plots import trained_routing as plots  # noqa: E402
 from moesd.routing import activation, sources  # noqa: E402
 from moesd.routing.traces import RoutingTrace  # noqa: E402
@@ -85,7 +85,7 @@ def test_the_shipped_data_are_judged_and_name_what_they_cannot_show():
     assert judged.status in (HOLDS, FAILS, fig1.PARTLY) and judged.strict_status in (HOLDS, FAILS, fig1.PARTLY)
     assert {"decode", "paper_models", "batches"} <= {part for part, _ in judged.untestable}
     windows = judged.parts.set_index("part").loc["windows"]
-    assert windows["material"] != UNMEASURABLE and windows["count"] == 12
+    assert windows["material"] != UNTESTABLE and windows["count"] == 12
     assert len(judged.layers) == 45
     assert narration.fig1_summary(judged).startswith("Fig. 1 on trained routers: ")
     assert "Not testable here" in narration.fig1_sentence(judged)

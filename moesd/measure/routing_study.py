@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from moesd.paper.criteria import NOISE_Z
+from moesd.paper.curves import NOISE_Z
 
 
 def efficiency_by_repeat(forward: pd.DataFrame, gamma: int, role: str = "target") -> pd.DataFrame:

@@ -62,10 +62,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from moesd.paper.criteria import FAILS, HOLDS, NOISE_Z, UNMEASURABLE
+from moesd.paper.criteria import FAILS, HOLDS, PARTLY_HOLDS, UNTESTABLE
+from moesd.paper.curves import NOISE_Z
 
-PARTLY = "partly holds"
-"""Some layers or sequences follow Eq. 8 and some do not."""
+PARTLY = PARTLY_HOLDS
+"""Some layers or sequences follow Eq. 8 and some do not (:data:`moesd.paper.criteria.PARTLY_HOLDS`)."""
 
 TOLERANCE = 0.95
 """Material reading: N / N_Eq8 at or above this follows Eq. 8 (the paper's tau of Eq. 9, "almost all")."""
@@ -99,7 +100,7 @@ class Fig1Judgement:
     ----------
     status, strict_status : str
         The claim on these data under the material and the strict reading: :data:`HOLDS`, :data:`PARTLY`,
-        :data:`FAILS` or :data:`UNMEASURABLE`.
+        :data:`FAILS` or :data:`UNTESTABLE`.
     parts : pandas.DataFrame
         One row per part and scope (``part``, ``scope``: a model, ``"all"`` or ``"sequences"``): ``material``,
         ``strict`` (outcomes), ``worst_ratio`` (smallest N / N_Eq8 judged), ``where`` (its domain, layer and t or
@@ -126,9 +127,9 @@ class Fig1Judgement:
 
 def combine(outcomes) -> str:
     """:data:`HOLDS` if every outcome holds, :data:`FAILS` if every one fails, :data:`PARTLY` otherwise."""
-    outcomes = [o for o in outcomes if o != UNMEASURABLE]
+    outcomes = [o for o in outcomes if o != UNTESTABLE]
     if not outcomes:
-        return UNMEASURABLE
+        return UNTESTABLE
     if all(o == HOLDS for o in outcomes):
         return HOLDS
     return FAILS if all(o == FAILS for o in outcomes) else PARTLY
@@ -195,7 +196,7 @@ def _sample_part(part: str, frame: pd.DataFrame | None, unit: str, key: str, nee
 
 
 def _untestable(part: str, reason: str, scope: str = "all") -> dict:
-    return {"part": part, "scope": scope, "material": UNMEASURABLE, "strict": UNMEASURABLE, "worst_ratio": np.nan,
+    return {"part": part, "scope": scope, "material": UNTESTABLE, "strict": UNTESTABLE, "worst_ratio": np.nan,
             "where": None, "count": 0, "reason": reason}
 
 
@@ -245,6 +246,6 @@ def judge_fig1(curves: pd.DataFrame, windows: pd.DataFrame | None = None, sequen
     parts = pd.DataFrame(parts)
     judged = parts[(parts["scope"] != "all") | (parts["part"] != "skew")]  # the per-model skew rows, not their sum
     judged = judged[judged["part"].isin(("skew", "windows", "batches"))]
-    untestable = tuple((row.part, row.reason) for row in parts.itertuples() if row.material == UNMEASURABLE)
+    untestable = tuple((row.part, row.reason) for row in parts.itertuples() if row.material == UNTESTABLE)
     return Fig1Judgement(status=combine(judged["material"]), strict_status=combine(judged["strict"]), parts=parts,
                          layers=layers, sequences=sequences, untestable=untestable)
