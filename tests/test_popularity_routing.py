@@ -119,3 +119,16 @@ def test_a_popularity_routed_forward_study_records_its_source_and_the_expected_e
         assert rows["activated_experts"].mean() == pytest.approx(expected, rel=0.12 if t < 40 else 0.05)
     one = target[target["batch_size"] * target["tokens"] == 1]
     assert (one["activated_experts"] == 8).all()
+
+
+def test_quiet_sweep_runs_its_command_and_passes_its_exit_status_on(tmp_path):
+    """tools/quiet_sweep.sh with the watchdog's limit out of reach: the command runs once, its status comes back."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "tools" / "quiet_sweep.sh"
+    done = subprocess.run([str(script), "bash", "-c", f"echo ran >> {tmp_path / 'log'}; exit 3"], capture_output=True,
+                          text=True, env={**os.environ, "LIMIT": "100000", "QUIET": "0"}, timeout=60)
+    assert done.returncode == 3 and (tmp_path / "log").read_text() == "ran\n"
+    assert "start" in done.stderr and "finished with exit 3" in done.stderr
