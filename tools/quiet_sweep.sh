@@ -1,9 +1,10 @@
 #!/bin/bash
 # Run one `moesd sweep ...` only while no other process uses the CPU: on a shared machine, other work
 # inflates single timed passes. Waits until no other process has taken more than LIMIT % of a core for
-# QUIET seconds, starts the sweep, and stops it (SIGINT: every finished point is kept) as soon as another
-# process takes more than LIMIT % in two samples in a row; then waits for quiet again and resumes (the
-# sweep continues from its complete rows). Each start and stop is logged to stderr with the process seen.
+# QUIET seconds, starts the sweep, and stops it (SIGTERM: every finished point is kept, the point in flight
+# is lost; a background job of a script ignores SIGINT) as soon as another process takes more than LIMIT %
+# in two samples in a row; then waits for quiet again and resumes (the sweep continues from its complete
+# rows). Each start and stop is logged to stderr with the process seen.
 #
 #   flock /tmp/moesd-cpu.lock tools/quiet_sweep.sh .venv/bin/moesd sweep forward --preset cpu --out-dir runs/x
 LIMIT=${LIMIT:-40}
@@ -26,7 +27,7 @@ while true; do
     if [ -n "$busy" ]; then strikes=$((strikes + 1)); else strikes=0; fi
     if [ "$strikes" -ge 2 ]; then
       echo "$(date -u +%FT%TZ) stopped: another process took the CPU ($busy)" >&2
-      kill -INT "$sweep"; wait "$sweep"
+      kill -TERM "$sweep"; wait "$sweep" 2>/dev/null
       continue 2
     fi
   done
