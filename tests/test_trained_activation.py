@@ -11,7 +11,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from moesd import narration  # noqa: E402
-from moesd.measure.routing_study import compare_routings, efficiency_summary, predicted_efficiency  # noqa: E402
+from moesd.measure.routing_study import (compare_routings, efficiency_summary, mean_difference,  # noqa: E402
+                                        predicted_efficiency)
 from moesd.measure.studies import load  # noqa: E402
 from moesd.model.forward import step_time  # noqa: E402
 from moesd.paper import fig1  # noqa: E402
@@ -112,6 +113,9 @@ def test_compare_routings_by_hand():
     assert comparison.peak_change == pytest.approx(0.1) and comparison.peak_change_se == pytest.approx(0)
     assert efficiency_summary(_study(1.0), 4)["runs"].tolist() == [4, 4, 4]
     assert "+0.100" in narration.popularity_peak_sentence(comparison, -0.05)
+    assert mean_difference(comparison, 2, 16) == pytest.approx((0.1, 0.0))
+    with pytest.raises(ValueError, match="no batch size"):
+        mean_difference(comparison, 30, 40)
 
 
 def test_the_prediction_is_the_uniform_one_under_uniform_popularity_and_meets_it_at_large_batches():

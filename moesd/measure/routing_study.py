@@ -91,6 +91,18 @@ def compare_routings(uniform: pd.DataFrame, popularity: pd.DataFrame, gamma: int
                              peak_change_se=float(np.hypot(peak_a["se"], peak_b["se"])))
 
 
+def mean_difference(comparison: RoutingComparison, low: int, high: int) -> tuple[float, float]:
+    """Mean of popularity - uniform over the batch sizes in ``[low, high]``, and its standard error.
+
+    The batch sizes' differences are independent measurements (different passes), so the standard error of their
+    mean is ``sqrt(sum se_B^2) / n``.
+    """
+    rows = comparison.table[(comparison.table["batch_size"] >= low) & (comparison.table["batch_size"] <= high)]
+    if rows.empty:
+        raise ValueError(f"no batch size of the comparison lies in [{low}, {high}]")
+    return float(rows["difference"].mean()), float(np.sqrt((rows["difference_se"] ** 2).sum()) / len(rows))
+
+
 def predicted_efficiency(forward: pd.DataFrame, sidecar: dict, popularity, gammas=(2, 3, 4)) -> pd.DataFrame:
     """Target efficiency the predictor calibrated on a uniform forward study gives under uniform and popularity routing.
 
