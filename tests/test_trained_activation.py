@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 from moesd import narration  # noqa: E402
 from moesd.measure.routing_study import compare_routings, efficiency_summary, predicted_efficiency  # noqa: E402
 from moesd.measure.studies import load  # noqa: E402
-from moesd.model.forward import step_time  # noqa: E402
+from moesd.predictor.forward import step_time  # noqa: E402
 from moesd.paper import fig1  # noqa: E402
 from moesd.paper.criteria import FAILS, HOLDS, UNTESTABLE  # noqa: E402
 from moesd.plots import trained_routing as plots  # noqa: E402
