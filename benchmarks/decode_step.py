@@ -32,7 +32,7 @@ import torch
 from moesd.measure.breakdown import decode_step_breakdown, expert_dispatch_seconds, forward_seconds
 from moesd.measure.hardware import measure_roofline
 from moesd.measure.sweeps import SweepConfig, estimate_seconds
-from moesd.model.predict import PAPER_BATCH_SIZES
+from moesd.predictor.predict import PAPER_BATCH_SIZES
 from moesd.zoo import get_model
 
 TARGET, DRAFT, CONTEXT = "qwen2-57b-a14b", "qwen2-0.5b", 64

@@ -32,7 +32,26 @@ import numpy as np
 
 
 class UsageError(ValueError):
-    """A bad argument: the caller's mistake, reported in one line, never a program failure."""
+    """A bad argument: the caller's mistake, reported in one line, never a program failure.
+
+    Parameters
+    ----------
+    message : str
+        What is wrong and what is allowed (``str(error)``).
+    argument : str, optional
+        The argument it concerns, as the function that raised it names it (``"tp"``, ``"draft_dtype"``,
+        ``"hardware.peak_flops"``): the ``moesd`` command maps it to its flag, never the message's text.
+
+    Attributes
+    ----------
+    message, argument
+        As given.
+    """
+
+    def __init__(self, message: str = "", argument: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.argument = argument
 
 
 @contextlib.contextmanager
@@ -47,7 +66,8 @@ def usage_errors():
     except UsageError:
         raise
     except (ValueError, KeyError, FileNotFoundError, FileExistsError) as error:
-        raise UsageError(str(error.args[0]) if error.args else repr(error)) from error
+        raise UsageError(str(error.args[0]) if error.args else repr(error), getattr(error, "argument", None)) \
+            from error
 
 
 def _describe(low, high, low_open, high_open, whole) -> str:
@@ -107,7 +127,8 @@ def as_array(name: str, value, *, low=None, high=None, low_open=False, high_open
     Raises
     ------
     UsageError
-        A ``ValueError`` naming the argument, the offending value and the domain, if any element
+        A ``ValueError`` naming the argument (its ``argument`` is ``name``), the offending value and the domain,
+        if any element
         is not a real number, an integer beyond int64, NaN, infinite (unless ``finite`` is False),
         outside the bounds, or not whole (or not below 2^53) when ``whole`` is set.
     """
@@ -117,45 +138,45 @@ def as_array(name: str, value, *, low=None, high=None, low_open=False, high_open
         try:
             raw = np.asarray(value)
         except (TypeError, ValueError) as error:  # ragged nesting
-            raise UsageError(f"{name} must be {allowed} or an array of them, got {value!r}") from error
+            raise UsageError(f"{name} must be {allowed} or an array of them, got {value!r}", name) from error
     kind = raw.dtype.kind
     if kind not in "iufO":
         raise UsageError(f"{name} must be {allowed}, got {_short(value)} "
-                         f"(of type {type(value).__name__}, dtype {raw.dtype})")
+                         f"(of type {type(value).__name__}, dtype {raw.dtype})", name)
     # Python objects numpy converts silently: [True, 2] to [1, 2], [2**63, 1] to floats, 2**63 to uint64.
     items = raw.ravel().tolist() if kind == "O" else value if isinstance(value, (list, tuple)) and raw.ndim == 1 else ()
     for item in items:
         if isinstance(item, (bool, np.bool_)) or (kind == "O" and not isinstance(item, numbers.Real)):
-            raise UsageError(f"{name} must be {allowed}, got {item!r} (a {type(item).__name__})")
+            raise UsageError(f"{name} must be {allowed}, got {item!r} (a {type(item).__name__})", name)
         if isinstance(item, numbers.Integral) and not _INT64[0] <= item <= _INT64[1]:
-            raise UsageError(f"{name} must be {allowed} {_integer_range(whole)}, got {_short(item)}")
+            raise UsageError(f"{name} must be {allowed} {_integer_range(whole)}, got {_short(item)}", name)
     if kind == "u" and raw.size and raw.max() > _INT64[1]:
-        raise UsageError(f"{name} must be {allowed} {_integer_range(whole)}, got {raw.max()}")
+        raise UsageError(f"{name} must be {allowed} {_integer_range(whole)}, got {raw.max()}", name)
     try:
         array = np.asarray(raw, dtype=float)
     except OverflowError as error:  # Python integers beyond float range
-        raise UsageError(f"{name} must be {allowed} within float range, got {_short(value)}") from error
+        raise UsageError(f"{name} must be {allowed} within float range, got {_short(value)}", name) from error
     nan = np.isnan(array)
     if nan.any():
-        raise UsageError(f"{name} must be {allowed}, got NaN")
+        raise UsageError(f"{name} must be {allowed}, got NaN", name)
     if finite and np.isinf(array).any():
-        raise UsageError(f"{name} must be {allowed}, got {_first(array, np.isinf(array))}")
+        raise UsageError(f"{name} must be {allowed}, got {_first(array, np.isinf(array))}", name)
     if low is not None:
         bad = array <= low if low_open else array < low
         if bad.any():
-            raise UsageError(f"{name} must be {allowed}, got {_first(array, bad)}")
+            raise UsageError(f"{name} must be {allowed}, got {_first(array, bad)}", name)
     if high is not None:
         bad = array >= high if high_open else array > high
         if bad.any():
-            raise UsageError(f"{name} must be {allowed}, got {_first(array, bad)}")
+            raise UsageError(f"{name} must be {allowed}, got {_first(array, bad)}", name)
     if whole:
         bad = np.isinf(array) | (array != np.round(array))
         if bad.any():
-            raise UsageError(f"{name} must be {allowed}, got {_first(array, bad)}")
+            raise UsageError(f"{name} must be {allowed}, got {_first(array, bad)}", name)
         bad = np.abs(array) >= LARGEST_WHOLE
         if bad.any():
             raise UsageError(f"{name} must be {allowed} {_integer_range(whole)}, "
-                             f"got {_first(raw if kind in 'iu' else array, bad)}")
+                             f"got {_first(raw if kind in 'iu' else array, bad)}", name)
     return array
 
 
@@ -199,7 +220,7 @@ def broadcast(**arrays: np.ndarray) -> tuple[int, ...]:
 def one_of(name: str, value, allowed) -> None:
     """Refuse ``value`` unless it is one of the strings ``allowed``, naming them."""
     if not isinstance(value, str) or value not in allowed:
-        raise UsageError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {_short(value)}")
+        raise UsageError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {_short(value)}", name)
 
 
 def writable_folder(name: str, path) -> Path:
@@ -209,14 +230,14 @@ def writable_folder(name: str, path) -> Path:
     """
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
-        raise UsageError(f"{name} {str(folder)!r} is not a folder")
+        raise UsageError(f"{name} {str(folder)!r} is not a folder", name)
     existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
     try:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as error:
         raise UsageError(f"{name} {str(folder)!r} cannot be written ({existing}: {error.strerror}); "
-                         "choose a writable folder") from None
+                         "choose a writable folder", name) from None
     return folder
 
 
@@ -230,9 +251,9 @@ def new_file(name: str, path, overwrite: bool = False) -> Path:
     """
     file = Path(path)
     if file.exists() and not file.is_file():
-        raise UsageError(f"{name} {str(file)!r} is not a regular file (a folder or a device): refusing to replace it")
+        raise UsageError(f"{name} {str(file)!r} is not a regular file (a folder or a device): refusing to replace it", name)
     if file.exists() and not overwrite:
-        raise UsageError(f"{name} {str(file)!r} exists; pass --overwrite to replace it")
+        raise UsageError(f"{name} {str(file)!r} exists; pass --overwrite to replace it", name)
     writable_folder(f"the folder of {name}", file.absolute().parent)
     return file
 
@@ -277,10 +298,10 @@ def torch_device(name: str, device: str) -> None:
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError):
-        raise UsageError(f"{name} {device!r} is not a torch device (cpu, cuda, cuda:1...)") from None
+        raise UsageError(f"{name} {device!r} is not a torch device (cpu, cuda, cuda:1...)", name) from None
     if parsed.type == "cuda":
         if not torch.cuda.is_available():
             raise UsageError(f"{name} {device!r} is not available: this torch ({torch.__version__}) sees no CUDA "
-                             "device; use cpu")
+                             "device; use cpu", name)
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise UsageError(f"{name} {device!r} is not available: {torch.cuda.device_count()} CUDA device(s)")
+            raise UsageError(f"{name} {device!r} is not available: {torch.cuda.device_count()} CUDA device(s)", name)

@@ -8,24 +8,15 @@ into those dimensions, with a torch-free count of the weights of each component
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
-EXPERT_COUNT_KEY = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts", "deepseek_v2": "n_routed_experts",
-                    "deepseek_v3": "n_routed_experts"}
-"""Config keys naming the number of routed experts per layer, by model type (default ``num_experts``)."""
+from moesd import families
+from moesd._checks import UsageError
+from moesd.families import EXPERT_COUNT_KEY, FAMILIES
 
-#: Transformers defaults of the keys that shape a model, where a record may leave them out.
-_SHAPE_DEFAULTS = {
-    "opt": dict(tie_word_embeddings=True, enable_bias=True, do_layer_norm_before=True,
-                _remove_final_layer_norm=False),
-    "deepseek_v2": dict(first_k_dense_replace=0, q_lora_rank=1536, n_shared_experts=2),
-    "deepseek_v3": dict(first_k_dense_replace=3, q_lora_rank=1536, n_shared_experts=1),
-    "qwen2_moe": dict(decoder_sparse_step=1, mlp_only_layers=(), qkv_bias=True),
-    "qwen3_moe": dict(decoder_sparse_step=1, mlp_only_layers=(), attention_bias=False),
-    "qwen3": dict(attention_bias=False),
-    "olmoe": dict(attention_bias=False),
-    "gpt_oss": dict(attention_bias=True),
-}
+__all__ = ["Architecture", "EXPERT_COUNT_KEY", "FAMILIES", "read_config"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +66,29 @@ class Architecture:
         The LM head's matrix, read at every step (the embedding when tied).
     tied_embeddings : bool
         Whether the LM head is the token embedding (not counted twice).
+    head_of : str or None
+        The :data:`moesd.zoo.MODELS` name of the target this is a draft head of (an MTP module, a published
+        EAGLE-3 head: trained on that target's hidden states); None for a model of its own.
+    linear_layers : int
+        Layers with linear attention (Gated DeltaNet, lightning attention) instead of softmax attention over a KV
+        cache; ``linear_params`` their weights each, ``linear_state_values`` the recurrent state of one sequence in
+        each, read and written once per pass whatever the context.
+    index_topk, index_values_per_token, index_flops_per_key, index_params : int
+        DeepSeek Sparse Attention: the keys each query attends to (0: all), the indexer's cached values per token and
+        FLOPs per query and key (it scores every cached token), and its weights per layer.
+    mtp_layers : int
+        Multi-token-prediction modules the config declares (drafts of the target's own: :mod:`moesd.predictor.drafters`).
+    drafter : str or None
+        The kind of draft head this is (:data:`moesd.predictor.drafters.DRAFTERS`: ``"mtp"``, ``"eagle"``,
+        ``"eagle3"``, ``"medusa"``, ``"ngram"``); None for a model of its own.
+    borrowed_params : int
+        Weights it reads that its target holds (a head's shared embedding and LM head): counted in its passes, not in
+        its memory.
+    draft_positions : int
+        Positions one pass proposes (Medusa's heads, all at once); 0 for a drafter that proposes one per pass.
+    fuse_params : int
+        A head's projection fusing the token's embedding with the target's hidden state (an MTP module's
+        ``eh_proj``), priced as one matrix product per pass.
     """
 
     name: str
@@ -106,6 +120,19 @@ class Architecture:
     embedding_params: int
     head_params: int
     tied_embeddings: bool
+    head_of: str | None = None
+    linear_layers: int = 0
+    linear_params: int = 0
+    linear_state_values: int = 0
+    index_topk: int = 0
+    index_values_per_token: int = 0
+    index_flops_per_key: int = 0
+    index_params: int = 0
+    mtp_layers: int = 0
+    drafter: str | None = None
+    borrowed_params: int = 0
+    draft_positions: int = 0
+    fuse_params: int = 0
 
     @property
     def dense_layers(self) -> int:
@@ -114,28 +141,52 @@ class Architecture:
 
     @property
     def attention_params(self) -> int:
-        """Attention weights of one layer."""
+        """Attention weights of one softmax-attention layer."""
         return self.q_params + self.kv_params + self.o_params
+
+    @property
+    def full_layers(self) -> int:
+        """Layers with softmax attention over a KV cache (of the whole context or a window)."""
+        return self.num_layers - self.linear_layers
+
+    @property
+    def attention_weights(self) -> int:
+        """Attention weights of all layers: softmax and linear attention, a sparse-attention indexer."""
+        return (self.full_layers * self.attention_params + self.linear_layers * self.linear_params
+                + self.num_layers * self.index_params)
 
     @classmethod
     def from_config(cls, name: str, model_type: str, config: dict) -> "Architecture":
         """Read the shape of a ``config.json`` (as :meth:`moesd.zoo.ModelSpec.config_dict` returns it).
 
-        Supports the families of :data:`moesd.zoo.MODELS`: ``qwen2``, ``qwen3``, ``qwen2_moe``, ``qwen3_moe``,
-        ``mixtral``, ``olmoe``, ``opt``, ``deepseek_v2``, ``deepseek_v3`` and ``gpt_oss``.
+        Supports the families of :data:`moesd.families.FAMILIES` (and the aliases of
+        :data:`moesd.families.ALIASES`).
+
+        Raises
+        ------
+        UsageError
+            Naming ``model_type`` for another family, or the config key the predictor cannot price.
         """
+        model_type = families.ALIASES.get(model_type, model_type)
         if model_type not in FAMILIES:
-            raise ValueError(f"model_type {model_type!r} has no analytic shape; add it to Architecture")
-        c = {**_SHAPE_DEFAULTS.get(model_type, {}), **config}
+            raise UsageError(f"model_type {model_type!r} has no analytic shape (the families read: "
+                             f"{', '.join(FAMILIES)})", "config.model_type")
+        c = {**families.SHAPE_DEFAULTS.get(model_type, {}), **config}
+        missing = [key for key in ("num_hidden_layers", "hidden_size", "vocab_size", "num_attention_heads")
+                   if c.get(key) is None]
+        if missing:
+            raise UsageError(f"config.json lacks {', '.join(missing)}, which set the {model_type} model's shape",
+                             f"config.{missing[0]}")
         layers = c["num_hidden_layers"]
         experts = c.get(EXPERT_COUNT_KEY.get(model_type, "num_experts")) or 0
-        moe_layers = _moe_layers(model_type, c, experts)
+        moe_layers = families.moe_layer_count(model_type, c, experts)
         return cls(name=name, model_type=model_type, hidden_size=c["hidden_size"], num_layers=layers,
                    moe_layers=moe_layers, vocab_size=c["vocab_size"], num_experts=experts,
                    top_k=(c.get("num_experts_per_tok") or 0) if experts else 0,
-                   tied_embeddings=bool(c.get("tie_word_embeddings", False)),
-                   **_attention(model_type, c), **_feed_forward(model_type, c, experts, moe_layers < layers),
-                   **_norms_and_embeddings(model_type, c))
+                   tied_embeddings=bool(c.get("tie_word_embeddings", False)), mtp_layers=families.mtp_layer_count(model_type, c),
+                   **families.attention_fields(model_type, c),
+                   **families.feed_forward_fields(model_type, c, experts, moe_layers < layers),
+                   **families.norm_fields(model_type, c))
 
     def weight_counts(self) -> dict:
         """Parameters of the whole model per component, counted from the dimensions alone.
@@ -151,7 +202,7 @@ class Architecture:
         """
         counts = {
             "embeddings": self.embedding_params,
-            "attention": self.num_layers * self.attention_params,
+            "attention": self.attention_weights,
             "router": self.moe_layers * self.router_params,
             "shared_experts": self.moe_layers * self.shared_params,
             "routed_experts": self.moe_layers * self.num_experts * self.expert_params,
@@ -159,6 +210,8 @@ class Architecture:
             "norms": self.num_layers * self.norm_params + self.final_norm_params,
             "lm_head": 0 if self.tied_embeddings else self.head_params,
         }
+        if self.fuse_params:
+            counts["fuse"] = self.fuse_params
         total = sum(counts.values())
         experts = counts["routed_experts"]
         fraction = self.top_k / self.num_experts if self.num_experts else 0.0
@@ -166,94 +219,28 @@ class Architecture:
                 "active": total - experts + experts * fraction}
 
 
-FAMILIES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "opt", "deepseek_v2", "deepseek_v3",
-            "gpt_oss")
-"""The ``model_type`` values :meth:`Architecture.from_config` reads."""
+def read_config(path, name: str | None = None) -> Architecture:
+    """The :class:`Architecture` of a model's ``config.json`` (a file, or a folder holding one), read offline.
 
+    A multimodal config's ``text_config`` (Llama 4's) is read with the top level's ``tie_word_embeddings``. The name is
+    ``name``, else the config's ``_name_or_path``, else the folder's name.
 
-def _moe_layers(model_type: str, c: dict, experts: int) -> int:
-    """Layers that route to experts."""
-    layers = c["num_hidden_layers"]
-    if not experts:
-        return 0
-    if model_type in ("deepseek_v2", "deepseek_v3"):
-        return max(0, layers - c["first_k_dense_replace"])
-    if model_type in ("qwen2_moe", "qwen3_moe"):
-        return sum(1 for i in range(layers) if i not in c["mlp_only_layers"] and (i + 1) % c["decoder_sparse_step"] == 0)
-    return layers
-
-
-def _attention(model_type: str, c: dict) -> dict:
-    """The attention fields of an :class:`Architecture`: projections per layer, KV cache per token, FLOPs per key."""
-    d, layers, heads = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
-    kv_heads = c.get("num_key_value_heads") or heads
-    head_dim = c.get("head_dim") or d // heads
-    if model_type in ("deepseek_v2", "deepseek_v3"):
-        nope, rope, v_dim = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
-        kv_lora, q_lora = c["kv_lora_rank"], c["q_lora_rank"]
-        q_params = (d * heads * (nope + rope) if not q_lora
-                    else d * q_lora + q_lora + q_lora * heads * (nope + rope))
-        return dict(attention="mla", num_heads=heads, num_kv_heads=1, q_params=q_params,
-                    kv_params=d * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim),
-                    o_params=heads * v_dim * d,
-                    replicated_attention_params=(d * q_lora + q_lora if q_lora else 0) + d * (kv_lora + rope) + kv_lora,
-                    kv_values_per_token=kv_lora + rope,
-                    attention_flops_per_key=2 * heads * (kv_lora + rope) + 2 * heads * kv_lora,
-                    sliding_window=None, sliding_layers=0)
-    sliding_window, sliding_layers = None, 0
-    bias = {"qwen2": True, "qwen2_moe": c.get("qkv_bias"), "opt": c.get("enable_bias"),
-            "gpt_oss": c.get("attention_bias"), "qwen3_moe": c.get("attention_bias"),
-            "qwen3": c.get("attention_bias"),
-            "olmoe": c.get("attention_bias")}.get(model_type, False)
-    o_bias = model_type in ("opt", "gpt_oss") and bias
-    q_params = d * heads * head_dim + (heads * head_dim if bias else 0)
-    kv_params = 2 * (d * kv_heads * head_dim + (kv_heads * head_dim if bias else 0))
-    o_params = heads * head_dim * d + (d if o_bias else 0)
-    if model_type in ("qwen3", "qwen3_moe"):  # RMSNorm over each head's width
-        q_params, kv_params = q_params + head_dim, kv_params + head_dim
-    elif model_type == "olmoe":  # RMSNorm over all heads
-        q_params, kv_params = q_params + heads * head_dim, kv_params + kv_heads * head_dim
-    elif model_type == "gpt_oss":  # one attention-sink logit per head
-        q_params += heads
-        sliding_window = c.get("sliding_window")
-        types = c.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
-                                         for i in range(layers)]
-        sliding_layers = sum(t == "sliding_attention" for t in types[:layers]) if sliding_window else 0
-    return dict(attention="gqa", num_heads=heads, num_kv_heads=kv_heads, q_params=q_params, kv_params=kv_params,
-                o_params=o_params, replicated_attention_params=0, kv_values_per_token=2 * kv_heads * head_dim,
-                attention_flops_per_key=2 * heads * head_dim + 2 * heads * head_dim,
-                sliding_window=sliding_window, sliding_layers=sliding_layers)
-
-
-def _feed_forward(model_type: str, c: dict, experts: int, has_dense_layers: bool) -> dict:
-    """The feed-forward fields of an :class:`Architecture`: dense FFN, router, routed and shared experts."""
-    d = c["hidden_size"]
-    if model_type == "opt":
-        ffn = c["ffn_dim"]
-        dense_ffn = 2 * d * ffn + (ffn + d if c["enable_bias"] else 0)
-    else:
-        dense_ffn = 3 * d * c["intermediate_size"] if has_dense_layers else 0
-    router = expert = shared = width = 0
-    if experts:
-        width = c.get("moe_intermediate_size") or c["intermediate_size"]
-        expert = 3 * d * width + (2 * width + d if model_type == "gpt_oss" else 0)
-        router = experts * d + (experts if model_type == "gpt_oss" else 0)
-        if model_type == "qwen2_moe":
-            shared = 3 * d * c["shared_expert_intermediate_size"] + d  # and its sigmoid gate
-        elif model_type in ("deepseek_v2", "deepseek_v3"):
-            shared = 3 * d * c["n_shared_experts"] * width
-    return dict(dense_ffn_params=dense_ffn, router_params=router, expert_params=expert, expert_intermediate=width,
-                shared_params=shared)
-
-
-def _norms_and_embeddings(model_type: str, c: dict) -> dict:
-    """The norm, embedding and LM-head fields of an :class:`Architecture`."""
-    d, vocab = c["hidden_size"], c["vocab_size"]
-    if model_type != "opt":
-        return dict(norm_params=2 * d, final_norm_params=d, embedding_params=vocab * d, head_params=vocab * d)
-    proj = c.get("word_embed_proj_dim") or d
-    embedding = vocab * proj + (c["max_position_embeddings"] + 2) * d
-    embedding += 2 * d * proj if proj != d else 0  # project_in and project_out
-    return dict(norm_params=2 * 2 * d,  # two LayerNorms with bias
-                final_norm_params=2 * d if c["do_layer_norm_before"] and not c["_remove_final_layer_norm"] else 0,
-                embedding_params=embedding, head_params=vocab * proj)
+    Raises
+    ------
+    UsageError
+        Naming ``config`` for a path that is no readable JSON config, or the key the predictor cannot price.
+    """
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"config {str(file)!r} cannot be read as a config.json ({error})", "config") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"config {str(file)!r} is not a JSON object", "config")
+    if isinstance(config.get("text_config"), dict):
+        config = {"tie_word_embeddings": config.get("tie_word_embeddings", False), **config["text_config"]}
+    if not config.get("model_type"):
+        raise UsageError(f"config {str(file)!r} has no model_type", "config.model_type")
+    label = name or config.get("_name_or_path") or file.parent.name or file.stem
+    return Architecture.from_config(str(label), config["model_type"], config)

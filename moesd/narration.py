@@ -2,7 +2,7 @@
 predictor's recommendation.
 
 The criteria (:mod:`moesd.paper.criteria`), the claims (:mod:`moesd.paper.verdicts`) and the
-recommendation (:mod:`moesd.model.recommend`) compute statuses, numbers and parts; the words are
+recommendation (:mod:`moesd.predictor.recommend`) compute statuses, numbers and parts; the words are
 written here only: numbers for prose, the phrases of each shape, the summary and sentence of a
 :class:`~moesd.paper.criteria.Verdict` built from its typed parts, and the report ``moesd predict``
 prints. A wording change touches this module alone, and tests assert fields, not sentences.
@@ -414,18 +414,19 @@ def batch_runs(chosen, sizes) -> str:
 
 
 def where_sd_pays(advice, margin: float) -> str:
-    """Where SD is on, marginal or off at one acceptance value (a :class:`moesd.model.recommend.Advice`),
+    """Where SD is on, marginal or off at one acceptance value (a :class:`moesd.predictor.recommend.Advice`),
     and whether the host cost decides it; not judged where nothing fits."""
     sizes = advice.best["batch_size"].to_numpy()
     if not advice.judged:
         return "not judged: nothing fits (the speedups below assume a batch size did)"
     if not len(advice.on) and not len(advice.marginal):
-        text = "SD does not pay at any of these batch sizes: leave it off"
+        text = "SD's error band reaches 1 or below at every one of these batch sizes: leave it off"
     else:
-        parts = [f"SD pays (best speedup > {1 + margin:g}) at {len(advice.on)} of {len(sizes)} batch sizes"
+        parts = [f"SD pays (the best speedup's error band above {1 + margin:g}) at {len(advice.on)} of {len(sizes)} "
+                 "batch sizes"
                  + (f", {batch_runs(advice.on, sizes)}" if len(advice.on) else "")]
         if len(advice.marginal):
-            parts.append(f"marginal (1-{1 + margin:g}) at {batch_runs(advice.marginal, sizes)}")
+            parts.append(f"marginal (the band's low end 1-{1 + margin:g}) at {batch_runs(advice.marginal, sizes)}")
         text = "; ".join(parts)
     if advice.host_decides:
         text += (f" (this depends on the host cost: at --host-ms {advice.other_host_ms:.2g} SD is on at "
@@ -465,10 +466,10 @@ def advice_report(advice, margin: float, length: str | None = None) -> str:
     shown = _thinned(advice.best)
     table = shown.assign(t_target_1=shown["t_target_1"] * 1e3, t_target_gamma=shown["t_target_gamma"] * 1e3,
                          t_draft=shown["t_draft"] * 1e3)[
-        ["batch_size", "gamma", "speedup", "sd", "target_efficiency", "draft_term", "t_target_1",
-         "t_target_gamma", "t_draft"]].rename(columns={
-            "gamma": "best gamma", "sd": "SD", "t_target_1": "T_T(B,1) ms", "t_target_gamma": "T_T(B,g+1) ms",
-            "t_draft": "T_D(B,1) ms"})
+        ["batch_size", "gamma", "speedup", "speedup_low", "speedup_high", "sd", "target_efficiency", "draft_term",
+         "t_target_1", "t_target_gamma", "t_draft"]].rename(columns={
+            "gamma": "best gamma", "speedup_low": "band low", "speedup_high": "band high", "sd": "SD",
+            "t_target_1": "T_T(B,1) ms", "t_target_gamma": "T_T(B,g+1) ms", "t_draft": "T_D(B,1) ms"})
     band = (", the paper's x / sqrt(2) band (>= peak / sqrt(2) and > 1) "
             + (f"B = {advice.band[0]}" if advice.band[0] == advice.band[1] else f"B = {advice.band[0]}-{advice.band[1]}")
             if advice.band else "")
@@ -478,39 +479,60 @@ def advice_report(advice, margin: float, length: str | None = None) -> str:
             + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
 
 
-def predict_setup(target: str, draft: str, recommendation, tp: int, ep: int, draft_tp: int, dtype: str, context: int,
-                  host_ms: float, other_host_ms: float, engine: str | None = None,
-                  step_ms: float | None = None, dp_attention: bool = False, draft_dtype: str | None = None,
-                  draft_topk: int = 1, verify_tokens: int | None = None, step_batch: int = 1) -> str:
-    """The first line of ``moesd predict``: the setup and what the model prices (the draft's dtype, a tree's
-    candidates and verified tokens where not the defaults; the nodes a ``tp`` beyond one node spans)."""
-    hardware = recommendation.hardware
+def predict_setup(setup, target: str, draft: str, other_host_ms: float) -> str:
+    """The first line of ``moesd predict``: the deployment (a :class:`moesd.predictor.setup.Setup`, its models as
+    ``target`` and ``draft`` name them) and what the model prices (the draft's dtype, a tree's candidates and verified
+    tokens, the KV cache's dtype, the sampling temperature where not the defaults; the nodes a ``tp`` beyond one node
+    spans)."""
+    hardware, tp = setup.hardware, setup.tp
     nodes = (f"; --tp {tp} spans {-(-tp // hardware.gpus_per_node)} nodes of {hardware.gpus_per_node} "
              f"{hardware.name} joined by their network" if tp > hardware.gpus_per_node else "")
-    parallel = f"ep {ep}" + (", attention data-parallel" if dp_attention else "")
+    parallel = f"ep {setup.ep}" + (", attention data-parallel" if setup.dp_attention else "")
     drafting = ", ".join(part for part in [
-        f"{draft_dtype} weights" if draft_dtype not in (None, dtype) else "",
-        f"{draft_topk} candidates per position" if draft_topk != 1 else "",
-        f"{verify_tokens} tokens verified per sequence" if verify_tokens is not None else ""] if part)
-    setup = (f"{target} on {tp} x {hardware.name} ({parallel}), draft {draft} on {draft_tp} GPU(s)"
-             + (f" ({drafting})" if drafting else "")
-             + f", {dtype}, context {context} tokens{nodes}; speedup of Eq. 4 predicted by moesd.model.predict ")
-    if engine is not None or step_ms is not None:
-        return setup + ("(roofline at achieved fractions of data-sheet peaks"
-                        + (f", {engine}'s profile" if engine else "")
-                        + (f", a fixed cost per forward pass that makes the plain step at B = {step_batch} your "
-                           f"measured {step_ms:g} ms" if step_ms is not None else "") + ")")
-    return (setup + f"(roofline at achieved fractions of data-sheet peaks, host cost {host_ms:g} ms per forward pass"
-            + (f": where SD pays, an upper bound; for a serving engine give --engine-profile and --step-ms, or "
-               f"--host-ms a host cost per forward pass, e.g. {other_host_ms:.2g} ms from vLLM v0's own profile, "
-               "moesd.paper.predictor_check" if host_ms == 0 else "") + ")")
+        f"{setup.draft_dtype} weights" if setup.draft_dtype not in (None, setup.dtype) else "",
+        f"{setup.draft_topk} candidates per position" if setup.draft_topk != 1 else "",
+        f"{setup.tree_tokens} tokens verified per sequence" if setup.tree_tokens is not None else ""] if part)
+    where = ("(no GPU pass: the drafts are looked up in the context)" if setup.drafting == "free"
+             else f"on {setup.draft_gpus} GPU(s)")
+    extras = "".join([f", {setup.kv_dtype} KV cache" if setup.kv_dtype else "",
+                      f", sampling at temperature {setup.temperature:g}" if setup.temperature else
+                      (", greedy verification" if setup.temperature == 0 else "")])
+    line = (f"{target} on {tp} x {hardware.name} ({parallel}), draft {draft} {where}"
+            + (f" ({drafting})" if drafting else "")
+            + f", {setup.dtype}{extras}, context {setup.context} tokens{nodes}; speedup of Eq. 4 predicted by "
+            "moesd.predictor.predict ")
+    step_ms = None if setup.step_seconds is None else setup.step_seconds * 1e3
+    if setup.engine is not None or step_ms is not None:
+        return line + ("(roofline at achieved fractions of data-sheet peaks"
+                       + (f", {setup.engine.name}'s profile" if setup.engine is not None else "")
+                       + (f", a fixed cost per forward pass that makes the plain step at B = {setup.step_batch_size} "
+                          f"your measured {step_ms:g} ms" if step_ms is not None else "")
+                       + (f", the round at gamma {setup.sd_step_gamma} your measured "
+                          f"{setup.sd_step_seconds * 1e3:g} ms" if setup.sd_step_seconds is not None else "") + ")")
+    host_ms = setup.host_seconds * 1e3
+    return (line + f"(roofline at achieved fractions of data-sheet peaks, host cost {host_ms:g} ms per forward pass"
+            + (f"; for a serving engine give --engine-profile and --step-ms, or --host-ms a host cost per forward "
+               f"pass, e.g. {other_host_ms:.2g} ms from vLLM v0's own profile, moesd.paper.predictor_check"
+               if host_ms == 0 else "") + ")")
+
+
+def band_line(recommendation, margin: float) -> str:
+    """What the error band is (:class:`moesd.predictor.band.ErrorBand`) and how the SD calls use it."""
+    band = recommendation.band
+    how = {"device": "the GPUs' work only", "profile": "an engine profile without a measured step",
+           "anchored": "an engine profile and a measured plain step"}[band.variant]
+    return (f"error band: published speedups have come out at {band.low:.2f}x to {band.high:.2f}x of predictions "
+            f"made as this one is ({how}; the range over the {band.points} points of {band.sources} sources in "
+            f"data/engines/published_speedups.csv, which held for {band.loso_covered} of them when each source was "
+            f"left out of the calibration); SD is on only where the band's low end exceeds {1 + margin:g}")
 
 
 def engine_range(engine: str, recommendation, length: str | None = None) -> str:
-    """Where SD is on at both ends of an engine profile's published cost ranges (``length``: as
-    :func:`acceptance_label` takes it)."""
+    """The sensitivity line: where SD is on at both ends of an engine profile's published cost ranges (``length``:
+    as :func:`acceptance_label` takes it); the constants' spread, not the model's error (that is the band)."""
     sizes = recommendation.judged
-    lines = [f"\nacross {engine}'s published cost ranges (moesd.model.engine.ENGINES):"]
+    lines = [f"\nsensitivity to {engine}'s published cost ranges (moesd.predictor.engine.ENGINES; the constants' "
+             "spread, not the model's error):"]
     for advice, low, high in zip(recommendation.advice, *(recommendation.engine_ends[e] for e in ("low", "high"))):
         runs = [batch_runs(on, sizes) if len(on) else "no batch size" for on in (low, high)]
         lines.append(f"  {acceptance_label(advice, length)}: SD is on at {runs[0]} with the costs that favour it, "
@@ -524,11 +546,18 @@ STEP_NOTE = ("note: a measured plain step (--step-ms, at --step-batch sequences)
 """What ``moesd predict --engine-profile`` without ``--step-ms`` notes."""
 
 
-def predict_notes(recommendation, tp: int, draft_tp: int, engine: str | None = None,
-                  step_ms: float | None = None) -> list:
-    """Notes on a draft head (an EAGLE-3 head's own vocabulary; a head priced on GPUs of its own) and
-    :data:`STEP_NOTE` for an engine profile without a measured step."""
-    notes = [STEP_NOTE] if engine is not None and step_ms is None else []
+def predict_notes(recommendation, setup) -> list:
+    """Notes on the draft (an EAGLE-3 head's own vocabulary; a head priced on GPUs of its own; the n-gram drafter's
+    zero draft cost), on sampling at a temperature, and :data:`STEP_NOTE` for an engine profile without a measured
+    step."""
+    notes = [STEP_NOTE] if setup.engine is not None and setup.step_seconds is None else []
+    if setup.temperature:
+        notes.append("note: at a temperature above 0 give the acceptance measured at that temperature (rejection "
+                     "sampling accepts fewer drafts than greedy verification); the plain step and the round pay "
+                     "the sampling kernels over the vocabulary (moesd.predictor.kernels.sampling_time)")
+    if setup.drafting == "free":
+        notes.append("note: the n-gram drafter looks its drafts up in the context on the host: its draft cost is "
+                     "priced at zero, and its acceptance is the text's (give the one measured on your workload)")
     if not recommendation.draft_head:
         return notes
     target_vocab, draft_vocab = recommendation.vocabularies
@@ -536,15 +565,15 @@ def predict_notes(recommendation, tp: int, draft_tp: int, engine: str | None = N
     if draft_vocab != target_vocab:
         parts.append(f"the draft is an EAGLE-3 head; its {draft_vocab}-token vocabulary maps onto the target's "
                      f"{target_vocab} tokens")
-    if draft_tp < tp:
-        parts.append(f"engines run a draft head on the target's GPUs: --draft-tp {tp} prices that, --draft-tp "
-                     f"{draft_tp} prices it on {draft_tp} GPU(s) of its own")
+    if setup.drafting != "free" and setup.draft_gpus < setup.tp:
+        parts.append(f"engines run a draft head on the target's GPUs: --draft-tp {setup.tp} prices that, --draft-tp "
+                     f"{setup.draft_gpus} prices it on {setup.draft_gpus} GPU(s) of its own")
     return ([f"note: {'; '.join(parts)}"] if parts else []) + notes
 
 
 def memory_lines(recommendation, batch_sizes) -> list:
     """What does not fit, with the changes that make more of ``batch_sizes`` fit
-    (:class:`moesd.model.recommend.Shortfall`), and which batch sizes the advice covers."""
+    (:class:`moesd.predictor.recommend.Shortfall`), and which batch sizes the advice covers."""
     batch = np.asarray(batch_sizes)
     hardware = recommendation.hardware
     lines = []
@@ -572,8 +601,9 @@ def memory_lines(recommendation, batch_sizes) -> list:
 
 def sd_legend(margin: float) -> str:
     """The last paragraph of ``moesd predict``: what on, marginal and off mean and what the table's terms are."""
-    return (f"\nSD: on where the best gamma's speedup exceeds {1 + margin:g}, marginal where it exceeds 1 by less "
-            f"(a margin of {100 * margin:g} %), else off. draft_term: gamma T_D(B,1) / T_T(B,1), the draft's "
+    return (f"\nSD: on where the low end of the best gamma's error band (band low) exceeds {1 + margin:g}, marginal "
+            f"where it exceeds 1 by less (a margin of {100 * margin:g} %), else off: off unless the band is above 1. "
+            "draft_term: gamma T_D(B,1) / T_T(B,1), the draft's "
             "share of Eq. 4's denominator; target_efficiency: T_T(B,1) / T_T(B,gamma+1), where T_T(B,g+1) is the "
             "verification pass (of a tree's verified tokens for a tree).")
 

@@ -18,18 +18,21 @@ model's weights, FLOPs and KV cache, counted analytically.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from moesd._checks import as_array
 from moesd.architecture import EXPERT_COUNT_KEY, Architecture
 
-HF = "https://huggingface.co/{}/blob/main/config.json"
-
 #: Config keys that are widths (scaled by ``width``), per family; the rest are kept.
 _WIDTH_KEYS = ("hidden_size", "intermediate_size", "moe_intermediate_size",
                "shared_expert_intermediate_size", "ffn_dim", "word_embed_proj_dim", "kv_lora_rank",
-               "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "head_dim")
+               "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "head_dim", "rotary_dim",
+               "linear_key_head_dim", "linear_value_head_dim")
+#: Config keys that hold one entry per layer (cut with the layers).
+_PER_LAYER_KEYS = ("layer_types", "attn_type_list", "no_rope_layers")
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,9 @@ class ModelSpec:
         layers = self.num_layers if num_layers is None else num_layers
         as_array(f"num_layers ({self.name})", layers, low=1, high=self.num_layers, whole=True)
         config["num_hidden_layers"] = int(layers)
+        for key in _PER_LAYER_KEYS:
+            if isinstance(config.get(key), list):
+                config[key] = config[key][:int(layers)]
         if top_k is not None:
             if not self.is_moe:
                 raise ValueError(f"top_k applies to MoE models; {self.name} is dense")
@@ -170,7 +176,7 @@ class ModelSpec:
 
         if self.model_type not in CONFIG_MAPPING:
             raise ValueError(f"{self.name}: the installed transformers has no config class for model_type "
-                             f"{self.model_type!r}; the record serves moesd.model.predict (analytic counts) only")
+                             f"{self.model_type!r}; the record serves moesd.predictor.predict (analytic counts) only")
         return AutoConfig.for_model(self.model_type, **{**self.config_dict(num_layers, top_k, width),
                                                         **overrides})
 
@@ -235,10 +241,34 @@ class ModelSpec:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
         total = sum(p.numel() for p in model.parameters())
-        experts = sum(p.numel() for name, p in model.named_parameters() if ".mlp.experts." in name)
+        experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)  # Llama 4: feed_forward
         fraction = (config.num_experts_per_tok / self.num_experts) if self.is_moe else 0.0
         dense = total - experts
         return {"total": total, "experts": experts, "dense": dense, "active": dense + experts * fraction}
+
+
+PAPER_DIMENSIONS = ("num_experts", "num_experts_per_tok", "num_shared_experts", "hidden_size", "moe_intermediate_size",
+                    "shared_expert_intermediate_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "vocab_size")
+"""The dimensions ``moesd.paper.tables.paper_table("models")`` shows for each of the paper's models, read from the
+shipped records by :func:`paper_dimensions` (``data/paper/models.csv`` holds none of them)."""
+
+
+def paper_dimensions(spec: ModelSpec) -> dict:
+    """The :data:`PAPER_DIMENSIONS` of a record, named as the paper's model table names them: experts and shared
+    experts (None for a dense model), their widths (a shared width is all shared experts together; None without),
+    the dense FFN width (OPT's ``ffn_dim``), and the attention heads (KV heads: the heads where the config has none)."""
+    c, arch = spec.config, spec.architecture()
+    shared = (c.get("n_shared_experts", 1 if c.get("shared_expert_intermediate_size") else 0)
+              if spec.is_moe else None)
+    shared_width = (c.get("shared_expert_intermediate_size") or shared * arch.expert_intermediate) if shared else None
+    return {"num_experts": spec.num_experts, "num_experts_per_tok": spec.top_k, "num_shared_experts": shared,
+            "hidden_size": c["hidden_size"], "moe_intermediate_size": arch.expert_intermediate if spec.is_moe else None,
+            "shared_expert_intermediate_size": shared_width,
+            "intermediate_size": c.get("intermediate_size") or c.get("ffn_dim"), "num_hidden_layers": spec.num_layers,
+            "num_attention_heads": c["num_attention_heads"],
+            "num_key_value_heads": c.get("num_key_value_heads") or c["num_attention_heads"],
+            "vocab_size": c["vocab_size"]}
 
 
 def depth_scaled_vocab(name: str, layers: int, multiple: int = 64, min_vocab: int = 256) -> int:
@@ -295,106 +325,67 @@ def _even(value: float) -> int:
     return max(2, 2 * round(value / 2))
 
 
-def _spec(name, hub_id, model_type, role, **config) -> ModelSpec:
-    return ModelSpec(name, hub_id, model_type, config, role, HF.format(hub_id))
+RECORDS = Path(__file__).resolve().parent / "records"
+"""The shipped configs: ``records/models/<name>.json`` (a target's or draft's ``config.json`` keys) and
+``records/heads/<name>.json`` (an EAGLE-3 head's), each with a ``_moesd`` block naming the record and citing its
+source. They are the one source of model dimensions (``data/paper/models.csv`` holds only the paper's facts)."""
+
+ORDER = ("qwen2-57b-a14b", "qwen2-0.5b", "mixtral-8x7b", "opt-30b", "opt-350m", "deepseek-v2-lite",
+         "qwen1.5-moe-a2.7b", "olmoe-1b-7b", "qwen3-30b-a3b", "qwen3-0.6b", "qwen3-235b-a22b", "deepseek-v3",
+         "kimi-k2", "gpt-oss-120b", "mixtral-8x22b")
+"""The records listed first (the paper's, then the book's); the others follow by name."""
 
 
-_QWEN_ROPE = dict(rope_theta=1e6, rms_norm_eps=1e-6)
-_DEEPSEEK_V3 = dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, n_routed_experts=256,
-                    n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=3, num_hidden_layers=61,
-                    num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
-                    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=129280,
-                    n_group=8, topk_group=4, routed_scaling_factor=2.5, norm_topk_prob=True,
-                    rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
-MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
-    _spec("qwen2-57b-a14b", "Qwen/Qwen2-57B-A14B-Instruct", "qwen2_moe", "MoE target (Tables 1-2, Figs. 2-6)",
-          hidden_size=3584, intermediate_size=18944, moe_intermediate_size=2560,
-          shared_expert_intermediate_size=20480, num_experts=64, num_experts_per_tok=8,
-          num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, vocab_size=151936,
-          norm_topk_prob=False, tie_word_embeddings=False, **_QWEN_ROPE),
-    _spec("qwen2-0.5b", "Qwen/Qwen2-0.5B-Instruct", "qwen2", "draft of Qwen2-57B-A14B",
-          hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-          num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, **_QWEN_ROPE),
-    _spec("mixtral-8x7b", "mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral", "MoE target (Table 1, Fig. 2)",
-          hidden_size=4096, intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2,
-          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
-          rope_theta=1e6, rms_norm_eps=1e-5, tie_word_embeddings=False),
-    _spec("opt-30b", "facebook/opt-30b", "opt", "dense target (Figs. 3, 6)",
-          hidden_size=7168, ffn_dim=28672, num_hidden_layers=48, num_attention_heads=56,
-          word_embed_proj_dim=7168, vocab_size=50272, max_position_embeddings=2048,
-          do_layer_norm_before=True),
-    _spec("opt-350m", "facebook/opt-350m", "opt", "draft of OPT-30b",
-          hidden_size=1024, ffn_dim=4096, num_hidden_layers=24, num_attention_heads=16,
-          word_embed_proj_dim=512, vocab_size=50272, max_position_embeddings=2048,
-          do_layer_norm_before=False),
-    _spec("deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite-Chat", "deepseek_v2", "routing (Fig. 1a)",
-          hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408, n_routed_experts=64,
-          n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1, num_hidden_layers=27,
-          num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None,
-          qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=102400,
-          topk_method="greedy", n_group=1, topk_group=1, routed_scaling_factor=1.0,
-          norm_topk_prob=False, tie_word_embeddings=False),
-    _spec("qwen1.5-moe-a2.7b", "Qwen/Qwen1.5-MoE-A2.7B-Chat", "qwen2_moe", "routing (Fig. 1b)",
-          hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408,
-          shared_expert_intermediate_size=5632, num_experts=60, num_experts_per_tok=4,
-          num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16, vocab_size=151936,
-          norm_topk_prob=False, tie_word_embeddings=False, **_QWEN_ROPE),
-    _spec("olmoe-1b-7b", "allenai/OLMoE-1B-7B-0924", "olmoe", "modern MoE (beyond the paper)",
-          hidden_size=2048, intermediate_size=1024, num_experts=64, num_experts_per_tok=8,
-          num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16, vocab_size=50304,
-          rope_theta=1e4, rms_norm_eps=1e-5, tie_word_embeddings=False),
-    _spec("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", "qwen3_moe", "modern MoE (beyond the paper)",
-          hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
-          num_experts_per_tok=8, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
-          head_dim=128, vocab_size=151936, norm_topk_prob=True, tie_word_embeddings=False, **_QWEN_ROPE),
-    _spec("qwen3-0.6b", "Qwen/Qwen3-0.6B", "qwen3", "draft of the Qwen3 MoEs (same tokenizer)",
-          hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-          num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True, **_QWEN_ROPE),
-    _spec("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", "qwen3_moe", "modern MoE (beyond the paper)",
-          hidden_size=4096, intermediate_size=12288, moe_intermediate_size=1536, num_experts=128,
-          num_experts_per_tok=8, num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4,
-          head_dim=128, vocab_size=151936, norm_topk_prob=True, tie_word_embeddings=False, **_QWEN_ROPE),
-    _spec("deepseek-v3", "deepseek-ai/DeepSeek-V3", "deepseek_v3", "modern MoE (beyond the paper)",
-          **_DEEPSEEK_V3),
-    ModelSpec("deepseek-v3-mtp", "deepseek-ai/DeepSeek-V3", "deepseek_v3",
-              {**_DEEPSEEK_V3, "num_hidden_layers": 1, "first_k_dense_replace": 0},
-              "draft of DeepSeek-V3: one decoder layer of its shape, the size of its multi-token-prediction "
-              "module", HF.format("deepseek-ai/DeepSeek-V3") + "; README_WEIGHTS.md of "
-              "deepseek-ai/DeepSeek-V3 (the MTP module is one transformer layer identical to the main "
-              "layers, sharing embedding and head; its eh_proj, 7168 x 14336, is left out)", head_of="deepseek-v3"),
-    _spec("kimi-k2", "moonshotai/Kimi-K2-Instruct", "deepseek_v3", "modern MoE (beyond the paper); its "
-          "config says model_type kimi_k2 with the DeepseekV3ForCausalLM architecture, built here as deepseek_v3",
-          **{**_DEEPSEEK_V3, "num_attention_heads": 64, "num_key_value_heads": 64, "n_routed_experts": 384,
-             "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.827,
-             "vocab_size": 163840, "rope_theta": 50000.0}),
-    _spec("gpt-oss-120b", "openai/gpt-oss-120b", "gpt_oss", "modern MoE (beyond the paper); the "
-          "checkpoint stores experts in MXFP4, predicted here in the dtype asked",
-          hidden_size=2880, intermediate_size=2880, num_local_experts=128, num_experts_per_tok=4,
-          num_hidden_layers=36, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
-          vocab_size=201088, sliding_window=128, attention_bias=True, rope_theta=150000.0,
-          rms_norm_eps=1e-5, tie_word_embeddings=False),
-    _spec("mixtral-8x22b", "mistralai/Mixtral-8x22B-v0.1", "mixtral", "modern MoE (beyond the paper)",
-          hidden_size=6144, intermediate_size=16384, num_local_experts=8, num_experts_per_tok=2,
-          num_hidden_layers=56, num_attention_heads=48, num_key_value_heads=8, vocab_size=32000,
-          rope_theta=1e6, rms_norm_eps=1e-5, tie_word_embeddings=False),
-]}
+def _load(folder: str) -> list:
+    """The shipped records of ``records/<folder>``: ``(metadata, config keys)`` pairs, :data:`ORDER` first."""
+    records = []
+    for path in sorted((RECORDS / folder).glob("*.json")):
+        config = json.loads(path.read_text())
+        records.append((config.pop("_moesd"), config))
+    rank = {name: i for i, name in enumerate(ORDER)}
+    return sorted(records, key=lambda record: (rank.get(record[0]["name"], len(rank)), record[0]["name"]))
+
+
+def _spec(meta: dict, config: dict) -> ModelSpec:
+    config = dict(config)
+    return ModelSpec(meta["name"], meta["hub_id"], config.pop("model_type"), config, meta["role"], meta["source"])
+
+
+def mtp_spec(spec: ModelSpec) -> ModelSpec:
+    """The multi-token-prediction module of ``spec`` as a one-layer record of its shape (MoE where its last layer is)
+    that Transformers can build; the predictor prices it with its fusing projection
+    (:func:`moesd.predictor.drafters.mtp_head`)."""
+    keep = {"num_hidden_layers": 1, "first_k_dense_replace": 0, "num_nextn_predict_layers": 0}
+    config = {**spec.config, **{key: value for key, value in keep.items() if key in spec.config or key == "num_hidden_layers"}}
+    return ModelSpec(f"{spec.name}-mtp", spec.hub_id, spec.model_type, config,
+                     f"draft of {spec.name}: its multi-token-prediction module, one decoder layer of its shape",
+                     spec.source + "; README_WEIGHTS.md of deepseek-ai/DeepSeek-V3 (the MTP module is one transformer "
+                     "layer identical to the main layers, sharing embedding and head, with an eh_proj of 2d x d)",
+                     head_of=spec.name)
+
+
+MODELS: dict[str, ModelSpec] = {}
+"""The shipped model records by name (:data:`RECORDS`); ``deepseek-v3-mtp`` is DeepSeek-V3's MTP module
+(:func:`mtp_spec`)."""
+for _meta, _config in _load("models"):
+    MODELS[_meta["name"]] = _spec(_meta, _config)
+    if _meta["name"] == "deepseek-v3":
+        MODELS["deepseek-v3-mtp"] = mtp_spec(MODELS["deepseek-v3"])
 
 
 @dataclass(frozen=True)
 class DraftHead:
-    """A published EAGLE-3 draft head: the target it drafts for and the dimensions it adds.
+    """A published EAGLE-3 draft head: the target it drafts for and its config's keys.
 
-    Its shape is :func:`moesd.model.layout.eagle3_head` of the target's; these records only name it (the
-    head's checkpoint is not a Hugging Face model class, so it is priced, not built).
+    Its shape is :func:`moesd.predictor.drafters.eagle3_head` of its config (the head's checkpoint is not a Hugging
+    Face model class, so it is priced, not built).
 
     Attributes
     ----------
     name, hub_id, target : str
-        Its short name, its hub id, and the :data:`MODELS` name of its target.
-    draft_vocab_size : int
-        Tokens its LM head scores.
-    intermediate_size : int
-        Its MLP's width.
+        Its short name, its hub id (empty for a training config only), and the :data:`MODELS` name of its target.
+    config : dict
+        The keys of its ``config.json`` (``hidden_size``, heads, ``intermediate_size``, ``draft_vocab_size``...).
     source : str
         Where the numbers come from.
     """
@@ -402,17 +393,22 @@ class DraftHead:
     name: str
     hub_id: str
     target: str
-    draft_vocab_size: int
-    intermediate_size: int
-    source: str
+    config: dict = field(repr=False)
+    source: str = ""
+
+    @property
+    def draft_vocab_size(self) -> int:
+        """Tokens its LM head scores."""
+        return self.config["draft_vocab_size"]
+
+    @property
+    def intermediate_size(self) -> int:
+        """Its MLP's width."""
+        return self.config["intermediate_size"]
 
 
-DRAFT_HEADS: dict[str, DraftHead] = {head.name: head for head in [
-    DraftHead("qwen3-30b-a3b-eagle3", "AngelSlim/Qwen3-a3B_eagle3", "qwen3-30b-a3b", 32000, 6144,
-              "SpecForge's EAGLE-3 configs (LlamaForCausalLMEagle3: one layer of the target's width and heads, "
-              "draft_vocab_size 32000); the MLP width 6144 is the target config's intermediate_size, which gives "
-              "145 M weights, 0.29 GB in bf16, the checkpoint's published size"),
-]}
+DRAFT_HEADS: dict[str, DraftHead] = {meta["name"]: DraftHead(meta["name"], meta["hub_id"], meta["target"], config,
+                                                             meta["source"]) for meta, config in _load("heads")}
 """EAGLE-3 heads by name (``moesd predict --draft`` takes these names)."""
 
 

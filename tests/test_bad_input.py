@@ -34,7 +34,10 @@ from moesd import cli as moesd_cli
 from moesd.measure import analysis
 from moesd.measure import studies as measurements
 from moesd.measure import presets, sweeps
-from moesd.model import diagnostics, fit, forward, predict
+from moesd.model import diagnostics, fit
+from moesd.predictor import forward, memory, predict
+from moesd.predictor.kernels import Efficiency
+from moesd.predictor.setup import Setup
 from moesd.model.measurements import check_measurements, from_sweep
 from moesd.paper import predictor_check as predict_paper
 from moesd.paper import tables as paper
@@ -742,46 +745,57 @@ MEASUREMENTS = [
          "the forward study has no target pass of 1 and 6 tokens per sequence"),
 ]
 
-_PREDICT = dict(target="qwen3-30b-a3b", draft="qwen3-0.6b", hardware="H100", batch_size=[1, 8], gamma=[2, 4],
-                sigma=0.8)
+_PAIR = ("qwen3-30b-a3b", "qwen3-0.6b", "H100")
+_GRID = dict(batch_size=[1, 8], gamma=[2, 4], sigma=0.8)
+
+
+def _predict(*pair, grid=None, **deployment):
+    """``predict_sd`` of the deployment ``pair`` and ``deployment`` over ``_GRID`` with ``grid``'s changes."""
+    return predict.predict_sd(Setup(*(pair or _PAIR), **deployment), **{**_GRID, **(grid or {})})
+
 
 PREDICT = [
-    Case("predict", "an unknown target", lambda: predict.predict_sd(**{**_PREDICT, "target": "gpt-5"}), ValueError,
-         "model must be a moesd.zoo name (qwen2-57b-a14b, qwen2-0.5b, "),
-    Case("predict", "an unknown GPU", lambda: predict.predict_sd(**{**_PREDICT, "hardware": "TPUv5"}), ValueError,
+    Case("predict", "an unknown target", lambda: _predict("gpt-5", "qwen3-0.6b", "H100"), UsageError,
+         "target must be a moesd.zoo name (qwen2-57b-a14b, qwen2-0.5b, "),
+    Case("predict", "an unknown GPU", lambda: _predict("qwen3-30b-a3b", "qwen3-0.6b", "TPUv5"), UsageError,
          "hardware must be one of"),
-    Case("predict", "sigma and alpha both", lambda: predict.predict_sd(**_PREDICT, alpha=0.8), ValueError,
+    Case("predict", "sigma and alpha both", lambda: _predict(grid={"alpha": 0.8}), UsageError,
          "give either sigma or alpha (not both)"),
-    Case("predict", "batch of 0", lambda: predict.predict_sd(**{**_PREDICT, "batch_size": [0, 8]}), ValueError,
+    Case("predict", "batch of 0", lambda: _predict(grid={"batch_size": [0, 8]}), UsageError,
          "batch_size must be a whole number >= 1, got 0"),
-    Case("predict", "fractional gamma", lambda: predict.predict_sd(**{**_PREDICT, "gamma": 2.5}), ValueError,
+    Case("predict", "fractional gamma", lambda: _predict(grid={"gamma": 2.5}), UsageError,
          "gamma must be a whole number >= 1, got 2.5"),
-    Case("predict", "sigma above 1", lambda: predict.predict_sd(**{**_PREDICT, "sigma": 1.5}), ValueError,
+    Case("predict", "sigma above 1", lambda: _predict(grid={"sigma": 1.5}), UsageError,
          "sigma must be a number in (0, 1], got 1.5"),
-    Case("predict", "negative alpha", lambda: predict.predict_sd(**{**_PREDICT, "sigma": None}, alpha=-0.1),
-         ValueError, "alpha must be a number in [0, 1], got -0.1"),
-    Case("predict", "negative context", lambda: predict.predict_sd(**_PREDICT, context=-1), ValueError,
+    Case("predict", "negative alpha", lambda: _predict(grid={"sigma": None, "alpha": -0.1}),
+         UsageError, "alpha must be a number in [0, 1], got -0.1"),
+    Case("predict", "negative context", lambda: _predict(context=-1), UsageError,
          "context must be a whole number >= 0, got -1"),
-    Case("predict", "an unknown dtype", lambda: predict.predict_sd(**_PREDICT, dtype="int3"), ValueError,
-         "dtype must be one of"),
-    Case("predict", "ep not dividing tp", lambda: predict.predict_sd(**_PREDICT, tp=4, ep=3), ValueError,
+    Case("predict", "a negative context axis", lambda: _predict(grid={"context": [-1, 8]}), UsageError,
+         "context must be a whole number >= 0, got -1"),
+    Case("predict", "an unknown dtype", lambda: _predict(dtype="int3"), UsageError, "dtype must be one of"),
+    Case("predict", "ep not dividing tp", lambda: _predict(tp=4, ep=3), UsageError,
          "ep must divide tp, got ep=3, tp=4"),
     Case("predict", "tp not dividing the attention heads",
-         lambda: predict.predict_sd(**{**_PREDICT, "target": "qwen2-57b-a14b"}, tp=8), ValueError,
+         lambda: _predict("qwen2-57b-a14b", "qwen2-0.5b", "H100", tp=8), UsageError,
          "tp must divide the attention heads of qwen2-57b-a14b (28), got 8"),
     Case("predict", "tp neither dividing nor a multiple of the KV heads",
-         lambda: forward.step_time("qwen2-57b-a14b", "H100", 1, 8, tp=7), ValueError,
+         lambda: forward.step_time("qwen2-57b-a14b", "H100", 1, 8, tp=7), UsageError,
          "tp must divide, or be a multiple of, the KV heads of qwen2-57b-a14b (4), got 7"),
-    Case("predict", "unknown verified tokens", lambda: predict.predict_sd(**_PREDICT, verify_tokens="all"),
-         ValueError, "verify_tokens must be 'gamma+1', 'gamma' or a number of tokens, got 'all'"),
+    Case("predict", "unknown verified tokens", lambda: _predict(verify_tokens="all"),
+         UsageError, "verify_tokens must be 'gamma+1', 'gamma' or a number of tokens, got 'all'"),
+    Case("predict", "a host cost beside an Efficiency",
+         lambda: predict.predict_sd(Setup(*_PAIR, host_seconds=1e-3), 1, 2, 0.8,
+                                    efficiency=Efficiency()), UsageError,
+         "efficiency: a host cost (Setup.host_seconds) is an Efficiency's step_seconds"),
     Case("predict", "best gamma of another table", lambda: predict.best_gamma(_frame()), ValueError,
          "frame lacks column(s) batch_size; pass a predict_sd frame"),
-    Case("predict", "memory at a batch of 0", lambda: predict.memory_per_gpu("qwen2-57b-a14b", "H800", 0, 256),
+    Case("predict", "memory at a batch of 0", lambda: memory.memory_per_gpu("qwen2-57b-a14b", "H800", 0, 256),
          ValueError, "batch_size must be a whole number >= 1, got 0"),
     Case("predict", "memory at a negative context",
-         lambda: predict.memory_per_gpu("qwen2-57b-a14b", "H800", 8, -1), ValueError,
+         lambda: memory.memory_per_gpu("qwen2-57b-a14b", "H800", 8, -1), ValueError,
          "context must be a whole number >= 0, got -1"),
-    Case("predict", "memory on 0 GPUs", lambda: predict.memory_per_gpu("qwen2-57b-a14b", "H800", 8, 256, tp=0),
+    Case("predict", "memory on 0 GPUs", lambda: memory.memory_per_gpu("qwen2-57b-a14b", "H800", 8, 256, tp=0),
          ValueError, "tp must be a whole number >= 1, got 0"),
     Case("predict", "an ordering scan of a list", lambda: predict_paper.ordering_scan([None]), ValueError,
          "efficiencies must be a non-empty dict of label to Efficiency or None, got [None]"),
@@ -1085,10 +1099,22 @@ CLI_COMMANDS = [
     cli("predict on 0 GPUs", _predict_argv("--tp", "0"), "--tp must be >= 1, got 0"),
     cli("predict with ep not dividing tp", _predict_argv("--tp", "4", "--ep", "3"), "--ep: ep must divide tp"),
     cli("predict on an unknown GPU", _predict_argv()[:-1] + ["TPU"],
-        "--hardware: hardware must be one of A800, A100, H800, H20, H20-141GB, H100, H200, L40, B200, MI300X, CPU, got 'TPU'"),
+        "--hardware: hardware must be one of A800, A100, H800, H20, H20-141GB, H100, H200, L40, B200, MI300X, B300, GB200, GB300, MI325X, L40S, CPU, got 'TPU'"),
     cli("predict of an unknown model", ["predict", "--target", "gpt-5", "--draft", "qwen3-0.6b", "--hardware", "H100"],
-        "--target/--draft: model must be a moesd.zoo name (qwen2-57b-a14b, "),
+        "--target: target must be a moesd.zoo name (qwen2-57b-a14b, "),
     cli("predict in an unknown dtype", _predict_argv("--dtype", "int3"), "--dtype: dtype must be one of"),
+    cli("predict a round without its plain step", _predict_argv("--sd-step-ms", "30@3"), "--sd-step-ms needs --step-ms"),
+    cli("predict a round without its gamma", _predict_argv("--step-ms", "20", "--sd-step-ms", "30"),
+        "--sd-step-ms must be a round's milliseconds and the gamma it ran at"),
+    cli("predict at a negative temperature", _predict_argv("--temperature", "-1"),
+        "--temperature: temperature must be a number >= 0, got -1"),
+    cli("predict Medusa heads of no count", _predict_argv("--draft", "medusa:x"),
+        "--draft: medusa:K takes a whole number of heads K, got 'medusa:x'"),
+    cli("predict on a GPU without citable peaks", _predict_argv()[:-1] + ["RTX PRO 6000"],
+        "--hardware: hardware RTX PRO 6000: no data-sheet tensor throughput per dtype found"),
+    cli("predict the MTP module of a model without one", ["predict", "--target", "llama-4-scout", "--draft", "mtp",
+                                                          "--hardware", "H100"],
+        "--draft: llama-4-scout's config declares no multi-token-prediction module"),
     cli("predict with a negative host cost", _predict_argv("--host-ms", "-1"),
         "--host-ms must be a finite number >= 0, got -1.0"),
     cli("predict with a host cost of nan", _predict_argv("--host-ms", "nan"), "--host-ms must be a finite number"),
@@ -1097,10 +1123,10 @@ CLI_COMMANDS = [
         ["predict", "--target", "qwen3-235b-a22b", "--draft", "qwen2-0.5b", "--hardware", "H100", "--tp", "8",
          "--draft-tp", "4"], "--draft-tp: draft_tp must divide the attention heads of qwen2-0.5b (14), got 4"),
     cli("predict into a missing folder", lambda tmp: _predict_argv("--csv", str(tmp / "nowhere" / "p.csv")),
-        "--csv: folder ", stops=(("moesd.model.predict", "predict_sd"),)),
+        "--csv: folder ", stops=(("moesd.predictor.predict", "predict_sd"),)),
     cli("predict with a negative context", _predict_argv("--context", "-1"), "--context must be >= 0, got -1"),
     cli("predict into an image type matplotlib lacks", lambda tmp: _predict_argv("--plot", str(tmp / "x.xyz")),
-        "--plot: matplotlib cannot write '.xyz' files; use one of", stops=(("moesd.model.predict", "predict_sd"),)),
+        "--plot: matplotlib cannot write '.xyz' files; use one of", stops=(("moesd.predictor.predict", "predict_sd"),)),
     cli("predict across part of a node", ["predict", "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp",
                                           "--hardware", "H100", "--tp", "12"],
         "--tp: tp must be a multiple of 8 beyond one node, whole nodes of 8 H100 GPUs (a group over part of a node "
@@ -1170,7 +1196,7 @@ def _partial_sweep(tmp: Path) -> Path:
     return tmp
 
 
-_PREDICTING = (("moesd.model.predict", "predict_sd"),)
+_PREDICTING = (("moesd.predictor.predict", "predict_sd"),)
 _FINISHED = json.dumps({"complete": True}).encode()
 
 OUTPUT_FILES = [
@@ -1248,7 +1274,7 @@ def _activated(trace, *args, **options):
 
 
 def _check_dtype(dtype: str):
-    from moesd.model.layout import check_dtype
+    from moesd.predictor.layout import check_dtype
 
     return check_dtype(dtype)
 
@@ -1271,7 +1297,7 @@ def _trace_of_e(num_experts: int) -> traces.RoutingTrace:
 
 BEYOND_INT64, BEYOND_FLOAT_WHOLE = str(10**20), str(2**53 + 1)
 INT64_RANGE, EXACT_WHOLE = "within int64's range [-2^63, 2^63 - 1], got", "below 2^53 = 9007199254740992"
-NO_PREDICTION = (("moesd.model.predict", "predict_sd"),)
+NO_PREDICTION = (("moesd.predictor.predict", "predict_sd"),)
 
 NUMBERS = [
     cli("predict over a grid of too many points", _predict_argv("--batch", "1-100000", "--gamma", "1-20"),
@@ -1291,7 +1317,7 @@ NUMBERS = [
     Case("numbers", "gamma of 1e17 as a float", lambda: speedup.sigma(0.5, 1e17), UsageError,
          f"gamma must be a whole number >= 1 {EXACT_WHOLE} (beyond, a float does not hold every whole number), got 1e+17"),
     Case("numbers", "batch sizes beyond 2**53 in an int64 array",
-         lambda: predict.predict_sd("qwen3-30b-a3b", "qwen3-0.6b", "H100", np.array([1, 2**53 + 1]), 2, alpha=0.8),
+         lambda: predict.predict_sd(Setup(*_PAIR), np.array([1, 2**53 + 1]), 2, alpha=0.8),
          UsageError, f"batch_size must be a whole number >= 1 {EXACT_WHOLE} (beyond, a float does not hold every whole "
          f"number), got {BEYOND_FLOAT_WHOLE}"),
     cli("predict with gamma 10**20 (printed -9223372036854775808)", _predict_argv("--gamma", BEYOND_INT64),
@@ -1357,9 +1383,9 @@ NUMBERS = [
          UsageError, "the expert bitmasks of 50 tokens x 3 layers x E = 1000000000 experts would need about 17.5 GiB"),
     # dtypes: torch's names are aliases; anything else lists both
     Case("numbers", "an unknown weight dtype", lambda: _check_dtype("int8"), ValueError,
-         "(or torch's names float32, bfloat16, float8_e4m3fn), got 'int8'"),
+         "(or torch's names float32, bfloat16, float8_e4m3fn, float8_e5m2), got 'int8'"),
     cli("predict in int8 (lists the dtypes and torch's names)", _predict_argv("--dtype", "int8"),
-        "(or torch's names float32, bfloat16, float8_e4m3fn), got 'int8'",
+        "(or torch's names float32, bfloat16, float8_e4m3fn, float8_e5m2), got 'int8'",
         stops=NO_PREDICTION),
     # hardware records: refused when made, naming the field, not later as an internal time
     Case("numbers", "a record with zero bandwidth", lambda: _with_hardware(memory_bandwidth=0.0), UsageError,
@@ -2024,19 +2050,14 @@ def number_options(draw):
 def test_predict_numbers_parse_exactly_or_are_refused_naming_the_flag(option):
     """Huge, negative, non-finite, non-integral and empty numbers: exact values, or status 2 and one line that
     names the flag; never a traceback, a wrapped or a rounded value."""
-    from moesd.model import recommend
+    from moesd.predictor import recommend
 
     flag, text, expected = option
-    calls = []
 
-    def checked_then_stop(*args, **options):  # the first call checks the options together, the second is the work
-        if calls:
-            raise _Parsed(args, options)
-        calls.append(args)
-        return real(*args, **options)
+    def stop(*args, **options):  # the options were checked together when the Setup was made: this is the work
+        raise _Parsed(args, options)
 
-    real = recommend.recommend
-    with mock.patch.object(recommend, "recommend", checked_then_stop):
+    with mock.patch.object(recommend, "recommend", stop):
         try:
             _run_command(_predict_argv(f"{flag}={text}"))
         except CommandRefused as refused:
@@ -2047,10 +2068,10 @@ def test_predict_numbers_parse_exactly_or_are_refused_naming_the_flag(option):
             args, options = parsed.args
     assert expected is not None, f"{flag}={text!r} was taken"
     if flag in ("--batch", "--gamma"):
-        got = args[3 if flag == "--batch" else 4]
+        got = args[1 if flag == "--batch" else 2]
         assert got.dtype == np.int64 and got.tolist() == expected
     elif flag == "--alpha":
-        assert args[5] == "alpha" and args[6].tolist() == expected
+        assert args[3] == "alpha" and args[4].tolist() == expected
     else:
-        got = options[flag[2:]]
+        got = getattr(args[0], flag[2:])
         assert type(got) is int and got == expected

@@ -359,7 +359,7 @@ def test_pretrained_weights_default_to_real_acceptance():
 
 
 def test_presets_keep_the_paper_settings():
-    from moesd.model.predict import PAPER_BATCH_SIZES
+    from moesd.predictor.predict import PAPER_BATCH_SIZES
     from moesd.zoo import depth_scaled_vocab
 
     sparsity = preset("sparsity")

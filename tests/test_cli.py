@@ -179,7 +179,7 @@ def test_predict_judges_nothing_when_nothing_fits(tmp_path, capsys):
     verdict = next(line for line in out.splitlines() if line.startswith("alpha = 0.8"))
     assert "not judged: nothing fits" in verdict and "SD pays" not in verdict and "leave it off" not in verdict
     rows = [line.split() for line in out.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)]
-    assert len(rows) == 3 and all(row[3:5] == ["not", "judged"] for row in rows)
+    assert len(rows) == 3 and all(row[5:7] == ["not", "judged"] for row in rows)
 
     assert pd.read_csv(csv)["fits"].eq(False).all()
     _predict(capsys, *QWEN3, "--batch", "1,256", "--csv", str(csv), "--overwrite")
@@ -195,7 +195,8 @@ def test_predict_runs_a_draft_head_on_the_target_gpus_by_default(capsys):
 
 
 def test_predict_takes_trees_draft_dtypes_and_the_batch_of_a_measured_step(tmp_path, capsys):
-    from moesd.model.predict import predict_sd
+    from moesd.predictor.predict import predict_sd
+    from moesd.predictor.setup import Setup
 
     csv = tmp_path / "p.csv"
     eagle = ["--target", "qwen3-30b-a3b", "--draft", "qwen3-30b-a3b-eagle3", "--hardware", "H100", "--tp", "2",
@@ -205,9 +206,9 @@ def test_predict_takes_trees_draft_dtypes_and_the_batch_of_a_measured_step(tmp_p
     assert "(fp8 weights, 4 candidates per position, 16 tokens verified per sequence)" in out.splitlines()[0]
     assert "plain step at B = 8 your measured 12 ms" in out.splitlines()[0]
 
-    expected = predict_sd("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", [1, 8], 4, sigma=0.5, tp=2,
-                          context=1024, engine="sglang", draft_topk=4, verify_tokens=16, draft_dtype="fp8",
-                          step_seconds=12e-3, step_batch_size=8)
+    expected = predict_sd(Setup("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", tp=2, context=1024, engine="sglang",
+                                draft_topk=4, verify_tokens=16, draft_dtype="fp8", step_seconds=12e-3,
+                                step_batch_size=8), [1, 8], 4, sigma=0.5)
     np.testing.assert_allclose(pd.read_csv(csv)["speedup"], expected["speedup"], rtol=1e-9)
     for flags, message in ((["--draft-topk", "0"], "--draft-topk must be >= 1, got 0"),
                            (["--draft-topk", "2", "--verify-tokens", "1"], "--verify-tokens must be >= 2, got 1"),

@@ -169,7 +169,7 @@ def test_fig4_attention_dominated_context_tests_the_fall_and_carves_k1_k2_out():
 
 
 def test_attention_dominated_context_is_where_attention_reads_half_the_step():
-    from moesd.model.forward import step_time
+    from moesd.predictor.forward import step_time
     from moesd.measure.regime import attention_dominated_context
 
     contexts = [attention_dominated_context("qwen2-57b-a14b", b, 1) for b in (1, 8, 32, 100)]
@@ -231,3 +231,28 @@ def test_study_regime_takes_the_products_share_where_the_regime_check_measured_i
     other = {**sidecar, "settings": {"target": "qwen2-57b-a14b", "dtype": "float32"}}
     assert not study_regime(rows, other, check).in_regime  # the check timed another dtype
     assert study_regime(rows, {"streaming_share": {"share": IN_REGIME_SHARE}}).in_regime
+
+
+def test_stride_points_rebuild_the_papers_samples_curve_by_curve():
+    from moesd.model.samples import PAPER_CURVES, stride_coverage, stride_points
+
+    points = stride_points(GRID, PAPER_CURVES)
+    coverage = stride_coverage(GRID, PAPER_CURVES)
+    for stride in (25, 20, 18, 1):
+        sample = sv.parse_points(points[stride])
+        assert " ".join(f"{b:g}" for b in sorted(sample["B"].unique())) == coverage[stride]
+        assert len(sample) == -(-len(GRID) * PAPER_CURVES // stride)
+    # m = 12 (stride 20): one point on each curve, all at B <= 40: the per-curve ranges are single points
+    twelve = sv.parse_points(points[20])
+    assert twelve.groupby("K").size().eq(1).all() and twelve["B"].max() == 40
+
+
+def test_eq8_bytes_make_k1_dip_then_rise_below_its_threshold():
+    """With a shared expert as wide as eight routed experts, bytes alone make K = 1's efficiency fall while a decode
+    step's few new experts are outweighed by the shared one, then rise towards T_thres (191)."""
+    sidecar = {"settings": {"target": "qwen2-57b-a14b", "draft": "qwen2-0.5b", "layers": 28, "draft_layers": 24,
+                            "width": 1.0, "vocab_size": 151646, "dtype": "bfloat16", "context": 64}}
+    k1 = v.memory_bound_efficiency(sidecar, [1, 8, 100], 4, top_k=1)
+    assert k1[1] < k1[0] and k1[2] > k1[1] and (k1 <= 1).all()
+    k8 = v.memory_bound_efficiency(sidecar, [1, 8, 100], 4)
+    assert k8[0] < k8[1]  # K = 8 rises from B = 1: its verification adds far more experts

@@ -1,5 +1,5 @@
 """Engine profiles, acceptance by draft position, tiles, 4-bit dtypes, EAGLE-3 heads and the check against
-published engine measurements (moesd.model.engine, moesd.theory.acceptance, moesd.paper.engine_check)."""
+published engine measurements (moesd.predictor.engine, moesd.theory.acceptance, moesd.paper.engine_check)."""
 
 import contextlib
 import dataclasses
@@ -10,11 +10,14 @@ import pandas as pd
 import pytest
 
 from moesd import cli
-from moesd.model.engine import ENGINES, Cost, engine_profile
-from moesd.model.forward import step_time
-from moesd.model.kernels import Efficiency, achieved_rates, grouped_gemm_roofline
-from moesd.model.layout import DTYPE_BYTES, attention_dtype, eagle3_head, ffn_dtype, resolve_model, weights_per_gpu
-from moesd.model.predict import predict_sd
+from moesd.predictor.engine import ENGINES, Cost, engine_profile
+from moesd.predictor.forward import step_time
+from moesd.predictor.kernels import Efficiency, achieved_rates, grouped_gemm_roofline
+from moesd.predictor.layout import DTYPE_BYTES, attention_dtype, ffn_dtype, weights_per_gpu
+from moesd.predictor.drafters import eagle3_head
+from moesd.predictor.models import resolve_model
+from moesd.predictor.predict import predict_sd
+from moesd.predictor.setup import Setup
 from moesd.paper.engine_check import VARIANTS, check_engines, published_speedups
 from moesd.theory.acceptance import alpha_for_acceptance_length, position_acceptance, tokens_per_round
 from moesd.theory.roofline import HARDWARE
@@ -69,9 +72,9 @@ def test_bad_profiles_are_refused():
         SGLANG.at("middle")
 
 
-def _frame(**options):
-    return predict_sd("deepseek-v3", "deepseek-v3-mtp", "H200", [1, 16], [1, 3], tp=8, draft_tp=8, alpha=0.7,
-                      dtype="fp8", context=1024, **options)
+def _frame(alpha_decay=1.0, **deployment):
+    setup = Setup("deepseek-v3", "deepseek-v3-mtp", "H200", tp=8, draft_tp=8, dtype="fp8", context=1024, **deployment)
+    return predict_sd(setup, [1, 16], [1, 3], alpha=0.7, alpha_decay=alpha_decay)
 
 
 def test_the_device_profile_changes_nothing_without_a_step():
@@ -113,15 +116,15 @@ def test_exposed_host_time_adds_to_verification_only():
 
 
 def test_the_anchor_keeps_top_k_and_torch_dtype_names():
-    frame = predict_sd("qwen3-30b-a3b", "qwen3-0.6b", "H100", [1, 8], 2, alpha=0.7, tp=2, top_k=2,
-                       step_seconds=4.5e-3)
+    setup = Setup("qwen3-30b-a3b", "qwen3-0.6b", "H100", tp=2, step_seconds=4.5e-3, context=512)
+    frame = predict_sd(setup, [1, 8], 2, alpha=0.7, top_k=2)
     assert frame.loc[frame.batch_size == 1, "t_target_1"].to_numpy() == pytest.approx(4.5e-3)
-    options = dict(tp=8, draft_tp=8, alpha=0.7, engine="sglang")
-    named = predict_sd("deepseek-v3", "deepseek-v3-mtp", "H20", [1, 64], 2, dtype="float8_e4m3fn", **options)
-    short = predict_sd("deepseek-v3", "deepseek-v3-mtp", "H20", [1, 64], 2, dtype="fp8", **options)
+    named, short = (predict_sd(Setup("deepseek-v3", "deepseek-v3-mtp", "H20", tp=8, draft_tp=8, engine="sglang",
+                                     dtype=dtype, context=512), [1, 64], 2, alpha=0.7)
+                    for dtype in ("float8_e4m3fn", "fp8"))
     np.testing.assert_allclose(named["speedup"], short["speedup"])  # the engine's fp8 tiles either way
     with pytest.raises(ValueError, match="alpha_decay"):
-        predict_sd("qwen3-30b-a3b", "qwen3-0.6b", "H100", 1, 2, sigma=0.5, alpha_decay=0.5)
+        predict_sd(Setup("qwen3-30b-a3b", "qwen3-0.6b", "H100", context=512), 1, 2, sigma=0.5, alpha_decay=0.5)
 
 
 def test_a_step_below_the_roofline_is_refused():
@@ -191,14 +194,25 @@ def test_four_bit_dtypes_quantise_the_routed_experts_only():
 
 
 def test_eagle3_head_by_hand():
+    """SpecForge's LlamaForCausalLMEagle3: q, k, v read 2 d values; fc 3 d x d; MLP; its own 32000-token LM head."""
     head = resolve_model("qwen3-30b-a3b-eagle3")
-    d, q, kv = 2048, 2048 * 32 * 128 + 128, 2 * 2048 * 4 * 128 + 128
+    d, q, kv = 2048, 2 * 2048 * 32 * 128, 2 * 2 * 2048 * 4 * 128
     mlp_and_fc = 3 * d * 6144 + 3 * d * d
-    weights = 2 * q + 2 * kv + 32 * 128 * d + mlp_and_fc + d * 32000 + 2 * d + d
+    weights = q + kv + 32 * 128 * d + mlp_and_fc + d * 32000 + 2 * d + d
     assert weights_per_gpu(head) == pytest.approx(2 * weights)
     assert head.num_layers == 1 and head.num_experts == 0 and head.vocab_size == 32000
-    with pytest.raises(ValueError, match="GQA attention"):
-        eagle3_head("deepseek-v3")
+    assert head.head_of == "qwen3-30b-a3b" and head.drafter == "eagle3"
+
+
+def test_eagle3_heads_of_latent_attention_targets():
+    """An MLA target's head has Llama attention of its heads at its value width: Kimi-K2's 64 heads of 128 give
+    SpecForge's configs/kimi-k2-eagle3.json (64 query and KV heads of 128, MLP 18432) from the target alone."""
+    built, published = eagle3_head("kimi-k2"), resolve_model("kimi-k2-eagle3")
+    for field in ("q_params", "kv_params", "o_params", "dense_ffn_params", "num_heads", "num_kv_heads"):
+        assert getattr(built, field) == getattr(published, field), field
+    assert built.q_params == 2 * 7168 * 64 * 128 and built.dense_ffn_params == 3 * 7168 * 18432 + 3 * 7168 ** 2
+    deepseek = resolve_model("deepseek-v3-eagle3")  # SpecForge's own head: 56 query and 8 KV heads of 128
+    assert (deepseek.num_heads, deepseek.num_kv_heads, deepseek.o_params) == (56, 8, 56 * 128 * 7168)
 
 
 def test_new_hardware_records():
@@ -229,16 +243,16 @@ def test_check_engines_scores_every_variant():
     assert list(check.scores["variant"]) == list(VARIANTS)
     row = check.points.iloc[0]
     alpha = alpha_for_acceptance_length(row["acceptance_length"], row["gamma"])  # a chain: alpha or sigma alike
-    device = predict_sd(row["model"], row["draft"], row["hardware"], row["batch_size"], row["gamma"], tp=row["tp"],
-                        draft_tp=row["tp"], ep=row["ep"], context=row["context"], alpha=alpha, dtype=row["dtype"],
-                        draft_dtype=row["draft_dtype"])
+    setup = Setup(row["model"], row["draft"], row["hardware"], tp=row["tp"], draft_tp=row["tp"], ep=row["ep"],
+                  dtype=row["dtype"], draft_dtype=row["draft_dtype"], context=row["context"])
+    device = predict_sd(setup, row["batch_size"], row["gamma"], alpha=alpha)
     assert check.points["device"].iloc[0] == pytest.approx(device["speedup"].iloc[0])
 
 
 def test_a_tree_scores_its_tokens_and_drafts_topk_per_step():
-    chain = predict_sd("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", 4, 4, sigma=0.5, tp=4, draft_tp=4)
-    tree = predict_sd("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", 4, 4, sigma=0.5, tp=4, draft_tp=4,
-                      verify_tokens=16, draft_topk=4)
+    chain = Setup("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", tp=4, draft_tp=4, context=512)
+    chain, tree = (predict_sd(setup, 4, 4, sigma=0.5)
+                   for setup in (chain, dataclasses.replace(chain, verify_tokens=16, draft_topk=4)))
     head = resolve_model("qwen3-30b-a3b-eagle3")
     assert tree["t_target_gamma"].iloc[0] == pytest.approx(
         step_time("qwen3-30b-a3b", "H100", 16, 4, 512, 4).total.item())
@@ -246,9 +260,9 @@ def test_a_tree_scores_its_tokens_and_drafts_topk_per_step():
     assert chain["t_target_gamma"].iloc[0] < tree["t_target_gamma"].iloc[0]
     assert tree["tokens_per_round"].iloc[0] == pytest.approx(2.5)
     with pytest.raises(ValueError, match="verify_tokens must be"):
-        predict_sd("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", 4, 4, sigma=0.5, verify_tokens="all")
+        Setup("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", verify_tokens="all")
     with pytest.raises(ValueError, match="draft_topk"):
-        predict_sd("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", 4, 4, sigma=0.5, draft_topk=0)
+        Setup("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", draft_topk=0)
 
 
 def test_check_engines_names_the_wrong_signs_and_the_best_draft_lengths():
@@ -282,7 +296,7 @@ def _predict(*extra):
 
 def test_cli_takes_an_engine_a_measured_step_and_an_acceptance_length():
     text = _predict("--acceptance-length", "1.86@3", "--engine-profile", "sglang", "--step-ms", "4.5")
-    assert "alpha = 0.49" in text and "sglang's published cost ranges" in text and "EAGLE-3 head" in text
+    assert "alpha = 0.49" in text and "sensitivity to sglang-spec-v1's published cost ranges" in text and "EAGLE-3 head" in text
 
 
 @pytest.mark.parametrize("extra, fragment", [

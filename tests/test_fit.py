@@ -398,7 +398,7 @@ def test_spread_sample_is_the_stride_sample_where_the_stride_is_whole():
 
 def test_stride_coverage_is_table_3s_coverage_column():
     """The batch sizes of the paper's design covered by each stride, without a frame: the same as stride_sample's."""
-    from moesd.model.predict import PAPER_BATCH_SIZES
+    from moesd.predictor.predict import PAPER_BATCH_SIZES
 
     frame, _ = synthetic()
     coverage = stride_coverage(PAPER_BATCH_SIZES, PAPER_CURVES)

@@ -57,7 +57,7 @@ def _advice(**changes):
 
     import pandas as pd
 
-    from moesd.model.recommend import Advice
+    from moesd.predictor.recommend import Advice
 
     best = pd.DataFrame({"batch_size": [1, 2, 4], "speedup": [1.5, 1.6, 1.7], "sd": ["on"] * 3})
     advice = Advice("alpha", 0.8, best, np.array([1, 2, 4]), np.array([], dtype=int), 1.7, 4, (1, 4), 3.8,
@@ -66,7 +66,7 @@ def _advice(**changes):
 
 
 def test_sd_not_judged_says_so_without_on_or_off():
-    from moesd.model.recommend import NOT_JUDGED
+    from moesd.predictor.recommend import NOT_JUDGED
 
     advice = _advice(judged=False, on=np.array([], dtype=int), host_decides=True,
                      best=_advice().best.assign(sd=NOT_JUDGED))

@@ -9,21 +9,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from moesd._checks import UsageError
 from moesd.model.calibrate import calibrate, measured_device
 from moesd.theory.experts import expected_active_experts, most_loaded_share
-from moesd.model.forward import COMPONENTS, step_time, zipf_popularity
-from moesd.model.kernels import Efficiency, expert_gemm_time, rejection_time
-from moesd.model.engine import engine_profile
-from moesd.model.layout import (DTYPE_BYTES, eagle3_head, one_layer_draft, resolve_model, tensor_parallel_sizes,
-                                weights_per_gpu)
-from moesd.model.predict import (
-    batch_range,
-    best_gamma,
-    check_pair,
-    memory_fit,
-    memory_per_gpu,
-    predict_sd,
-)
+from moesd.predictor.forward import COMPONENTS, step_time, zipf_popularity
+from moesd.predictor.kernels import Efficiency, expert_gemm_time, rejection_time
+from moesd.predictor.engine import engine_profile
+from moesd.predictor.layout import DTYPE_BYTES, tensor_parallel_sizes, weights_per_gpu
+from moesd.predictor.memory import memory_fit, memory_per_gpu
+from moesd.predictor.drafters import eagle3_head
+from moesd.predictor.models import one_layer_draft, resolve_model
+from moesd.predictor.predict import batch_range, best_gamma, predict_sd
+from moesd.predictor.setup import Setup, check_pair
 from moesd.paper.predictor_check import PAPER_ORDERINGS, efficiency_to_match, ordering_scan, paper_orderings
 from moesd.theory.roofline import HARDWARE, hardware_record
 from moesd.theory.speedup import sigma as speedup_sigma
@@ -139,7 +136,8 @@ def test_expert_gemm_time_is_a_roofline_plus_a_fixed_cost():
     assert fp8 / bf16 == pytest.approx(0.5, rel=1e-3)
     assert expert_gemm_time(H100, 8, 1, 64, 64, grouped=False, efficiency=eff) > expert_gemm_time(H100, 8, 1, 64, 64,
                                                                                                   efficiency=eff)
-    assert DTYPE_BYTES == {"fp32": 4, "bf16": 2, "fp8": 1, "w4a8": 0.5 + 2 / 128, "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5625}
+    assert DTYPE_BYTES == {"fp32": 4, "bf16": 2, "fp8": 1, "mxfp8": 1 + 1 / 32, "w4a8": 0.5 + 2 / 128,
+                           "w4a16": 0.5 + 2 / 128, "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5625}
 
 
 def test_popularity_and_callable_routing():
@@ -208,9 +206,9 @@ def test_routing_traces_reach_the_speedup():
     """Correlated routing makes verification cheaper below T_thres: higher target efficiency and speedup than
     Eq. 8 at small B, and the frame still satisfies Eq. 4."""
     trace = routing_trace(60, 12, layers=2, correlated=True, seed=3)
-    options = dict(tp=2, context=256)
-    routed = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", [1, 4, 16], 4, 0.9, routing=trace, **options)
-    uniform = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", [1, 4, 16], 4, 0.9, **options)
+    setup = Setup("qwen2-57b-a14b", "qwen2-0.5b", "H800", tp=2, context=256)
+    routed = predict_sd(setup, [1, 4, 16], 4, 0.9, routing=trace)
+    uniform = predict_sd(setup, [1, 4, 16], 4, 0.9)
     assert (routed["target_efficiency"] > uniform["target_efficiency"]).all()
     assert (routed["speedup"] > uniform["speedup"]).all()
     expected = speedup(routed["sigma"], routed["gamma"], routed["t_target_1"], routed["t_target_gamma"],
@@ -219,7 +217,8 @@ def test_routing_traces_reach_the_speedup():
 
 
 def test_predict_sd_satisfies_eq4_and_has_the_sweep_columns():
-    frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", [1, 16, 64], [2, 4], [0.8, 0.9], tp=2, context=256)
+    frame = predict_sd(Setup("qwen2-57b-a14b", "qwen2-0.5b", "H800", tp=2, context=256),
+                       [1, 16, 64], [2, 4], [0.8, 0.9])
     assert len(frame) == 3 * 2 * 2
     for column in ("batch_size", "gamma", "sigma", "t_target_1", "t_target_gamma", "t_draft", "target_efficiency",
                    "speedup", "tokens_per_round", "verify_term", "draft_term", "reject_term", "t_reject"):
@@ -233,8 +232,8 @@ def test_predict_sd_satisfies_eq4_and_has_the_sweep_columns():
     np.testing.assert_allclose(frame["speedup"], by_hand, rtol=1e-12)
     verify = step_time("qwen2-57b-a14b", "H800", frame["gamma"] + 1, frame["batch_size"], 256, tp=2).total
     np.testing.assert_allclose(frame["t_target_gamma"], verify, rtol=1e-12)
-    gamma_only = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", 16, 4, 0.9, tp=2, context=256,
-                            verify_tokens="gamma")
+    gamma_only = predict_sd(Setup("qwen2-57b-a14b", "qwen2-0.5b", "H800", tp=2, context=256, verify_tokens="gamma"),
+                            16, 4, 0.9)
     assert gamma_only["t_target_gamma"].iloc[0] == pytest.approx(
         step_time("qwen2-57b-a14b", "H800", 4, 16, 256, tp=2).total)
 
@@ -242,10 +241,10 @@ def test_predict_sd_satisfies_eq4_and_has_the_sweep_columns():
 def test_alpha_sets_sigma_per_gamma_by_eq5():
     from moesd.theory.speedup import sigma
 
-    frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", [8, 32], [1, 3, 5], alpha=0.8, tp=2)
+    frame = predict_sd(Setup("qwen2-57b-a14b", "qwen2-0.5b", "H800", tp=2, context=512), [8, 32], [1, 3, 5], alpha=0.8)
     np.testing.assert_allclose(frame["sigma"], sigma(0.8, frame["gamma"]), rtol=1e-12)
     with pytest.raises(ValueError, match="^sigma: give either"):
-        predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", 8, 4, 0.9, alpha=0.8)
+        predict_sd(Setup("qwen2-57b-a14b", "qwen2-0.5b", "H800", context=512), 8, 4, 0.9, alpha=0.8)
 
 
 def test_one_layer_draft_and_weights_per_gpu():
@@ -271,15 +270,16 @@ def test_one_layer_draft_and_weights_per_gpu():
 
 def test_moe_speedup_rises_then_falls_and_the_dense_pair_only_falls():
     B = np.arange(1, 257)
-    moe = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", B, 4, 0.9, tp=2, context=256)
+    moe = predict_sd(Setup("qwen2-57b-a14b", "qwen2-0.5b", "H800", tp=2, context=256), B, 4, 0.9)
     peak = int(moe["speedup"].idxmax())
     assert 0 < peak < len(B) - 1 and moe["speedup"].iloc[peak] > 1.3 * moe["speedup"].iloc[0]
-    dense = predict_sd("opt-30b", "opt-350m", "A800", B, 4, 0.9, tp=2, context=256)
+    dense = predict_sd(Setup("opt-30b", "opt-350m", "A800", tp=2, context=256), B, 4, 0.9)
     assert (np.diff(dense["speedup"]) <= 1e-12).all() and (np.diff(dense["target_efficiency"]) <= 1e-12).all()
 
 
 def test_best_gamma_and_batch_range():
-    frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", np.arange(1, 129), [1, 2, 3, 4], 0.9, tp=2)
+    frame = predict_sd(Setup("qwen2-57b-a14b", "qwen2-0.5b", "H800", tp=2, context=512),
+                       np.arange(1, 129), [1, 2, 3, 4], 0.9)
     best = best_gamma(frame)
     most = frame.groupby("batch_size")["speedup"].max().to_numpy()
     assert len(best) == 128 and (best["speedup"].to_numpy() >= most - 1e-15).all()
@@ -305,23 +305,23 @@ def test_the_paper_band_stops_where_sd_stops_paying_and_is_absent_below_one():
 
 
 def test_a_grid_of_ten_thousand_points_is_one_call():
-    frame = predict_sd("deepseek-v3", "deepseek-v3-mtp", "H200", np.arange(1, 2001), np.arange(1, 6), 0.8, tp=8)
+    frame = predict_sd(Setup("deepseek-v3", "deepseek-v3-mtp", "H200", tp=8, context=512),
+                       np.arange(1, 2001), np.arange(1, 6), 0.8)
     assert len(frame) == 10_000 and np.isfinite(frame["speedup"]).all()
     grid = frame.set_index(["batch_size", "gamma"])
     for B, gamma in ((1, 1), (1000, 3), (2000, 5)):  # each grid point is the point computed alone
-        alone = predict_sd("deepseek-v3", "deepseek-v3-mtp", "H200", B, gamma, 0.8, tp=8).iloc[0]
+        alone = predict_sd(Setup("deepseek-v3", "deepseek-v3-mtp", "H200", tp=8, context=512), B, gamma, 0.8).iloc[0]
         for column in ("t_target_1", "t_target_gamma", "t_draft", "speedup"):
             assert grid.loc[(B, gamma), column] == pytest.approx(alone[column], rel=1e-12)
 
 
 def test_efficiency_to_match_closes_the_gap():
-    options = dict(tp=2, context=256)
-    step = efficiency_to_match(2.0, "qwen2-57b-a14b", "qwen2-0.5b", "H800", np.arange(1, 129), 4, 0.9, **options)
-    frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H800", np.arange(1, 129), 4, 0.9,
-                       efficiency=Efficiency(step_seconds=step), **options)
+    setup = Setup("qwen2-57b-a14b", "qwen2-0.5b", "H800", tp=2, context=256)
+    step = efficiency_to_match(2.0, setup, np.arange(1, 129), 4, 0.9)
+    frame = predict_sd(setup, np.arange(1, 129), 4, 0.9, efficiency=Efficiency(step_seconds=step))
     assert frame["speedup"].max() == pytest.approx(2.0, rel=1e-4) and step > 0
     with pytest.raises(ValueError, match="not reached"):
-        efficiency_to_match(100.0, "qwen2-57b-a14b", "qwen2-0.5b", "H800", [1, 8], 4, 0.9, **options)
+        efficiency_to_match(100.0, setup, [1, 8], 4, 0.9)
 
 
 def test_measured_device_reads_the_sidecar_roofline_as_the_sweeps_dtype():
@@ -436,13 +436,15 @@ def test_calibrate_recovers_known_parameters_and_holds_out_batch_sizes():
     (lambda: rejection_time("H100", 1, 0, 100), "gamma"),
     (lambda: Efficiency(bandwidth_fraction=0), "bandwidth_fraction"),
     (lambda: Efficiency(kernel_seconds=-1), "kernel_seconds"),
-    (lambda: predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 4, 0.1), "sigma"),
-    (lambda: predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 0, 0.9), "gamma"),
-    (lambda: predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 4, 1.5), "sigma"),
-    (lambda: predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 4, 0.9, verify_tokens="all"), "verify_tokens"),
-    (lambda: predict_sd("qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 4, 0.9, draft_tp=0), "draft_tp"),
+    (lambda: predict_sd(Setup("qwen2-57b-a14b", "qwen2-0.5b", "H100", context=512), 8, 4, 0.1), "sigma"),
+    (lambda: predict_sd(Setup("qwen2-57b-a14b", "qwen2-0.5b", "H100", context=512), 8, 0, 0.9), "gamma"),
+    (lambda: predict_sd(Setup("qwen2-57b-a14b", "qwen2-0.5b", "H100", context=512), 8, 4, 1.5), "sigma"),
+    (lambda: predict_sd(Setup("qwen2-57b-a14b", "qwen2-0.5b", "H100", verify_tokens="all", context=512),
+                        8, 4, 0.9), "verify_tokens"),
+    (lambda: predict_sd(Setup("qwen2-57b-a14b", "qwen2-0.5b", "H100", draft_tp=0, context=512), 8, 4, 0.9), "draft_tp"),
     (lambda: best_gamma(pd.DataFrame({"x": [1]})), "frame"),
-    (lambda: efficiency_to_match(2, "qwen2-57b-a14b", "qwen2-0.5b", "H100", 8, 4, 0.9, field="x"), "field"),
+    (lambda: efficiency_to_match(2, Setup("qwen2-57b-a14b", "qwen2-0.5b", "H100", context=512),
+                                 8, 4, 0.9, field="x"), "field"),
     (lambda: calibrate(pd.DataFrame({"role": ["target"]}), "qwen2-0.5b", "CPU"), "forward_frame"),
 ])
 def test_bad_input_names_the_argument(call, name):
@@ -454,7 +456,7 @@ def test_bad_input_names_the_argument(call, name):
 
 
 def test_predict_does_not_import_torch():
-    code = "import sys, moesd.model.predict; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, moesd.predictor.predict; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -527,7 +529,7 @@ def test_cli_host_cost_adds_to_every_forward_and_sd_off_is_said(capsys, tmp_path
     main(["predict", "--target", "qwen2-57b-a14b", "--draft", "qwen2-0.5b", "--hardware", "A800", "--tp", "2",
           "--batch", "1,32", "--alpha", "0"])  # nothing accepted: a round emits one token and costs more
     printed = capsys.readouterr().out
-    assert "SD does not pay at any of these batch sizes: leave it off" in printed
+    assert "SD's error band reaches 1 or below at every one of these batch sizes: leave it off" in printed
     assert re.search(r"\d\s+off\s+\d", printed) and not re.search(r"\d\s+on\s+\d", printed)  # the SD column
 
 
@@ -612,28 +614,30 @@ def test_hardware_is_found_by_name_in_any_case():
 
 
 def test_cli_lists_where_sd_is_on_and_marginal_as_unbroken_runs(capsys, tmp_path):
-    """The verdict names every run of batch sizes where the best speedup exceeds 1 + SD_MARGIN ('on') and
-    where it exceeds 1 by less ('marginal'), gaps included; the SD column agrees row by row."""
+    """The verdict names every run of batch sizes where the low end of the best speedup's error band exceeds
+    1 + SD_MARGIN ('on') and where it exceeds 1 by less ('marginal'); the SD column agrees row by row."""
     from moesd.cli import main
-    from moesd.model.recommend import SD_MARGIN
+    from moesd.predictor.recommend import SD_MARGIN
 
     out = tmp_path / "p.csv"
     main(["predict", "--target", "qwen1.5-moe-a2.7b", "--draft", "qwen2-0.5b", "--hardware", "H100", "--alpha",
-          "0.55", "--batch", "1-24", "--csv", str(out)])  # 24 rows: the table shows every one
+          "0.8", "--batch", "1-24", "--csv", str(out)])  # 24 rows: the table shows every one
     printed = capsys.readouterr().out
-    best = best_gamma(pd.read_csv(out))
+    frame = pd.read_csv(out)
+    best = frame.loc[frame.groupby("batch_size")["speedup"].idxmax()]
+    np.testing.assert_allclose(best["speedup_low"] / best["speedup"], best["speedup_low"].iloc[0] / best["speedup"].iloc[0])
 
     def listed(sizes):
         runs = np.split(sizes, np.flatnonzero(np.diff(sizes) > 1) + 1)
         return runs, ", ".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
-    on = best.loc[best["speedup"] > 1 + SD_MARGIN, "batch_size"].to_numpy()
-    marginal = best.loc[(best["speedup"] > 1) & (best["speedup"] <= 1 + SD_MARGIN), "batch_size"].to_numpy()
-    (_, on_text), (marginal_runs, marginal_text) = listed(on), listed(marginal)
-    assert len(marginal_runs) > 1 and len(on) and len(marginal)  # a gap: a test of the listing, not of one range
+    on = best.loc[best["speedup_low"] > 1 + SD_MARGIN, "batch_size"].to_numpy()
+    marginal = best.loc[(best["speedup_low"] > 1) & (best["speedup_low"] <= 1 + SD_MARGIN), "batch_size"].to_numpy()
+    (_, on_text), (_, marginal_text) = listed(on), listed(marginal)
+    assert len(on) and len(marginal)
     assert f"at {len(on)} of {len(best)} batch sizes, B = {on_text};" in printed
-    assert f"marginal (1-{1 + SD_MARGIN:g}) at B = {marginal_text} " in printed
-    rows = {int(line.split()[0]): line.split()[3] for line in printed.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)}
+    assert f"marginal (the band's low end 1-{1 + SD_MARGIN:g}) at B = {marginal_text} " in printed
+    rows = {int(line.split()[0]): line.split()[5] for line in printed.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)}
     assert {b for b, sd in rows.items() if sd == "marginal"} == set(marginal.tolist())
     assert {b for b, sd in rows.items() if sd == "on"} == set(on.tolist())
 
@@ -673,7 +677,8 @@ def test_step_time_accepts_exactly_the_tensor_parallel_sizes_listed():
 
 
 def test_memory_fit_places_target_and_draft_as_predict_sd_does():
-    fit = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", [1, 100, 1000], 4096, tp=8, draft_tp=1, dtype="fp8")
+    fit = memory_fit(Setup("deepseek-v3", "deepseek-v3-mtp", "H200", tp=8, draft_tp=1, dtype="fp8"),
+                     [1, 100, 1000], 4096)
     target = memory_per_gpu("deepseek-v3", "H200", [1, 100, 1000], 4096, tp=8, dtype="fp8")
     draft = memory_per_gpu("deepseek-v3-mtp", "H200", [1, 100, 1000], 4096, tp=1, dtype="fp8")
     np.testing.assert_array_equal(fit["target_bytes"], target)
@@ -681,9 +686,9 @@ def test_memory_fit_places_target_and_draft_as_predict_sd_does():
     capacity = HARDWARE["H200"].memory_bytes
     assert fit["fits"].tolist() == ((target <= capacity) & (draft <= capacity)).tolist() == [True, True, False]
     with pytest.raises(ValueError, match="^draft_tp must equal tp"):
-        memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", 1, 4096, tp=8, draft_tp=1, shared=True)
+        memory_fit(Setup("deepseek-v3", "deepseek-v3-mtp", "H200", tp=8, draft_tp=1, shared=True), 1, 4096)
     # a draft too large for its one GPU fails every batch size, whatever the target
-    assert not memory_fit("qwen3-30b-a3b", "qwen3-235b-a22b", "H100", [1, 2], 1024)["fits"].any()
+    assert not memory_fit(Setup("qwen3-30b-a3b", "qwen3-235b-a22b", "H100"), [1, 2], 1024)["fits"].any()
 
 
 def test_memory_fit_adds_a_head_on_the_target_gpus_to_their_memory():
@@ -692,26 +697,27 @@ def test_memory_fit_adds_a_head_on_the_target_gpus_to_their_memory():
     sizes, capacity = [1, 100, 1000], HARDWARE["H200"].memory_bytes
     target = memory_per_gpu("deepseek-v3", "H200", sizes, 4096, tp=8, dtype="fp8")
     head = memory_per_gpu("deepseek-v3-mtp", "H200", sizes, 4096, tp=8, dtype="fp8")
-    together = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", sizes, 4096, tp=8, dtype="fp8")
+    together = memory_fit(Setup("deepseek-v3", "deepseek-v3-mtp", "H200", tp=8, dtype="fp8"), sizes, 4096)
     np.testing.assert_array_equal(together["target_bytes"], target + head)
     np.testing.assert_array_equal(together["draft_bytes"], head)
     assert together["fits"].tolist() == (target + head <= capacity).tolist()
-    explicit = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", sizes, 4096, tp=8, draft_tp=8, dtype="fp8",
-                          shared=True)
+    explicit = memory_fit(Setup("deepseek-v3", "deepseek-v3-mtp", "H200", tp=8, draft_tp=8, dtype="fp8", shared=True),
+                          sizes, 4096)
     pd.testing.assert_frame_equal(explicit, together)
-    apart = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", sizes, 4096, tp=8, dtype="fp8", draft_hardware="H100")
+    apart = memory_fit(Setup("deepseek-v3", "deepseek-v3-mtp", "H200", tp=8, dtype="fp8", draft_hardware="H100"),
+                       sizes, 4096)
     np.testing.assert_array_equal(apart["target_bytes"], target)  # not on the target's GPUs: by default one H100
     np.testing.assert_array_equal(apart["draft_bytes"], memory_per_gpu("deepseek-v3-mtp", "H100", sizes, 4096,
                                                                        dtype="fp8"))
-    separate = memory_fit("qwen3-235b-a22b", "qwen3-0.6b", "H200", 64, 4096, tp=8)
-    shared = memory_fit("qwen3-235b-a22b", "qwen3-0.6b", "H200", 64, 4096, tp=8, shared=True)
+    separate = memory_fit(Setup("qwen3-235b-a22b", "qwen3-0.6b", "H200", tp=8), 64, 4096)
+    shared = memory_fit(Setup("qwen3-235b-a22b", "qwen3-0.6b", "H200", tp=8, shared=True), 64, 4096)
     assert shared["draft_bytes"].item() == pytest.approx(memory_per_gpu("qwen3-0.6b", "H200", 64, 4096, tp=8).item())
     assert shared["target_bytes"].item() == separate["target_bytes"].item() + shared["draft_bytes"].item()
     with pytest.raises(ValueError, match="^draft_hardware: a draft on the target's GPUs"):
-        memory_fit("qwen3-235b-a22b", "qwen3-0.6b", "H200", 64, 4096, tp=8, shared=True, draft_hardware="H100")
+        memory_fit(Setup("qwen3-235b-a22b", "qwen3-0.6b", "H200", tp=8, shared=True, draft_hardware="H100"), 64, 4096)
     # a 30B draft (61 GB in bf16) fits one H200 (141 GB) but not the L40 (48 GB) it is given
-    assert memory_fit("qwen3-235b-a22b", "qwen3-30b-a3b", "H200", 1, 1024, tp=8)["fits"].item()
-    on_l40 = memory_fit("qwen3-235b-a22b", "qwen3-30b-a3b", "H200", 1, 1024, tp=8, draft_hardware="L40")
+    assert memory_fit(Setup("qwen3-235b-a22b", "qwen3-30b-a3b", "H200", tp=8), 1, 1024)["fits"].item()
+    on_l40 = memory_fit(Setup("qwen3-235b-a22b", "qwen3-30b-a3b", "H200", tp=8, draft_hardware="L40"), 1, 1024)
     assert not on_l40["fits"].item() and on_l40["draft_bytes"].item() > HARDWARE["L40"].memory_bytes
 
 
@@ -720,20 +726,20 @@ def test_a_draft_that_cannot_serve_the_target_is_refused():
     vocabulary; predict_sd and memory_fit refuse what check_pair refuses, and the paper's pairs pass."""
     with pytest.raises(ValueError, match=r"^draft: qwen3-30b-a3b-eagle3 is a draft head of qwen3-30b-a3b and cannot "
                                          r"draft for deepseek-v3 \(hidden size 2048 against deepseek-v3's 7168\)"):
-        predict_sd("deepseek-v3", "qwen3-30b-a3b-eagle3", "H200", 8, 2, 0.8, tp=8)
+        predict_sd(Setup("deepseek-v3", "qwen3-30b-a3b-eagle3", "H200", tp=8, context=512), 8, 2, 0.8)
     kimi = "^draft: deepseek-v3-mtp is a draft head of deepseek-v3 and cannot draft for kimi-k2: "  # same width
     with pytest.raises(ValueError, match=kimi):
-        predict_sd("kimi-k2", "deepseek-v3-mtp", "H200", 8, 2, 0.8, tp=8, dtype="fp8")
+        predict_sd(Setup("kimi-k2", "deepseek-v3-mtp", "H200", tp=8, dtype="fp8", context=512), 8, 2, 0.8)
     with pytest.raises(ValueError, match=kimi):
-        memory_fit("kimi-k2", "deepseek-v3-mtp", "H200", 8, 1024, tp=8, dtype="fp8")
+        memory_fit(Setup("kimi-k2", "deepseek-v3-mtp", "H200", tp=8, dtype="fp8"), 8, 1024)
     for head, owner in (("qwen3-30b-a3b-eagle3", "qwen3-30b-a3b"), ("deepseek-v3-mtp", "deepseek-v3")):
         with pytest.raises(ValueError, match=f"^target: {head} is a draft head of {owner}, not a model to serve"):
-            predict_sd(head, "qwen3-0.6b", "H100", 8, 2, 0.8)
+            predict_sd(Setup(head, "qwen3-0.6b", "H100", context=512), 8, 2, 0.8)
     vocabulary = r"^draft: qwen3-0.6b's vocabulary has 151936 tokens, mixtral-8x7b's 32000: "
     with pytest.raises(ValueError, match=vocabulary):
-        predict_sd("mixtral-8x7b", "qwen3-0.6b", "H100", 8, 2, 0.8)
+        predict_sd(Setup("mixtral-8x7b", "qwen3-0.6b", "H100", context=512), 8, 2, 0.8)
     with pytest.raises(ValueError, match=vocabulary):
-        memory_fit("mixtral-8x7b", "qwen3-0.6b", "H100", 8, 1024)
+        memory_fit(Setup("mixtral-8x7b", "qwen3-0.6b", "H100"), 8, 1024)
     # heads of the target's own, by zoo name or by shape (an EAGLE-3 head keeps its own vocabulary)
     assert check_pair("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3") and check_pair("deepseek-v3", "deepseek-v3-mtp")
     assert check_pair("qwen3-30b-a3b", eagle3_head("qwen3-30b-a3b")) and check_pair("kimi-k2", one_layer_draft("kimi-k2"))
@@ -741,29 +747,32 @@ def test_a_draft_that_cannot_serve_the_target_is_refused():
 
 
 def test_draft_tp_defaults_to_the_target_gpus_for_a_head_and_one_gpu_for_a_separate_draft():
-    head = dict(target="deepseek-v3", draft="deepseek-v3-mtp", hardware="H200", batch_size=[1, 64], gamma=2,
-                sigma=0.8, tp=8, dtype="fp8")
-    pd.testing.assert_frame_equal(predict_sd(**head), predict_sd(**head, draft_tp=8))
-    assert (predict_sd(**head, draft_tp=1)["t_draft"] > predict_sd(**head)["t_draft"]).all()  # integers as given
-    separate = dict(target="qwen2-57b-a14b", draft="qwen2-0.5b", hardware="H800", batch_size=[1, 64], gamma=2,
-                    sigma=0.8, tp=2)
-    pd.testing.assert_frame_equal(predict_sd(**separate), predict_sd(**separate, draft_tp=1))
-    assert not predict_sd(**separate).equals(predict_sd(**separate, draft_tp=2))
-    pd.testing.assert_frame_equal(memory_fit("qwen2-57b-a14b", "qwen2-0.5b", "H800", [1, 64], 256, tp=2),
-                                  memory_fit("qwen2-57b-a14b", "qwen2-0.5b", "H800", [1, 64], 256, tp=2, draft_tp=1))
+    def predict(**deployment):
+        return predict_sd(Setup(**deployment, context=512), [1, 64], 2, 0.8)
+
+    head = dict(target="deepseek-v3", draft="deepseek-v3-mtp", hardware="H200", tp=8, dtype="fp8")
+    pd.testing.assert_frame_equal(predict(**head), predict(**head, draft_tp=8))
+    assert (predict(**head, draft_tp=1)["t_draft"] > predict(**head)["t_draft"]).all()  # integers as given
+    assert Setup(**head).draft_gpus == 8
+    separate = dict(target="qwen2-57b-a14b", draft="qwen2-0.5b", hardware="H800", tp=2)
+    pd.testing.assert_frame_equal(predict(**separate), predict(**separate, draft_tp=1))
+    assert not predict(**separate).equals(predict(**separate, draft_tp=2))
+    assert Setup(**separate).draft_gpus == 1
+    pd.testing.assert_frame_equal(memory_fit(Setup("qwen2-57b-a14b", "qwen2-0.5b", "H800", tp=2), [1, 64], 256),
+                                  memory_fit(Setup("qwen2-57b-a14b", "qwen2-0.5b", "H800", tp=2, draft_tp=1),
+                                             [1, 64], 256))
 
 
 def test_draft_topk_prices_every_draft_step_but_a_head_s_extend_pass():
     """Each of the gamma draft steps is a pass of draft_topk tokens per sequence; with an engine that runs a head's
     extend pass, that pass gives the first position and the other gamma - 1 steps score draft_topk tokens each."""
-    pair = ("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", 4, 3)
-    options = dict(sigma=0.5, tp=4, draft_topk=4)
-    plain = predict_sd(*pair, **options)
+    setup = Setup("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", tp=4, draft_topk=4, context=512)
+    plain = predict_sd(setup, 4, 3, 0.5)
     head = resolve_model("qwen3-30b-a3b-eagle3")
     assert plain["t_draft"].item() == pytest.approx(step_time(head, "H100", 4, 4, 512, 4).total.item())
     sglang = engine_profile("sglang")
-    extend = predict_sd(*pair, engine=sglang, **options)
-    steps = predict_sd(*pair, engine=dataclasses.replace(sglang, draft_extend=False), **options)
+    extend = predict_sd(dataclasses.replace(setup, engine=sglang), 4, 3, 0.5)
+    steps = predict_sd(dataclasses.replace(setup, engine=dataclasses.replace(sglang, draft_extend=False)), 4, 3, 0.5)
     assert extend["t_draft_extend"].item() > 0 == steps["t_draft_extend"].item()
     assert 3 * extend["t_draft"].item() - extend["t_draft_extend"].item() == pytest.approx(2 * steps["t_draft"].item())
 
@@ -796,14 +805,17 @@ def test_cli_suggests_only_what_exists_when_a_setup_does_not_fit(capsys):
 
 
 def test_cli_says_where_sd_is_marginal_and_when_the_host_cost_decides(capsys):
-    """At the default host cost 0 qwen3-30b-a3b is on at B = 1-16; vLLM v0's host cost turns the smallest off."""
-    from moesd.model.recommend import SD_MARGIN
+    """At the default host cost 0 qwen3-30b-a3b at alpha 0.95 is on at some batch sizes; vLLM v0's host cost
+    changes where."""
+    from moesd.predictor.recommend import SD_MARGIN
 
     printed = _predict_cli(capsys, "--target", "qwen3-30b-a3b", "--draft", "qwen3-0.6b", "--hardware", "H100",
-                           "--batch", "1-16")
-    verdict = next(line for line in printed.splitlines() if line.startswith("alpha = 0.8"))
-    assert f"SD pays (best speedup > {1 + SD_MARGIN:g}) at 16 of 16 batch sizes, B = 1-16" in verdict
-    assert re.search(r"this depends on the host cost: at --host-ms 3\.8 SD is on at B = \d+-16\)", verdict)
+                           "--batch", "1-16", "--alpha", "0.95")
+    verdict = next(line for line in printed.splitlines() if line.startswith("alpha = 0.95"))
+    assert re.search(rf"SD pays \(the best speedup's error band above {1 + SD_MARGIN:g}\) at \d+ of 16 batch sizes, "
+                     r"B = [\d, -]+", verdict)
+    assert re.search(r"this depends on the host cost: at --host-ms 3\.8 SD is on at (B = [\d, -]+|no batch size)\)",
+                     verdict)
     assert f"a margin of {100 * SD_MARGIN:g} %" in printed
 
 
@@ -837,7 +849,7 @@ def test_a_heatmap_of_one_batch_size_fills_its_cells():
 
     from moesd.plots import speedup_heatmap
 
-    frame = predict_sd("qwen3-30b-a3b", "qwen3-0.6b", "H100", 8, [1, 2, 3], alpha=0.8)
+    frame = predict_sd(Setup("qwen3-30b-a3b", "qwen3-0.6b", "H100", context=512), 8, [1, 2, 3], alpha=0.8)
     figure = speedup_heatmap(frame)
     mesh = figure.axes[0].collections[0]
     assert mesh.get_array().size == 3
@@ -936,16 +948,18 @@ def test_dp_attention_reaches_memory_predict_sd_and_the_cli(capsys):
     held = memory_per_gpu("deepseek-v3", "H200", [8, 9], 1024, tp=8, dtype="fp8", dp_attention=True)
     np.testing.assert_allclose(held - weights_per_gpu("deepseek-v3", "fp8", 8, dp_attention=True),
                                [1, 2] * np.array(61 * 1024 * 576 * 2.0), rtol=1e-12)
-    fit = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", [8, 9], 1024, tp=8, draft_tp=1, dtype="fp8",
-                     dp_attention=True)
+    fit = memory_fit(Setup("deepseek-v3", "deepseek-v3-mtp", "H200", tp=8, draft_tp=1, dtype="fp8", dp_attention=True),
+                     [8, 9], 1024)
     np.testing.assert_array_equal(fit["target_bytes"], held)
     # the MTP head on the target's GPUs runs as the target does (predict_sd's draft_dp), and adds to their memory
     head = memory_per_gpu("deepseek-v3-mtp", "H200", [8, 9], 1024, tp=8, ep=8, dtype="fp8", dp_attention=True)
-    fit = memory_fit("deepseek-v3", "deepseek-v3-mtp", "H200", [8, 9], 1024, tp=8, dtype="fp8", dp_attention=True)
+    fit = memory_fit(Setup("deepseek-v3", "deepseek-v3-mtp", "H200", tp=8, dtype="fp8", dp_attention=True),
+                     [8, 9], 1024)
     np.testing.assert_array_equal(fit["draft_bytes"], head)
     np.testing.assert_array_equal(fit["target_bytes"], held + head)
-    frame = predict_sd("deepseek-v3", "deepseek-v3-mtp", "H200", [1, 64], 2, alpha=0.7, tp=16, dtype="fp8",
-                       dp_attention=True)
+    frame = predict_sd(Setup("deepseek-v3", "deepseek-v3-mtp", "H200", tp=16, dtype="fp8", dp_attention=True,
+                             context=512),
+                       [1, 64], 2, alpha=0.7)
     t1 = step_time("deepseek-v3", "H200", 1, [1, 64], 512, tp=16, dtype="fp8", dp_attention=True).total
     np.testing.assert_allclose(frame["t_target_1"], t1, rtol=1e-12)
     printed = _predict_cli(capsys, "--target", "deepseek-v3", "--draft", "deepseek-v3-mtp", "--hardware", "H200",
@@ -954,21 +968,24 @@ def test_dp_attention_reaches_memory_predict_sd_and_the_cli(capsys):
 
 
 def test_a_tree_offers_at_most_its_capacity_and_emits_at_most_what_it_verifies():
-    from moesd.model.predict import tree_capacity
+    from moesd.predictor.predict import tree_capacity
 
     # SGLang's trees: k candidates at the first step, k^2 at each later one, and the last verified token
     assert tree_capacity(4, 4) == 1 + 4 + 3 * 16 and tree_capacity(2, 4) == 21 and tree_capacity(5, 1) == 6
-    head = dict(target="qwen3-30b-a3b", draft="qwen3-30b-a3b-eagle3", hardware="H100", batch_size=4, tp=4)
-    with pytest.raises(ValueError, match="^verify_tokens: a tree of gamma = 1 draft steps of 4 candidates offers "
-                                         "at most 5 tokens per sequence, got 16"):
-        predict_sd(**head, gamma=1, sigma=0.5, draft_topk=4, verify_tokens=16)
-    with pytest.raises(ValueError, match="^verify_tokens: a round emits at most the 4 tokens it verifies"):
-        predict_sd(**head, gamma=5, alpha=0.9, draft_topk=4, verify_tokens=4)  # sigma(0.9, 5) 6 = 4.69 > 4
-    assert predict_sd(**head, gamma=4, sigma=0.8, draft_topk=4, verify_tokens=4)["tokens_per_round"].item() == 4
+    def tree(tokens):
+        return Setup("qwen3-30b-a3b", "qwen3-30b-a3b-eagle3", "H100", tp=4, draft_topk=4, verify_tokens=tokens)
+
+    with pytest.raises(UsageError, match="^verify_tokens: a tree of gamma = 1 draft steps of 4 candidates offers "
+                                         "at most 5 tokens per sequence, got 16") as error:
+        predict_sd(tree(16), 4, 1, 0.5)
+    assert error.value.argument == "verify_tokens"
+    with pytest.raises(UsageError, match="^verify_tokens: a round emits at most the 4 tokens it verifies"):
+        predict_sd(tree(4), 4, 5, alpha=0.9)  # sigma(0.9, 5) 6 = 4.69 > 4
+    assert predict_sd(tree(4), 4, 4, 0.8)["tokens_per_round"].item() == 4
 
 
 def test_the_draft_gpus_default_to_the_targets_for_a_head_on_its_hardware():
-    from moesd.model.predict import default_draft_tp
+    from moesd.predictor.setup import default_draft_tp
 
     assert default_draft_tp("deepseek-v3", "deepseek-v3-mtp", 8) == 8
     assert default_draft_tp("qwen3-235b-a22b", "qwen3-0.6b", 8) == 1

@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracles import random_trace, reference_batch, reference_windows, with_gaps_and_missing
 
-from moesd.model.forward import step_time
-from moesd.model.predict import predict_sd
+from moesd.predictor.forward import step_time
+from moesd.predictor.predict import predict_sd
+from moesd.predictor.setup import Setup
 from moesd.routing.unions import batch_union, window_union
 from moesd.theory.roofline import HARDWARE, ffn_target_efficiency
 
@@ -82,5 +83,5 @@ def test_predicted_target_efficiency_lies_between_one_over_gamma_plus_one_and_on
     and at most gamma + 1 of them."""
     draft = "qwen2-0.5b" if model.startswith("qwen") else "opt-350m" if model.startswith("opt") else model
     tp = 2 if model == "opt-30b" else 1
-    row = predict_sd(model, draft, hardware, batch, gamma, sigma=0.5, context=context, tp=tp).iloc[0]
+    row = predict_sd(Setup(model, draft, hardware, tp=tp, context=context), batch, gamma, sigma=0.5).iloc[0]
     assert 1 / (gamma + 1) - 1e-12 <= row["target_efficiency"] <= 1 + 1e-12

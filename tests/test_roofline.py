@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moesd.model.kernels import Efficiency, rejection_time
+from moesd.predictor.kernels import Efficiency, rejection_time
 from moesd.theory.experts import tokens_per_expert
 from moesd.theory.roofline import (
     HARDWARE,
@@ -182,13 +182,15 @@ def test_interconnects_of_the_specification():
 
 
 def test_every_gpu_record_names_the_gpus_its_link_joins():
-    """Eight per node (HGX boards, the MI300X platform, an L40 server); a record without a link has one, as
-    does an old sidecar's record, so tensor parallelism needs a record that says how far its link reaches."""
+    """Eight per node (HGX boards, the MI300X platform, an L40 server), 72 in a GB200 or GB300 NVL72 rack's NVLink
+    domain; a record without a link has one, as does an old sidecar's record, so tensor parallelism needs a record
+    that says how far its link reaches."""
     for name, hw in HARDWARE.items():
         if name == "CPU":
             assert hw.gpus_per_node == 1 and not hw.interconnect_bandwidth
             continue
-        assert hw.gpus_per_node == 8 and "8 GPUs per node" in hw.interconnect, name
+        per_node = 72 if name in ("GB200", "GB300") else 8
+        assert hw.gpus_per_node == per_node and f"{per_node} GPUs" in hw.interconnect, name
     old = {"name": "X", "peak_flops": 1e12, "memory_bandwidth": 1e11, "memory_bytes": 1e9, "source": "test"}
     assert Hardware.from_dict(old).gpus_per_node == 1
 
@@ -200,7 +202,8 @@ def test_every_gpu_record_cites_its_link_and_achieved_fractions():
         assert hw.interconnect and hw.efficiency_source and hw.interconnect_latency > 0
         assert 0.4 < hw.bandwidth_fraction <= 1 and 0.4 < hw.flops_fraction <= 1
         assert hw.fp32_flops is None or hw.fp32_flops < hw.peak_flops
-        assert hw.fp8_flops is None or hw.fp8_flops == pytest.approx(2 * hw.peak_flops, rel=0.01)
+        # fp8 twice bf16: the L40S data sheet's dense figures, 733 and 362.05 TFLOPS, are 1.2 % off that
+        assert hw.fp8_flops is None or hw.fp8_flops == pytest.approx(2 * hw.peak_flops, rel=0.015)
 
 
 def test_a_tree_rejection_reads_each_verified_and_each_drafted_distribution():

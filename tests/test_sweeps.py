@@ -122,10 +122,9 @@ def test_the_gpu_run_plan_without_a_gpu(tmp_path):
     assert line.split("--out-dir ")[1].split()[0] == str(tmp_path / "work" / "h200-popularity-routing")
     unknown = gpu_run("e2e", "bogus", "--dry-run")
     assert unknown.returncode != 0 and "unknown stage bogus" in unknown.stderr
-    refused = gpu_run("e2e", OUT="")
-    assert refused.returncode != 0 and "OUT is not set" in refused.stderr
-    refused = gpu_run("e2e", CUDA_VISIBLE_DEVICES="")  # no GPU here, or none visible
-    assert refused.returncode != 0 and "torch sees no GPU here" in refused.stderr
+    for changes in ({"OUT": ""}, {"CUDA_VISIBLE_DEVICES": ""}):  # without the device tool too: no GPU here
+        refused = gpu_run("e2e", **changes)
+        assert refused.returncode != 0 and "torch sees no GPU here" in refused.stderr and "make gpu" in refused.stderr
 
 
 def test_the_cuda_graph_probe_times_a_repeatable_static_cache_step_on_the_cpu(capsys):

@@ -14,7 +14,7 @@ from moesd import narration  # noqa: E402
 from moesd.measure.routing_study import (compare_routings, efficiency_summary, mean_difference,  # noqa: E402
                                         predicted_efficiency)
 from moesd.measure.studies import load  # noqa: E402
-from moesd.model.forward import step_time  # noqa: E402
+from moesd.predictor.forward import step_time  # noqa: E402
 from moesd.paper import fig1  # noqa: E402
 from moesd.paper.criteria import FAILS, HOLDS, UNTESTABLE  # noqa: E402
 from moesd.plots import trained_routing as plots  # noqa: E402

@@ -1,13 +1,16 @@
-"""The GPU studies in one call of the device tool: environment, roofline, forward and end-to-end studies.
+"""The GPU studies in one command: environment, roofline, forward and end-to-end studies.
 
-Run from the repository root on the lent GPU machine, whose python3 has torch and transformers
-(moesd is imported from the repository, nothing is installed):
+Run from the repository root with a Python whose torch is a CUDA build and sees the GPU (moesd is imported
+from the repository, so nothing else needs installing): on your own GPU the venv of ``make gpu``, on the
+project's lent GPU machine the image's python3:
 
-    MOESD_COMMIT=<commit> python3 tools/gpu_run.py                 # every stage, in 540 s
+    .venv-gpu/bin/python tools/gpu_run.py --work mydata/measurements   # your GPU: every stage, to its end
+    MOESD_COMMIT=<commit> python3 tools/gpu_run.py                 # the lent machine ($OUT set): in 540 s
     python3 tools/gpu_run.py --dry-run                             # the commands, on any machine
 
-A lease is 15 minutes of device time in all (the machine's start included) and one command may run
-10 minutes, so one call runs every stage in order inside one budget (``--seconds``, default 540):
+It runs every stage in order. On the lent machine (the device tool sets ``$OUT``) a lease is 15 minutes of
+device time in all (the machine's start included) and one command may run 10 minutes, so the stages share
+one budget (``--seconds``, default 540 there; elsewhere none unless given):
 
 1. ``env``: nvidia-smi and the package versions (``environment.txt``), the bf16 roofline
    (``moesd hardware --measure``: copy bandwidth and a Qwen2-57B-A14B expert's GEMM against the
@@ -18,30 +21,34 @@ A lease is 15 minutes of device time in all (the machine's start included) and o
 4. ``e2e`` and 5. ``sparsity``: batched SD against AR under the steady-state protocol, decoding over
    static caches whose forwards replay CUDA graphs if the probe (which also checks that engine) passed;
 6. ``dense`` (OPT-30b / OPT-350m, Fig. 6) and 7. ``settings`` (Fig. 5's workloads) the same way;
-8. ``forward_popularity`` (only when named, after the default plan): the forward study with each token's experts drawn with OLMoE's popularity on code
-   (``--routing popularity --routing-source olmoe/github``, :data:`ROUTED_STAGES`), into ``<gpu>-popularity-routing/``.
+8. ``forward_popularity`` (only when named): the forward study with each token's experts drawn with OLMoE's
+   popularity on code (``--routing popularity --routing-source olmoe/github``, :data:`ROUTED_STAGES`), into
+   ``<gpu>-popularity-routing/``.
 
 The roofline is not measured again when the repository holds this GPU's.
 
 Each study runs ``moesd sweep <study> --preset gpu`` (random bf16 weights built on the GPU, uniform
-routing for the MoE target, the preset's grid: :func:`moesd.measure.presets.preset`) and has a cap of its own
-(:data:`STAGE_SECONDS`) within the budget, so that a slow study leaves time to the next; what a cap
+routing for the MoE target, the preset's grid: :func:`moesd.measure.presets.preset`) and, under a budget, has
+a cap of its own (:data:`STAGE_SECONDS`), so that a slow study leaves time to the next; what a cap
 or the budget cuts is in the result file (each point is written atomically when measured) and
 resumes in a later call. The target keeps the most layers whose bf16 weights and KV cache, with the
 draft's, fit 80 % of the GPU's free memory in every study of its pair
 (:func:`moesd.measure.presets.layers_that_fit`: all 28 of Qwen2-57B-A14B on an H200, about half on an H100),
 and the draft keeps the same share of its layers (:func:`moesd.measure.presets.proportional_draft_layers`).
 
-The results go to ``runs/gpu/<gpu>/`` (``h100``, ``h200``... from the GPU's name; ``runs/`` is
-ignored by git, so it stays on a warm machine between calls), starting from
-``data/measurements/<gpu>/`` where it holds files of this GPU. The device tool brings back at most
-8 files, so after every stage the whole folder is packed into ``$OUT/gpu_results.tar.gz`` and the
-call's log copied to ``$OUT/gpu_run.log``. Unpack the archive into ``data/measurements/`` and commit.
-``MOESD_COMMIT`` names the commit in the sidecars (the machine's copy has no ``.git``).
+The results go to ``<work>/<gpu>/`` (``--work``, default ``runs/gpu``; ``<gpu>`` is ``h100``, ``h200``... from
+the GPU's name; ``runs/`` is ignored by git, so it stays on a warm machine between calls), with the log of the
+commands, ``gpu_run.log``, starting from ``$MOESD_DATA/measurements/<gpu>/`` where it holds files of this GPU.
+With ``--work $MOESD_DATA/measurements`` they go straight where the chapters read (README, "On your own GPU").
+Where ``$OUT`` is set, the device tool's, which brings back at most 8 files, the whole work folder is packed
+after every stage into ``$OUT/gpu_results.tar.gz`` and the log copied to ``$OUT/gpu_run.log``: unpack the
+archive into ``data/measurements/`` and commit. ``MOESD_COMMIT`` names the commit in the sidecars (the lent
+machine's copy has no ``.git``; a clone's sidecars take git's).
 """
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -60,17 +67,19 @@ from moesd.measure.sweeps import STUDIES, SweepConfig, cached_tokens, gpu_label 
 MOESD = [sys.executable, "-c", "import sys; from moesd.cli import main; sys.exit(main(sys.argv[1:]))"]
 """The moesd command, from the repository (nothing is installed on the device machine)."""
 STAGES = ("env", "forward", "dense_forward", "e2e", "sparsity", "dense", "settings", "forward_popularity")
-"""The default plan, in its order."""
+"""Every stage, in the plan's order (the default plan is :data:`DEFAULT_STAGES`)."""
 STAGE_SECONDS = {"env": 75, "forward": 150, "dense_forward": 110, "e2e": 300, "sparsity": 150, "dense": 200,
                  "forward_popularity": 150}
+"""The most seconds a stage may take (a stage not named here takes what is left of the budget)."""
 ROUTED_STAGES = {"forward_popularity": ("forward", ["--routing", "popularity", "--routing-source", "olmoe/github"],
                                         "-popularity-routing")}
-"""Stages that run a study with other routing: (study, extra options, suffix of the GPU's folder)."""
+"""Stages that run a study with other routing: (study, extra options, suffix of the GPU's folder); run when named."""
 DEFAULT_STAGES = tuple(stage for stage in STAGES if stage not in ROUTED_STAGES)
-"""The plan without stages named: every study under uniform routing."""
-"""The most seconds a stage may take (a stage not named here takes what is left of the budget)."""
+"""The plan when no stage is named: every study under uniform routing."""
 LAST_STAGE_SECONDS = 45
 """A stage whose turn comes with less of the budget left is skipped (building the models takes longer)."""
+LENT_SECONDS = 540.0
+"""The default budget where ``$OUT`` is set (the lent machine: 10 minutes a command, less the packing)."""
 WORK = ROOT / "runs" / "gpu"
 """Where the results are written on the machine (ignored by git: kept between calls on a warm machine)."""
 
@@ -85,8 +94,10 @@ def gpu() -> tuple[str, str, float]:
                             "print(torch.cuda.get_device_name()); print(torch.cuda.mem_get_info()[0])"],
                            capture_output=True, text=True)
     if query.returncode != 0:
-        raise SystemExit(f"gpu_run: torch sees no GPU here ({query.stderr.strip().splitlines()[-1:]}); "
-                         "run it on the GPU machine, or pass --dry-run")
+        raise SystemExit(f"gpu_run: torch sees no GPU here ({query.stderr.strip().splitlines()[-1:]}); run it with "
+                         "a Python whose torch is a CUDA build and sees the GPU (make gpu builds .venv-gpu: "
+                         ".venv-gpu/bin/python tools/gpu_run.py; .venv-gpu/bin/moesd hardware says what torch "
+                         "sees), or pass --dry-run")
     name, free = query.stdout.split("\n")[:2]
     return name, gpu_label(name), float(free)
 
@@ -149,7 +160,7 @@ def environment(path: Path) -> None:
 
 
 def run(command: list, log, deadline: float, dry_run: bool) -> int:
-    """Run ``command``, its output appended to ``log``; stop it at ``deadline`` (time.monotonic): exit 124."""
+    """Run ``command``, its output appended to ``log``; stop it at ``deadline`` (time.monotonic; inf: none): exit 124."""
     shown = command[3:] if command[:3] == MOESD else [Path(str(command[-1])).name]
     print("$ " + " ".join(map(str, shown)), flush=True)
     if dry_run:
@@ -160,7 +171,7 @@ def run(command: list, log, deadline: float, dry_run: bool) -> int:
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                env={**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"})
     try:
-        return process.wait(timeout=max(1.0, deadline - time.monotonic()))
+        return process.wait(timeout=None if math.isinf(deadline) else max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         process.terminate()  # SIGTERM: the sweep's finished points are already written
         try:
@@ -237,42 +248,44 @@ def measure_study(study: str, folder: Path, name: str, layers: tuple[int, int], 
     return status
 
 
-def pack(work: Path, out: Path) -> None:
+def pack(work: Path, log: Path, out: Path) -> None:
     """``$OUT/gpu_results.tar.gz`` of everything under ``work``, and the log beside it."""
     with tarfile.open(out / ".gpu_results.tar.gz", "w:gz") as archive:
         archive.add(work, arcname=".")
     (out / ".gpu_results.tar.gz").replace(out / "gpu_results.tar.gz")
-    shutil.copy(work / "gpu_run.log", out / "gpu_run.log")
+    shutil.copy(log, out / "gpu_run.log")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("stages", nargs="*", metavar="stage",
                         help=f"stages to run, in the plan's order (default: {' '.join(DEFAULT_STAGES)})")
-    parser.add_argument("--seconds", type=float, default=540.0, help="the call's budget (default 540)")
+    parser.add_argument("--seconds", type=float,
+                        help=f"the budget of the run, each stage capped within it (default: {LENT_SECONDS:.0f} where "
+                             "$OUT is set, the lent machine; elsewhere none, every stage runs to its end)")
     parser.add_argument("--work", default=str(WORK), help=f"where the results are written (default {WORK})")
     parser.add_argument("--dry-run", action="store_true", help="print the commands without running them")
     args = parser.parse_args(argv)
     unknown = [stage for stage in args.stages if stage not in STAGES]
     if unknown:
         parser.error(f"unknown stage {', '.join(unknown)} (choose from {', '.join(STAGES)})")
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None  # the device tool's: pack the results there
+    seconds = args.seconds if args.seconds is not None else (LENT_SECONDS if out else None)
     start = time.monotonic()
-    deadline = start + args.seconds
-    if not (os.environ.get("OUT") or args.dry_run):
-        raise SystemExit("gpu_run: OUT is not set (run it through the device tool, or pass --dry-run)")
-    out = Path(os.environ.get("OUT") or "/tmp/gpu_run")
+    deadline = start + seconds if seconds else math.inf
     name, label, free = ("NVIDIA H200", "h200", 140 * 2**30) if args.dry_run else gpu()
     work = Path(args.work)
     folder = work / label
     folder.mkdir(parents=True, exist_ok=True)
     graphs, failed = False, []
-    with open(work / "gpu_run.log", "a") as log:
+    with open(folder / "gpu_run.log", "a") as log:
         for stage in (stage for stage in STAGES if stage in (args.stages or DEFAULT_STAGES)):
             left = deadline - time.monotonic()
             if left < LAST_STAGE_SECONDS and not args.dry_run:
                 print(f"{stage}: skipped, {left:.0f} s of the budget left; run it in the next call", flush=True)
                 continue
-            stage_deadline = min(deadline, time.monotonic() + STAGE_SECONDS.get(stage, args.seconds))
+            cap = STAGE_SECONDS.get(stage, math.inf) if seconds else math.inf
+            stage_deadline = min(deadline, time.monotonic() + cap)
             print(f"[{time.monotonic() - start:.0f} s] {stage}", flush=True)
             if stage == "env":
                 graphs = measure_environment(folder, log, stage_deadline, args.dry_run)
@@ -285,11 +298,11 @@ def main(argv=None) -> int:
                 status = measure_study(study, where, name, layers, graphs, log, stage_deadline, args.dry_run, extra)
             if status not in (0, 124):
                 failed.append(stage)
-            if not args.dry_run:
+            if not args.dry_run and out:
                 log.flush()
-                pack(work, out)
-    print(f"[{time.monotonic() - start:.0f} s] done" + (f"; failed: {', '.join(failed)} (see gpu_run.log)"
-                                                        if failed else ""))
+                pack(work, folder / "gpu_run.log", out)
+    print(f"[{time.monotonic() - start:.0f} s] done; results in {folder}"
+          + (f"; failed: {', '.join(failed)} (see its gpu_run.log)" if failed else ""))
     return 1 if failed else 0
 
 

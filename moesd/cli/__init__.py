@@ -6,7 +6,7 @@
 ``moesd sweep e2e --preset cpu`` times AR against SD over batch sizes (``moesd.measure.bench``);
 ``moesd fit data/measurements/cpu/sparsity.csv --stride 11`` fits Algorithm 1 (``moesd.model.fit``);
 ``moesd predict --target deepseek-v3 --draft deepseek-v3-mtp --hardware H200 --tp 8 --dtype fp8`` predicts SD's speedup
-(``moesd.model.predict``).
+(``moesd.predictor.predict``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""``moesd hardware``: the hardware records with their ridge points (Eq. 1); ``--measure`` this
-machine's roofline, ``--regime`` whether this CPU can run the studies in the paper's regime."""
+"""``moesd hardware``: the hardware records with their ridge points (Eq. 1) and this machine's torch build and
+GPUs; ``--measure`` this machine's roofline, ``--regime`` whether this CPU can run the studies in the paper's
+regime."""
 
 import argparse
 
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> None:
     } for hw in HARDWARE.values()])
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(HARDWARE_NOTE)
+    _this_machine()
     if args.measure:
         _measured_hardware(args)
 
@@ -80,6 +82,30 @@ HARDWARE_NOTE = ("A100, A800, H100, H800, H200: the SXM parts (their data sheets
                  "(Hardware.internode_bandwidth), over which a --tp above GPUs/node spans whole nodes; nodes: the "
                  "most nodes it spans (Hardware.max_nodes; 1 where no network is on record, so --tp stays within "
                  "one node); each record's sources: moesd.theory.roofline.HARDWARE")
+
+
+def _this_machine() -> None:
+    """The torch of this Python, its build and the GPUs it sees (moesd.measure.devices)."""
+    from moesd.measure.devices import local_devices
+
+    here = local_devices()
+    if here.torch is None:
+        print("\nthis machine: torch is not installed (make book installs it into .venv, make gpu a CUDA build "
+              "into .venv-gpu)")
+        return
+    print(f"\nthis machine: torch {here.torch}, {here.build} build", end="")
+    if here.build == "CPU":
+        print("; no GPU build (make gpu builds .venv-gpu with a CUDA build of it)")
+    elif not here.gpus:
+        print(f"; it sees no GPU: {here.unavailable}")
+    else:
+        print(f"; {len(here.gpus)} GPU(s):")
+        print(pd.DataFrame([{"GPU": f"cuda:{gpu.index}", "name": gpu.name, "GB": gpu.memory_bytes / 1e9,
+                             "capability": ".".join(map(str, gpu.capability)), "record": gpu.record or "none",
+                             "results folder": gpu.folder} for gpu in here.gpus])
+              .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print("record: the data sheet above that the name names; results folder: where moesd sweep --device cuda "
+              "writes by default, under $MOESD_DATA/measurements/")
 
 
 def _measured_hardware(args: argparse.Namespace) -> None:

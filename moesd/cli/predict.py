@@ -2,6 +2,7 @@
 and draft length, the memory that fits, and where SD pays."""
 
 import argparse
+import contextlib
 import math
 import textwrap
 from pathlib import Path
@@ -11,14 +12,38 @@ import pandas as pd
 
 from moesd._checks import UsageError, new_files
 from moesd._files import atomic_write
-from moesd.model.engine import ENGINES
-from moesd.model.layout import check_dtype
+from moesd.predictor.drafters import DRAFTERS
+from moesd.predictor.engine import ALIASES, ENGINES
+from moesd.predictor.layout import KV_DTYPES
+from moesd.predictor.predict import check_grid
+from moesd.predictor.setup import Setup
 from moesd.theory.roofline import HARDWARE
 from moesd.zoo import DRAFT_HEADS, MODELS
 from moesd.cli.arguments import integers, numbers
 from moesd.cli.hardware import HARDWARE_NOTE
 
+FLAGS = {"target": "--target", "draft": "--draft", "hardware": "--hardware", "tp": "--tp", "draft_tp": "--draft-tp",
+         "ep": "--ep", "dtype": "--dtype", "draft_dtype": "--draft-dtype", "context": "--context",
+         "batch_size": "--batch", "gamma": "--gamma", "tokens_per_sequence": "--gamma", "sigma": "--sigma",
+         "alpha": "--alpha", "alpha_decay": "--alpha-decay", "dp_attention": "--dp-attention",
+         "draft_topk": "--draft-topk", "verify_tokens": "--verify-tokens", "step_seconds": "--step-ms",
+         "step_batch_size": "--step-batch", "host_seconds": "--host-ms", "engine": "--engine-profile",
+         "kv_dtype": "--kv-dtype", "temperature": "--temperature", "sd_step_seconds": "--sd-step-ms",
+         "sd_step_gamma": "--sd-step-ms"}
+"""The flag of each argument a :class:`~moesd.predictor.setup.Setup` or the grid names in its errors."""
 
+
+@contextlib.contextmanager
+def _flagged():
+    """Re-raise a :class:`UsageError` of the package with the flag of its ``argument`` (:data:`FLAGS`) in front."""
+    try:
+        yield
+    except UsageError as error:
+        flag = FLAGS.get(error.argument)
+        message = error.message.replace(" or a Hardware record", "")  # what a program, not the command line, passes
+        if flag and message.startswith(f"{error.argument}: "):  # "draft: ..." becomes "--draft: ...", not twice
+            message = message[len(error.argument) + 2:]
+        raise UsageError(f"{flag}: {message}" if flag else message, error.argument) from None
 
 
 MAX_ROWS = 10**6
@@ -41,8 +66,8 @@ def _plot_path(plot: str) -> Path:
     return path
 
 
-def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str, np.ndarray, dict]:
-    """The checked batch sizes, gammas, acceptance column and values, and options of ``moesd predict``."""
+def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str, np.ndarray, Setup]:
+    """The checked batch sizes, gammas, acceptance column and values, and the deployment of ``moesd predict``."""
     batch, gammas = integers(args.batch, "--batch"), integers(args.gamma, "--gamma")
     for name, values in (("--batch", batch), ("--gamma", gammas)):
         if values.min() < 1:
@@ -87,11 +112,6 @@ def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, 
                          "costs come from the profile and from --step-ms (a measured plain step)")
     if args.step_batch != 1 and args.step_ms is None:
         raise UsageError("--step-batch applies only with --step-ms (the batch size that step was measured at)")
-    if args.draft_dtype is not None:
-        try:
-            check_dtype(args.draft_dtype)
-        except ValueError as error:
-            raise UsageError(f"--draft-dtype: {error}") from None
     rows = len(batch) * len(gammas) * len(values)
     if rows > MAX_ROWS:
         raise UsageError(f"--batch, --gamma and the acceptance values make {rows} predictions "
@@ -101,12 +121,34 @@ def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, 
         raise UsageError(f"--step-ms must be a finite number > 0, got {args.step_ms}")
     if args.step_ms is not None and args.host_ms:
         raise UsageError("--step-ms and --host-ms exclude each other: a measured step holds the host's cost")
-    return batch, gammas, column, values, dict(tp=args.tp, draft_tp=args.draft_tp, context=args.context, ep=args.ep,
-                                               dtype=args.dtype, engine=args.engine_profile, step_ms=args.step_ms,
-                                               alpha_decay=args.alpha_decay, dp_attention=args.dp_attention,
-                                               draft_dtype=args.draft_dtype, draft_topk=args.draft_topk,
-                                               verify_tokens=args.verify_tokens or "gamma+1",
-                                               step_batch_size=args.step_batch)
+    if args.sd_step_ms is not None and args.step_ms is None:
+        raise UsageError("--sd-step-ms needs --step-ms: the measured plain step at the same --step-batch holds the "
+                         "engine's fixed cost per pass, and the round's excess over the predicted one is the rest")
+    sd_ms, sd_gamma = _measured_round(args.sd_step_ms) if args.sd_step_ms is not None else (None, None)
+    with _flagged():
+        setup = Setup(args.target, args.draft, args.hardware, tp=args.tp, ep=args.ep, dp_attention=args.dp_attention,
+                      draft_tp=args.draft_tp, dtype=args.dtype, draft_dtype=args.draft_dtype, context=args.context,
+                      engine=args.engine_profile, step_batch_size=args.step_batch, host_seconds=args.host_ms * 1e-3,
+                      step_seconds=None if args.step_ms is None else args.step_ms * 1e-3,
+                      draft_topk=args.draft_topk, verify_tokens=args.verify_tokens or "gamma+1",
+                      kv_dtype=args.kv_dtype, temperature=args.temperature,
+                      sd_step_seconds=None if sd_ms is None else sd_ms * 1e-3, sd_step_gamma=sd_gamma)
+        check_grid(setup, batch, gammas, **{column: values}, **({"alpha_decay": args.alpha_decay}
+                                                                   if column == "alpha" else {}))
+    return batch, gammas, column, values, setup
+
+
+def _measured_round(text: str) -> tuple[float, int]:
+    """``--sd-step-ms MS@GAMMA`` as (milliseconds, gamma)."""
+    ms, _, gamma = text.partition("@")
+    try:
+        ms, gamma = float(ms), int(gamma)
+    except ValueError:
+        raise UsageError(f"--sd-step-ms must be a round's milliseconds and the gamma it ran at, such as 31.5@3, "
+                         f"got {text!r}") from None
+    if not (math.isfinite(ms) and ms > 0 and 1 <= gamma <= 64):
+        raise UsageError(f"--sd-step-ms must be a finite time > 0 at a gamma in [1, 64], got {text!r}")
+    return ms, gamma
 
 
 def _alpha_from_length(text: str, decay: float) -> np.ndarray:
@@ -128,57 +170,39 @@ def _alpha_from_length(text: str, decay: float) -> np.ndarray:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Print where SD pays for the setup the options describe (:func:`moesd.model.recommend.recommend`)."""
+    """Print where SD pays for the setup the options describe (:func:`moesd.predictor.recommend.recommend`)."""
     from moesd import narration
-    from moesd.model.recommend import SD_MARGIN, recommend
+    from moesd.predictor.recommend import SD_MARGIN, recommend
 
-    batch, gammas, column, values, options = _predict_options(args)
+    batch, gammas, column, values, setup = _predict_options(args)
     plot = _plot_path(args.plot) if args.plot else None
     for flag, path in (("--csv", args.csv), ("--plot", plot)):
         if path and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{flag}: folder {Path(path).resolve().parent} does not exist")
     new_files({"--csv": args.csv, "--plot": plot}, args.overwrite)
-    try:  # one point checks what the options must satisfy together (ep divides E, an interconnect for tp...)
-        recommend(args.target, args.draft, args.hardware, batch[:1], gammas, column, values, **options,
-                  host_ms=args.host_ms)
-    except ValueError as error:  # name the command-line flag of the argument the package names
-        message = str(error)
-        first = message.split(" ", 1)[0].rstrip(":")
-        flag = {"model": "--target/--draft", "target": "--target", "draft": "--draft", "hardware": "--hardware",
-                "tp": "--tp", "draft_tp": "--draft-tp", "ep": "--ep", "dtype": "--dtype", "context": "--context",
-                "batch_size": "--batch", "gamma": "--gamma", "tokens_per_sequence": "--gamma",
-                "dp_attention": "--dp-attention", "draft_topk": "--draft-topk", "verify_tokens": "--verify-tokens",
-                "step_seconds": "--step-ms", "step_batch_size": "--step-batch"}.get(first)
-        message = message.replace(" or a Hardware record", "")  # what a program, not the command line, may pass
-        if flag and message.startswith(f"{first}: "):  # "draft: ..." becomes "--draft: ...", not "--draft: draft: ..."
-            message = message[len(first) + 2:]
-        raise UsageError(f"{flag}: {message}" if flag else message) from None
-    answer = recommend(args.target, args.draft, args.hardware, batch, gammas, column, values, **options,
-                       host_ms=args.host_ms)
+    answer = recommend(setup, batch, gammas, column, values, alpha_decay=args.alpha_decay)
     if args.csv:
-        setup = {"target": args.target, "draft": args.draft, "hardware": answer.hardware.name, "tp": args.tp,
-                 "ep": args.tp if args.dp_attention else args.ep, "dp_attention": args.dp_attention,
-                 "draft_tp": answer.draft_tp, "dtype": args.dtype, "draft_dtype": args.draft_dtype or args.dtype,
-                 "draft_topk": args.draft_topk, "verify_tokens": args.verify_tokens or "gamma+1",
-                 "engine_profile": args.engine_profile or "", "step_ms": args.step_ms, "host_ms": args.host_ms}
+        columns = {"target": args.target, "draft": args.draft, "hardware": answer.hardware.name, "tp": setup.tp,
+                   "ep": setup.ep, "dp_attention": args.dp_attention, "draft_tp": answer.draft_tp, "dtype": args.dtype,
+                   "draft_dtype": args.draft_dtype or args.dtype, "kv_dtype": args.kv_dtype or "",
+                   "temperature": args.temperature, "draft_topk": args.draft_topk,
+                   "verify_tokens": args.verify_tokens or "gamma+1",
+                   "engine_profile": setup.engine.name if setup.engine is not None else "", "step_ms": args.step_ms,
+                   "sd_step_ms": args.sd_step_ms or "", "host_ms": args.host_ms}
         with atomic_write(args.csv, "w") as file:  # the setup first, so files of several runs can be told apart
-            pd.concat([pd.DataFrame(setup, index=answer.frame.index), answer.frame], axis=1).to_csv(file, index=False)
-    other_ms = answer.advice[0].other_host_ms
-    print(narration.predict_setup(args.target, args.draft, answer, args.tp, args.tp if args.dp_attention else args.ep,
-                                  answer.draft_tp, args.dtype, args.context, args.host_ms, other_ms,
-                                  args.engine_profile, args.step_ms, args.dp_attention, args.draft_dtype,
-                                  args.draft_topk, args.verify_tokens, args.step_batch))
-    for line in (narration.predict_notes(answer, args.tp, answer.draft_tp, args.engine_profile, args.step_ms)
-                 + narration.memory_lines(answer, batch)):
+            pd.concat([pd.DataFrame(columns, index=answer.frame.index), answer.frame], axis=1).to_csv(file, index=False)
+    print(narration.predict_setup(setup, args.target, args.draft, answer.advice[0].other_host_ms))
+    for line in narration.predict_notes(answer, setup) + narration.memory_lines(answer, batch):
         print(line)
+    print(narration.band_line(answer, SD_MARGIN))
     for advice in answer.advice:
         print(narration.advice_report(advice, SD_MARGIN, args.acceptance_length))
     if answer.engine_ends:
-        print(narration.engine_range(args.engine_profile, answer, args.acceptance_length))
+        print(narration.engine_range(setup.engine.name, answer, args.acceptance_length))
     print(narration.sd_legend(SD_MARGIN))
     if plot:
         _heatmaps(answer, column, values, plot, f"{args.target} on {args.tp} x {answer.hardware.name}, "
-                  f"draft {args.draft}, {args.dtype}" + (f", {args.engine_profile}" if args.engine_profile else ""))
+                  f"draft {args.draft}, {args.dtype}" + (f", {setup.engine.name}" if setup.engine is not None else ""))
     if args.csv or plot:
         print("\n" + " and ".join(f"{path}" for path in (args.csv, plot) if path) + " written")
 
@@ -198,17 +222,88 @@ def _heatmaps(answer, column: str, values, path, title: str) -> None:
         figure.savefig(file, format=Path(path).suffix[1:].lower(), dpi=150, bbox_inches="tight")
 
 
+def _epilog() -> str:
+    """The end of ``moesd predict --help``: the models, heads, drafters, hardware and engine profiles it takes."""
+    return (textwrap.fill("models (--target, --draft; or a config.json path): " + ", ".join(MODELS), 100,
+                             break_on_hyphens=False) + "\n"
+        + textwrap.fill("EAGLE-3 heads (--draft): " + ", ".join(DRAFT_HEADS), 100, break_on_hyphens=False) + "\n"
+        + textwrap.fill("drafters built for the target (--draft): " + "; ".join(
+            f"{name}: {what}" for name, what in DRAFTERS.items()), 100, break_on_hyphens=False) + "\n"
+        + textwrap.fill("hardware (--hardware, any case): " + ", ".join(HARDWARE), 100, break_on_hyphens=False) + "\n"
+        + textwrap.fill(HARDWARE_NOTE + "; `moesd hardware` lists them.", 100, break_on_hyphens=False) + "\n"
+        + "engine profiles (--engine-profile), which to pick:\n" + "\n".join(
+            textwrap.fill(f"{name}: {profile.pick}", 100, initial_indent="  ", subsequent_indent="    ")
+            for name, profile in ENGINES.items())
+        + "\n" + textwrap.fill("older names: " + ", ".join(f"{old} = {new}" for old, new in ALIASES.items()), 100,
+                               initial_indent="  ", subsequent_indent="    "))
+
+
 def add_parser(commands) -> None:
     """Declare ``moesd predict`` and its options on the sub-command parsers ``commands``."""
     predict = commands.add_parser(
-        "predict", help="predict SD's speedup for a model on GPUs (moesd.model.predict)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=textwrap.fill("models (--target, --draft): " + ", ".join(MODELS), 100, break_on_hyphens=False) + "\n"
-        + textwrap.fill("EAGLE-3 heads (--draft): " + ", ".join(DRAFT_HEADS), 100, break_on_hyphens=False) + "\n"
-        + textwrap.fill("hardware (--hardware, any case): " + ", ".join(HARDWARE), 100, break_on_hyphens=False) + "\n"
-        + textwrap.fill(HARDWARE_NOTE + "; `moesd hardware` lists them.", 100, break_on_hyphens=False))
-    predict.add_argument("--target", required=True, help="moesd.zoo name of the target, e.g. deepseek-v3")
-    predict.add_argument("--draft", required=True, help="moesd.zoo name of the draft, e.g. deepseek-v3-mtp")
+        "predict", help="predict SD's speedup for a model on GPUs (moesd.predictor.predict)",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_epilog())
+    _add_deployment(predict)
+    predict.add_argument("--gamma", default="1-5", help="draft lengths, e.g. 1-5 or 2,4 (default 1-5)")
+    predict.add_argument("--alpha", help="per-token acceptance probability(ies): sigma(alpha, gamma) of Eq. 5 for "
+                         "each gamma (default 0.8)")
+    predict.add_argument("--sigma", help="emitted fraction(s) sigma of Eq. 5 instead of --alpha, the same for every "
+                         "gamma (then a longer draft looks better wherever verification is memory-bound)")
+    predict.add_argument("--batch", default="1-256", help="batch sizes, e.g. 1-256 or 1,8,64 (default 1-256)")
+    predict.add_argument("--context", type=int, default=1024, help="tokens in each KV cache (default 1024)")
+    predict.add_argument("--dtype", default="bf16", help="weight dtype: bf16, fp8, mxfp8, fp32, or w4a8, w4a16, "
+                         "mxfp4, nvfp4 (4-bit routed experts, the rest bf16 or fp8; default bf16)")
+    predict.add_argument("--kv-dtype", choices=list(KV_DTYPES), help="the KV cache's dtype: fp8 halves the bytes "
+                         "attention reads (default: the activations', bf16)")
+    predict.add_argument("--temperature", type=float, help="sampling temperature: 0 prices greedy verification, "
+                         "above 0 the sampling kernels over the vocabulary in the plain step and the round (give the "
+                         "acceptance measured at that temperature, usually lower than greedy's); default: rejection "
+                         "sampling as the paper's engine ran it")
+    predict.add_argument("--host-ms", type=float, default=0.0,
+                         help="a fixed host cost added to every forward pass, ms: the target's plain step and its "
+                         "verification pass, and each of the draft's gamma steps (not the rejection sampling); "
+                         "scheduling, input preparation, sampling in a serving engine. Not with --engine-profile "
+                         "(its fixed costs are the profile's and --step-ms's) or --step-ms (default 0: the GPUs' "
+                         "work only)")
+    predict.add_argument("--acceptance-length", help="mean acceptance length as engines report it, tokens per "
+                         "round including the bonus token, at the gamma it was measured with: L@gamma, e.g. "
+                         "2.4@3, a tree's too (instead of --alpha; the first draft position's alpha it gives is "
+                         "printed)")
+    predict.add_argument("--alpha-decay", type=float, default=1.0, help="acceptance of draft position i is "
+                         "alpha x decay^(i - 1) (default 1: the same at every position)")
+    predict.add_argument("--engine-profile", choices=[*ENGINES, *ALIASES], help="a serving engine's fixed costs by "
+                         "engine and version (moesd.predictor.engine.ENGINES; which to pick for which engine setting: "
+                         "below): the host time SD rounds expose, draft steps' fixed cost, a draft head's extend pass, "
+                         "grouped-GEMM tiles; add --step-ms (a measured plain step), not --host-ms (default: the "
+                         "GPUs' work only)")
+    predict.add_argument("--step-ms", type=float, help="your engine's measured plain decoding step at batch "
+                         "size --step-batch, ms (at batch size 1: 1000 / tokens per second of one request): what the "
+                         "GPUs' roofline misses becomes a fixed cost per forward pass, spread over the layers")
+    predict.add_argument("--step-batch", type=int, default=1, help="the batch size --step-ms was measured at "
+                         "(default 1)")
+    predict.add_argument("--sd-step-ms", help="with --step-ms: one measured SD round at --step-batch sequences and the "
+                         "gamma it ran at, MS@GAMMA, e.g. 31.5@3 (ms per round: 1000 x tokens per round / tokens per "
+                         "second of one request): what it exceeds the predicted round by becomes a fixed cost per "
+                         "round at every batch size and gamma")
+    predict.add_argument("--csv", help="write every predicted row to this CSV file: the setup (target, draft, hardware, "
+                         "tp, ..., engine_profile, step_ms, host_ms), then moesd.predictor.predict.predict_sd's columns "
+                         "(times t_* in seconds, t_target_gamma the verification pass; speedup and terms "
+                         "dimensionless) and fits: whether the row's batch size fits target and draft in memory")
+    predict.add_argument("--overwrite", action="store_true", help="replace existing --csv and --plot files")
+    predict.add_argument("--plot", help="write a heatmap of speedup over (B, gamma) to this image file (a suffix matplotlib writes, "
+                         ".png if none), one panel per --alpha or --sigma, over the batch sizes that fit (all of "
+                         "them when none does)")
+    predict.set_defaults(run=run, prints_only=True)
+
+
+def _add_deployment(predict) -> None:
+    """The options that describe the deployment: models, GPUs and how they are split."""
+    predict.add_argument("--target", required=True, help="moesd.zoo name of the target, e.g. deepseek-v3, or the "
+                         "path of its config.json (or of the folder holding it), read offline")
+    predict.add_argument("--draft", required=True, help="the draft: a moesd.zoo name (a draft model, or a head such "
+                         "as deepseek-v3-mtp), an EAGLE-3 head's name (below), a drafter built for the target (mtp, "
+                         "eagle, eagle3, medusa or medusa:K, ngram; below), or a config.json path (a draft model's, "
+                         "or an EAGLE/EAGLE-3/Medusa head's)")
     predict.add_argument("--hardware", required=True, help="moesd.theory.roofline.HARDWARE name, e.g. H200 (below)")
     predict.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of the target: within one node, or "
                          "whole nodes joined by their network where the hardware has one on record (below; default 1)")
@@ -226,42 +321,3 @@ def add_parser(commands) -> None:
                          "branching (SGLang's eagle_topk; default 1: a chain)")
     predict.add_argument("--verify-tokens", type=int, help="tokens verified per sequence for a tree of drafts, the "
                          "last verified token included (SGLang's num_draft_tokens; default: gamma + 1)")
-    predict.add_argument("--gamma", default="1-5", help="draft lengths, e.g. 1-5 or 2,4 (default 1-5)")
-    predict.add_argument("--alpha", help="per-token acceptance probability(ies): sigma(alpha, gamma) of Eq. 5 for "
-                         "each gamma (default 0.8)")
-    predict.add_argument("--sigma", help="emitted fraction(s) sigma of Eq. 5 instead of --alpha, the same for every "
-                         "gamma (then a longer draft looks better wherever verification is memory-bound)")
-    predict.add_argument("--batch", default="1-256", help="batch sizes, e.g. 1-256 or 1,8,64 (default 1-256)")
-    predict.add_argument("--context", type=int, default=1024, help="tokens in each KV cache (default 1024)")
-    predict.add_argument("--dtype", default="bf16", help="weight dtype: bf16, fp8, fp32, or w4a8, mxfp4, nvfp4 "
-                         "(4-bit routed experts, the rest bf16 or fp8; default bf16)")
-    predict.add_argument("--host-ms", type=float, default=0.0,
-                         help="a fixed host cost added to every forward pass, ms: the target's plain step and its "
-                         "verification pass, and each of the draft's gamma steps (not the rejection sampling); "
-                         "scheduling, input preparation, sampling in a serving engine. Not with --engine-profile "
-                         "(its fixed costs are the profile's and --step-ms's) or --step-ms (default 0: the GPUs' "
-                         "work only)")
-    predict.add_argument("--acceptance-length", help="mean acceptance length as engines report it, tokens per "
-                         "round including the bonus token, at the gamma it was measured with: L@gamma, e.g. "
-                         "2.4@3, a tree's too (instead of --alpha; the first draft position's alpha it gives is "
-                         "printed)")
-    predict.add_argument("--alpha-decay", type=float, default=1.0, help="acceptance of draft position i is "
-                         "alpha x decay^(i - 1) (default 1: the same at every position)")
-    predict.add_argument("--engine-profile", choices=list(ENGINES), help="a serving engine's fixed costs "
-                         "(moesd.model.engine.ENGINES): the host time SD rounds expose, draft steps' fixed "
-                         "cost, a draft head's extend pass, grouped-GEMM tiles; add --step-ms (a measured plain "
-                         "step), not --host-ms (default: the GPUs' work only)")
-    predict.add_argument("--step-ms", type=float, help="your engine's measured plain decoding step at batch "
-                         "size --step-batch, ms (at batch size 1: 1000 / tokens per second of one request): what the "
-                         "GPUs' roofline misses becomes a fixed cost per forward pass, spread over the layers")
-    predict.add_argument("--step-batch", type=int, default=1, help="the batch size --step-ms was measured at "
-                         "(default 1)")
-    predict.add_argument("--csv", help="write every predicted row to this CSV file: the setup (target, draft, hardware, "
-                         "tp, ..., engine_profile, step_ms, host_ms), then moesd.model.predict.predict_sd's columns "
-                         "(times t_* in seconds, t_target_gamma the verification pass; speedup and terms "
-                         "dimensionless) and fits: whether the row's batch size fits target and draft in memory")
-    predict.add_argument("--overwrite", action="store_true", help="replace existing --csv and --plot files")
-    predict.add_argument("--plot", help="write a heatmap of speedup over (B, gamma) to this image file (a suffix matplotlib writes, "
-                         ".png if none), one panel per --alpha or --sigma, over the batch sizes that fit (all of "
-                         "them when none does)")
-    predict.set_defaults(run=run, prints_only=True)

@@ -247,7 +247,7 @@ def ridge_tokens_for(sidecar: dict) -> float:
 
 def _bytes_per_weight(sidecar: dict, purpose: str) -> int:
     """Bytes per weight of a sweep's dtype (``settings.dtype``, else its roofline's), for ``purpose``."""
-    from moesd.model.layout import DTYPE_BYTES, check_dtype
+    from moesd.predictor.layout import DTYPE_BYTES, check_dtype
 
     dtypes = {check_dtype(dtype) for dtype in (sidecar.get("settings", {}).get("dtype"),
                                                  sidecar.get("roofline_measurement", {}).get("settings", {})

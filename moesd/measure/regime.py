@@ -3,7 +3,7 @@
 The paper's mechanism (verification is cheap once a batch has loaded every expert, and each expert
 stays memory-bound) is about steps whose time is mostly reading weights. A study tests it only if
 its target step is: :func:`streaming_share` divides the bytes a ``B = 1`` target step must read (the
-weights it uses, from :func:`moesd.model.forward.step_time`'s byte count for the sweep's model, Eq. 8's
+weights it uses, from :func:`moesd.predictor.forward.step_time`'s byte count for the sweep's model, Eq. 8's
 experts, its KV cache) by the measured bandwidth of the measuring device (the sweep's sidecar), and
 that time by the measured step. A share near 1 is a memory-bound step, the paper's regime; a share
 of 0.1 is a step spent on something else (per-kernel launch cost, per-expert dispatch).
@@ -17,7 +17,7 @@ import pandas as pd
 
 from moesd.model.calibrate import measured_shapes
 from moesd.measure.analysis import measuring_hardware
-from moesd.model.forward import step_time
+from moesd.predictor.forward import step_time
 
 _STEP_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}
 """The predictor's weight dtype for a sweep's dtype (two bytes for both half-precision types)."""

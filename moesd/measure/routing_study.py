@@ -1,6 +1,6 @@
 """A forward study routed by a trained router's popularity beside the uniform one: prediction and comparison.
 
-* :func:`predicted_efficiency`: the predictor (:func:`moesd.model.forward.step_time`) calibrated on the
+* :func:`predicted_efficiency`: the predictor (:func:`moesd.predictor.forward.step_time`) calibrated on the
   *uniform* forward study (:func:`moesd.model.calibrate.calibrate`, nothing fitted to the popularity-routed
   one), then run with uniform routing and with a popularity: the target efficiency each routing should give.
 * :func:`compare_routings`: the two measured studies' target efficiency ``T(B, 1) / T(B, gamma + 1)`` per
@@ -127,7 +127,7 @@ def predicted_efficiency(forward: pd.DataFrame, sidecar: dict, popularity, gamma
         ``batch_size``, ``gamma``, ``uniform``, ``popularity`` (predicted efficiencies), ``difference``.
     """
     from moesd.model.calibrate import calibrate, measured_device, measured_shapes
-    from moesd.model.forward import step_time
+    from moesd.predictor.forward import step_time
 
     target = measured_shapes(sidecar)[0]
     hardware = measured_device(sidecar)

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import UsageError
-from moesd.model.predict import PAPER_BATCH_SIZES as BATCH_SIZES  # the paper's 19 batch sizes, 1 to 100 (one home)
+from moesd.predictor.predict import PAPER_BATCH_SIZES as BATCH_SIZES  # the paper's 19 batch sizes, 1 to 100 (one home)
 from moesd.zoo import get_model
 
 PAPER_SIGMA = {2: 0.95, 3: 0.93, 4: 0.90}

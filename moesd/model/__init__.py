@@ -1,1 +1,2 @@
-"""Models of the SD speedup and of step time: Algorithm 1 and its fit, the predictor for any MoE on any GPU, its calibration."""
+"""Algorithm 1 and its fit to measurements (the paper's App. C), and the predictor (:mod:`moesd.predictor`) calibrated
+on a measured forward study."""

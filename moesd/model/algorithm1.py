@@ -30,7 +30,7 @@ from dataclasses import astuple, dataclass, fields
 
 import numpy as np
 
-from moesd._checks import as_array
+from moesd._checks import UsageError, as_array
 from moesd.theory.experts import expected_active_experts
 from moesd.theory.roofline import G, unchecked_G, hardware_record
 
@@ -89,19 +89,19 @@ class SpeedupParams:
         for name in TIME_PARAMETERS:
             value = getattr(self, name)
             if not np.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite time >= 0 (seconds), got {value!r}")
+                raise UsageError(f"{name} must be a finite time >= 0 (seconds), got {value!r}", name)
         if not np.isfinite(self.lam) or self.lam <= 0:
-            raise ValueError(f"lam must be a finite number > 0, got {self.lam!r}")
+            raise UsageError(f"lam must be a finite number > 0, got {self.lam!r}", "lam")
         if not np.isfinite(self.s) or self.s < 1:
-            raise ValueError(f"s must be a finite number >= 1, got {self.s!r}")
+            raise UsageError(f"s must be a finite number >= 1, got {self.s!r}", "s")
 
     @classmethod
     def from_vector(cls, vector) -> "SpeedupParams":
         """The parameters from ten numbers in :data:`PARAMETERS` order."""
         vector = np.asarray(vector, dtype=float)
         if vector.shape != (len(PARAMETERS),):
-            raise ValueError(f"params must hold {len(PARAMETERS)} values ({', '.join(PARAMETERS)}), got shape "
-                             f"{vector.shape}")
+            raise UsageError(f"params must hold {len(PARAMETERS)} values ({', '.join(PARAMETERS)}), got shape "
+                             f"{vector.shape}", "params")
         return cls(*map(float, vector))
 
     def vector(self) -> np.ndarray:
@@ -115,7 +115,7 @@ class SpeedupParams:
     def relative(self) -> "SpeedupParams":
         """The identifiable form: time-like parameters divided by ``bias`` (``bias`` becomes 1)."""
         if self.bias <= 0:
-            raise ValueError("relative parameters need bias > 0")
+            raise UsageError("relative parameters need bias > 0", "relative")
         values = self.vector()
         values[:len(TIME_PARAMETERS)] /= self.bias
         return SpeedupParams.from_vector(values)
@@ -128,12 +128,12 @@ def as_params(params) -> SpeedupParams:
     if isinstance(params, dict):
         missing = [name for name in PARAMETERS if name not in params]
         if missing:
-            raise ValueError(f"params lacks {', '.join(missing)}")
+            raise UsageError(f"params lacks {', '.join(missing)}", "params")
         return SpeedupParams(**{name: float(params[name]) for name in PARAMETERS})
     try:
         vector = np.asarray(params, dtype=float)
     except (TypeError, ValueError):
-        raise ValueError(f"params must be SpeedupParams, a dict or {len(PARAMETERS)} numbers, got {params!r}") \
+        raise UsageError(f"params must be SpeedupParams, a dict or {len(PARAMETERS)} numbers, got {params!r}", "params") \
             from None
     return SpeedupParams.from_vector(vector)
 
@@ -144,8 +144,8 @@ def _verify_width(gamma: np.ndarray, verify_tokens) -> np.ndarray:
         return gamma
     if isinstance(verify_tokens, str):
         if verify_tokens != "gamma+1":
-            raise ValueError(f"verify_tokens must be {' or '.join(VERIFY_TOKENS)} or numbers >= 1, "
-                             f"got {verify_tokens!r}")
+            raise UsageError(f"verify_tokens must be {' or '.join(VERIFY_TOKENS)} or numbers >= 1, "
+                             f"got {verify_tokens!r}", "verify_tokens")
         return gamma + 1
     return as_array("verify_tokens", verify_tokens, low=1)
 
@@ -200,14 +200,14 @@ class SpeedupInputs:
         sigma = as_array("sigma", sigma, high=1)
         rp = float(as_array("rp", rp, low=0, low_open=True))
         if not np.isfinite(rp):
-            raise ValueError(f"rp must be finite, got {rp!r}")
+            raise UsageError(f"rp must be finite, got {rp!r}", "rp")
         B, gamma, K, E, sigma = np.broadcast_arrays(B, gamma, K, E, sigma)
         if (K > E).any():
-            raise ValueError(f"K must be <= E, got K = {K[K > E].flat[0]:g} with E = {E[K > E].flat[0]:g}")
+            raise UsageError(f"K must be <= E, got K = {K[K > E].flat[0]:g} with E = {E[K > E].flat[0]:g}", "K")
         too_low = sigma < 1 / (gamma + 1) - 1e-9
         if too_low.any():
-            raise ValueError(f"sigma must be in [1/(gamma+1), 1] (Eq. 5), got {sigma[too_low].flat[0]!r} with "
-                             f"gamma = {gamma[too_low].flat[0]:g}")
+            raise UsageError(f"sigma must be in [1/(gamma+1), 1] (Eq. 5), got {sigma[too_low].flat[0]!r} with "
+                             f"gamma = {gamma[too_low].flat[0]:g}", "sigma")
         tokens = np.stack([B, B * _verify_width(gamma, verify_tokens)])
         experts = expected_active_experts(tokens, E, K)
         return cls(B, gamma, sigma * (gamma + 1), tokens, experts, tokens * K / experts, rp)
@@ -253,7 +253,7 @@ class SpeedupInputs:
         linear in the eight time-like parameters; ``lam`` and ``s`` enter through G (see :func:`moesd.theory.roofline.unchecked_G`).
         """
         if self.batch.ndim != 1:
-            raise ValueError(f"the Jacobian needs one-dimensional inputs (points), got shape {self.batch.shape}")
+            raise UsageError(f"the Jacobian needs one-dimensional inputs (points), got shape {self.batch.shape}", "inputs")
         return self._jacobian(as_params(params).vector(), variant)
 
     def _jacobian(self, p: np.ndarray, variant: str, tokens: np.ndarray | None = None) -> np.ndarray:
@@ -371,7 +371,7 @@ def compute_speedup(params, B, gamma, K, E, sigma, rp, variant: str = "eq4", ver
         Predicted speedups, in the broadcast shape of the inputs.
     """
     if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+        raise UsageError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}", "variant")
     return SpeedupInputs.build(B, gamma, K, E, sigma, rp, verify_tokens).speedup(params, variant)
 
 
@@ -434,7 +434,7 @@ def denominator_weights(variant: str, gamma):
         return gamma, 0.0
     if variant == "printed":
         return 1.0, 1.0
-    raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    raise UsageError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}", "variant")
 
 
 def parameter_bounds(model=None, hardware=None, draft=None, bytes_per_parameter: float = 2.0,
@@ -485,16 +485,16 @@ def parameter_bounds(model=None, hardware=None, draft=None, bytes_per_parameter:
         ``(lower, upper)`` in :data:`PARAMETERS` order, seconds for the time-like parameters.
     """
     if (model is None) != (hardware is None):
-        raise ValueError("model and hardware must be given together (the volume bounds need both)")
+        raise UsageError("model and hardware must be given together (the volume bounds need both)", "model")
     if draft is not None and model is None:
-        raise ValueError("draft bounds need model and hardware too")
+        raise UsageError("draft bounds need model and hardware too", "draft")
     if vocab_size is not None and model is None:
-        raise ValueError("vocab_size applies to the volume bounds: give model and hardware too")
+        raise UsageError("vocab_size applies to the volume bounds: give model and hardware too", "vocab_size")
     bytes_per_parameter = float(as_array("bytes_per_parameter", bytes_per_parameter, low=0, low_open=True))
     tp = int(as_array("tp", tp, low=1, whole=True))
     draft_tp = int(as_array("draft_tp", draft_tp, low=1, whole=True))
     if (tp, draft_tp) != (1, 1) and model is None:
-        raise ValueError("tp and draft_tp apply to the volume bounds: give model and hardware too")
+        raise UsageError("tp and draft_tp apply to the volume bounds: give model and hardware too", "tp")
     lower = np.array([0, 1e-12, 0, 0, 0, 0, 0, 0, 0.2, 1.0])
     upper = np.array([np.inf] * 8 + [1.0, 2.0])
     if model is not None:

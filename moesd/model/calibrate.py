@@ -1,6 +1,6 @@
-"""The predictor (:func:`moesd.model.forward.step_time`) fitted to a measured forward study: the physical counterpart of Algorithm 1.
+"""The predictor (:func:`moesd.predictor.forward.step_time`) fitted to a measured forward study: the physical counterpart of Algorithm 1.
 
-:func:`calibrate` fits the few efficiency and overhead parameters (:class:`moesd.model.kernels.Efficiency`) to the
+:func:`calibrate` fits the few efficiency and overhead parameters (:class:`moesd.predictor.kernels.Efficiency`) to the
 ``T(B, s)`` of a ``moesd sweep forward`` and reports the error on held-out batch sizes;
 :func:`measured_shapes` and :func:`measured_device` read the shapes and the roofline of that sweep from its
 sidecar. scipy is imported inside :func:`calibrate` only.
@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from moesd._checks import UsageError
 from moesd.measure.analysis import measuring_hardware
-from moesd.model.forward import step_time
-from moesd.model.kernels import Efficiency
-from moesd.model.layout import resolve_model
+from moesd.predictor.forward import step_time
+from moesd.predictor.kernels import Efficiency
+from moesd.predictor.models import resolve_model
 from moesd.theory.roofline import Hardware, hardware_record
 from moesd.architecture import Architecture
 from moesd.zoo import get_model
@@ -60,7 +61,7 @@ def measured_shapes(sidecar: dict) -> tuple[Architecture, Architecture]:
     settings = sidecar.get("settings", {})
     missing = [k for k in ("target", "draft", "layers", "draft_layers", "width") if k not in settings]
     if missing:
-        raise ValueError(f"sidecar: settings lack {', '.join(missing)}")
+        raise UsageError(f"sidecar: settings lack {', '.join(missing)}", "sidecar")
     target_spec, draft_spec = get_model(settings["target"]), get_model(settings["draft"])
     target = target_spec.architecture(settings["layers"], width=settings["width"])
     if settings.get("vocab_size"):  # a vocabulary cut apart from the width (moesd.zoo.depth_scaled_vocab)
@@ -138,13 +139,13 @@ def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dt
     for name in parameters:
         if name not in ("bandwidth_fraction", "flops_fraction", "kernel_seconds", "launch_seconds",
                         "step_seconds", "expert_seconds"):
-            raise ValueError(f"parameters: {name!r} is not a field of Efficiency")
+            raise UsageError(f"parameters: {name!r} is not a field of Efficiency", "parameters")
     needed = {"role", "batch_size", "tokens", "context", "seconds"}
     if not needed <= set(forward_frame.columns):
-        raise ValueError(f"forward_frame lacks column(s) {', '.join(sorted(needed - set(forward_frame.columns)))}")
+        raise UsageError(f"forward_frame lacks column(s) {', '.join(sorted(needed - set(forward_frame.columns)))}", "forward_frame")
     rows = forward_frame[forward_frame["role"] == role]
     if rows.empty:
-        raise ValueError(f"role: no rows of role {role!r} in forward_frame")
+        raise UsageError(f"role: no rows of role {role!r} in forward_frame", "role")
     table = rows.groupby(["batch_size", "tokens", "context"], as_index=False)["seconds"].median()
     table = table.rename(columns={"seconds": "measured"})
     batch_sizes = np.sort(table["batch_size"].unique())
@@ -152,7 +153,7 @@ def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dt
         held_out_batch_sizes = batch_sizes[1::3]
     held_out = set(int(b) for b in held_out_batch_sizes)
     if not held_out <= set(int(b) for b in batch_sizes) or len(held_out) >= len(batch_sizes):
-        raise ValueError("held_out_batch_sizes must be measured batch sizes, leaving some to fit")
+        raise UsageError("held_out_batch_sizes must be measured batch sizes, leaving some to fit", "held_out_batch_sizes")
     table["held_out"] = table["batch_size"].isin(held_out)
     arch, hardware = resolve_model(model), hardware_record(hardware)
     parameters = tuple(p for p in parameters if p != "expert_seconds" or arch.num_experts)  # dense: no experts
@@ -212,7 +213,7 @@ def predicted_forward_study(forward_frame: pd.DataFrame, sidecar: dict, role: st
     settings = sidecar.get("settings", {})
     rows = forward_frame[forward_frame["role"] == role]
     if rows.empty:
-        raise ValueError(f"role: no rows of role {role!r} in forward_frame")
+        raise UsageError(f"role: no rows of role {role!r} in forward_frame", "role")
     table = rows.groupby(["batch_size", "tokens", "context"], as_index=False)["seconds"].median()
     target, draft = measured_shapes(sidecar)
     dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}[settings.get("dtype", "float32")]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moesd._checks import as_array
+from moesd._checks import UsageError, as_array
 from moesd.model.algorithm1 import VARIANTS, VERIFY_TOKENS, SpeedupInputs, denominator_weights, stage_times
 from moesd.model.fit import FitResult, fit_speedup_model
 from moesd.model.measurements import COLUMNS, measurement_array, speedup_inputs
@@ -27,15 +27,15 @@ __all__ = ["held_out_errors", "robustness_study", "residual_table", "STAGE_COLUM
 def _held_back(result: FitResult, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Which rows of ``frame`` the fit did not use (found by index label), and the frame's checked values."""
     if not isinstance(result, FitResult):
-        raise ValueError(f"result must be a FitResult, got {type(result).__name__}")
+        raise UsageError(f"result must be a FitResult, got {type(result).__name__}", "result")
     array = measurement_array(frame)
     if not frame.index.is_unique:
-        raise ValueError("frame's index must be unique (held-back rows are found by label)")
+        raise UsageError("frame's index must be unique (held-back rows are found by label)", "frame")
     positions = frame.index.get_indexer(result.fitted.index)
     if (positions < 0).any():
-        raise ValueError("frame lacks rows the fit used: pass the frame the result was fitted on")
+        raise UsageError("frame lacks rows the fit used: pass the frame the result was fitted on", "frame")
     if not np.array_equal(array[positions], result.fitted[list(COLUMNS)].to_numpy(dtype=float)):
-        raise ValueError("frame's rows differ from those the fit used: pass the frame the result was fitted on")
+        raise UsageError("frame's rows differ from those the fit used: pass the frame the result was fitted on", "frame")
     held = np.ones(len(frame), dtype=bool)
     held[positions] = False
     return held, array
@@ -89,7 +89,7 @@ def robustness_study(frame: pd.DataFrame, rp: float, strides=PAPER_STRIDES, size
     array = measurement_array(frame)
     for name in ("stride", "m", "begin"):
         if name in fit_options:
-            raise ValueError(f"robustness_study sets {name} itself")
+            raise UsageError(f"robustness_study sets {name} itself", name)
     samples = ([{"stride": stride} for stride in strides] if sizes is None
                else [{"m": int(as_array("sizes", m, low=1, whole=True))} for m in sizes])
     everything = None  # the inputs of every row, for the errors of every fit
@@ -172,15 +172,15 @@ def compare_stage_times(result: FitResult, measured: pd.DataFrame, num_experts: 
         ``ar_time`` fitted, ``t_target_1`` measured).
     """
     if not isinstance(result, FitResult):
-        raise ValueError(f"result must be a FitResult, got {type(result).__name__}")
+        raise UsageError(f"result must be a FitResult, got {type(result).__name__}", "result")
     frame = measured.rename(columns={"batch_size": "B", "num_experts_per_tok": "K"})
     if "E" not in frame.columns:
         if num_experts is None:
-            raise ValueError("measured has no E column: pass num_experts")
+            raise UsageError("measured has no E column: pass num_experts", "measured")
         frame = frame.assign(E=float(as_array("num_experts", num_experts, low=1, whole=True)))
     missing = [column for column in ("B", "gamma", "K", *STAGE_COLUMNS) if column not in frame.columns]
     if missing:
-        raise ValueError(f"measured lacks the column(s) {', '.join(missing)}")
+        raise UsageError(f"measured lacks the column(s) {', '.join(missing)}", "measured")
     for column in STAGE_COLUMNS + (("t_target_gamma",) if "t_target_gamma" in frame.columns else ()):
         as_array(column, frame[column], low=0, low_open=column != "t_reject")
     times = stage_times(result.parameters, frame["B"].to_numpy(float), frame["gamma"].to_numpy(float),
@@ -219,9 +219,9 @@ def model_variant_errors(frame: pd.DataFrame, rp: float, stride: int | None = 11
     """
     for name in ("variant", "verify_tokens", "begin"):
         if name in fit_options:
-            raise ValueError(f"model_variant_errors sets {name} itself")
+            raise UsageError(f"model_variant_errors sets {name} itself", name)
     if (stride is None) == (m is None):
-        raise ValueError("give either stride or m (with stride=None)")
+        raise UsageError("give either stride or m (with stride=None)", "stride")
     if m is not None:
         m = int(as_array("m", m, low=1, whole=True))
         sample = {"m": m}
@@ -231,7 +231,7 @@ def model_variant_errors(frame: pd.DataFrame, rp: float, stride: int | None = 11
         default = range(int(as_array("stride", stride, low=1, whole=True)))
     begins = default if begins is None else list(begins)
     if not len(begins):
-        raise ValueError("begins must name at least one fold")
+        raise UsageError("begins must name at least one fold", "begins")
     folds = []
     for verify_tokens in VERIFY_TOKENS:
         for variant in VARIANTS[::-1]:
@@ -260,9 +260,9 @@ def best_model_variant(errors: pd.DataFrame, metric: str = "mse") -> dict:
         ``verify_tokens``, ``variant``, ``metric``, its ``value`` and ``runner_up_value`` (next best).
     """
     if metric not in ("mse", "mape", "worst_mse"):
-        raise ValueError(f"metric must be mse, mape or worst_mse, got {metric!r}")
+        raise UsageError(f"metric must be mse, mape or worst_mse, got {metric!r}", "metric")
     if not isinstance(errors, pd.DataFrame) or metric not in errors.columns or errors.empty:
-        raise ValueError(f"errors must be the table of model_variant_errors (with a {metric} column)")
+        raise UsageError(f"errors must be the table of model_variant_errors (with a {metric} column)", "errors")
     ranked = errors[metric].sort_values(kind="stable")
     (verify_tokens, variant), value = ranked.index[0], float(ranked.iloc[0])
     return {"verify_tokens": verify_tokens, "variant": variant, "metric": metric, "value": value,

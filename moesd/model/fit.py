@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import Bounds, OptimizeResult, least_squares, minimize
 
-from moesd._checks import as_array
+from moesd._checks import UsageError, as_array
 from moesd.model.algorithm1 import (PARAMETERS, TIME_PARAMETERS, VARIANTS, VERIFY_TOKENS, SpeedupParams, as_params,
                                     parameter_bounds)
 from moesd.model.measurements import COLUMNS, check_measurements, speedup_inputs
@@ -111,7 +111,7 @@ class FitResult:
         """Predicted speedups of the rows of ``frame`` (columns B, gamma, K, E, sigma)."""
         missing = [column for column in COLUMNS[:5] if column not in frame.columns]
         if missing:
-            raise ValueError(f"frame lacks the column(s) {', '.join(missing)}")
+            raise UsageError(f"frame lacks the column(s) {', '.join(missing)}", "frame")
         return speedup_inputs(frame, self.rp, self.verify_tokens).speedup(self.parameters, self.variant)
 
     def relative_params(self) -> dict:
@@ -255,34 +255,34 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
     check_measurements(frame)
     if bounds is not None and (model is not None or hardware is not None or draft is not None
                                or t_reject is not None or (tp, draft_tp) != (1, 1)):
-        raise ValueError("give either bounds or model, hardware, draft, t_reject, tp and draft_tp, not both")
+        raise UsageError("give either bounds or model, hardware, draft, t_reject, tp and draft_tp, not both", "bounds")
     rp = float(as_array("rp", rp, low=0, low_open=True))
     if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+        raise UsageError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}", "variant")
     if verify_tokens not in VERIFY_TOKENS:
-        raise ValueError(f"verify_tokens must be one of {', '.join(VERIFY_TOKENS)}, got {verify_tokens!r}")
+        raise UsageError(f"verify_tokens must be one of {', '.join(VERIFY_TOKENS)}, got {verify_tokens!r}", "verify_tokens")
     if not frame.index.is_unique:
-        raise ValueError("the measurements' index must be unique (held-back rows are found by label); "
-                         "use frame.reset_index(drop=True)")
+        raise UsageError("the measurements' index must be unique (held-back rows are found by label); "
+                         "use frame.reset_index(drop=True)", "frame")
     if stride is not None and m is not None:
-        raise ValueError("give either stride or m, not both")
+        raise UsageError("give either stride or m, not both", "stride")
     if stride is not None:
         data = stride_sample(frame, stride, begin)
     elif m is not None:
         data = spread_sample(frame, m, begin)
     else:
         if begin != 0:
-            raise ValueError(f"begin applies only with a stride or m, got begin = {begin!r}")
+            raise UsageError(f"begin applies only with a stride or m, got begin = {begin!r}", "begin")
         data = frame
     if len(data) < len(PARAMETERS):
-        raise ValueError(f"{len(data)} measurements cannot determine {len(PARAMETERS)} parameters")
+        raise UsageError(f"{len(data)} measurements cannot determine {len(PARAMETERS)} parameters", "frame")
     if bounds is None:
         lower, upper = parameter_bounds(model, hardware, draft, bytes_per_parameter, t_reject, tp=tp,
                                         draft_tp=draft_tp)
     else:
         lower, upper = (np.array(side, dtype=float) for side in bounds)
         if lower.shape != (len(PARAMETERS),) or upper.shape != lower.shape or (lower > upper).any():
-            raise ValueError(f"bounds must be two arrays of {len(PARAMETERS)} numbers with lower <= upper")
+            raise UsageError(f"bounds must be two arrays of {len(PARAMETERS)} numbers with lower <= upper", "bounds")
     if x0 is None:
         bias = np.sqrt(lower[0] * upper[0]) if 0 < lower[0] and np.isfinite(upper[0]) else 1.0
         start = initial_guess(bias, lower, upper)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from moesd._checks import as_array
+from moesd._checks import UsageError, as_array
 from moesd.model.algorithm1 import SpeedupInputs
 
 __all__ = ["COLUMNS", "read_result_file", "from_sweep", "mean_over_repeats", "sigma_adjusted_speedup", "check_measurements",
@@ -61,36 +61,36 @@ def read_result_file(path, allow_incomplete: bool = False,
     sidecar_path = Path(path).with_suffix(".json")
     sidecar = read_sidecar(sidecar_path) if sidecar_path.exists() else None
     if {"role", "tokens", "seconds"} <= set(rows.columns):
-        raise ValueError(f"{path} is a forward study (stage times per forward, no speedups); Algorithm 1 is fitted "
+        raise UsageError(f"{path} is a forward study (stage times per forward, no speedups); Algorithm 1 is fitted "
                          "to an e2e or sparsity result file (e2e.csv or sparsity.csv beside it, or measure one with "
-                         "`moesd sweep sparsity`)")
+                         "`moesd sweep sparsity`)", "path")
     missing = [column for column in FITTING_COLUMNS if column not in rows.columns]
     if missing:
-        raise ValueError(f"{path} lacks the column(s) {', '.join(missing)}; Algorithm 1 is fitted to the e2e or "
-                         "sparsity result files of `moesd sweep`")
+        raise UsageError(f"{path} lacks the column(s) {', '.join(missing)}; Algorithm 1 is fitted to the e2e or "
+                         "sparsity result files of `moesd sweep`", "path")
     if rows["num_experts_per_tok"].isna().all():
-        raise ValueError(f"{path} has no experts per token (a dense target?); Algorithm 1 fits an MoE target")
+        raise UsageError(f"{path} has no experts per token (a dense target?); Algorithm 1 fits an MoE target", "path")
     for column in FITTING_COLUMNS:
         values = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float)
         bad = np.flatnonzero(~np.isfinite(values) & rows[column].map(lambda v: isinstance(v, (int, float))))
         if bad.size:
-            raise ValueError(f"{path}: line {bad[0] + 2}, column {column} is {rows[column].iloc[bad[0]]} (empty or "
-                             "not finite); Algorithm 1 needs a number in every row")
+            raise UsageError(f"{path}: line {bad[0] + 2}, column {column} is {rows[column].iloc[bad[0]]} (empty or "
+                             "not finite); Algorithm 1 needs a number in every row", "path")
     if sidecar is not None and sidecar.get("complete") is False and not allow_incomplete:
-        raise ValueError(f"{sidecar_path} says complete: false: the sweep stopped before its last point; finish it "
+        raise UsageError(f"{sidecar_path} says complete: false: the sweep stopped before its last point; finish it "
                          "by running the same `moesd sweep` again, or pass allow_incomplete=True "
-                         "(--allow-incomplete) to fit the rows it has")
+                         "(--allow-incomplete) to fit the rows it has", "allow_incomplete")
     repeats = repeated_points(rows)
     if repeats:
         index, first = next(iter(repeats.items()))
-        raise ValueError(f"{path}: line {index + 2} repeats the point of line {first + 2} (a row copied twice?); "
-                         "remove one of them")
+        raise UsageError(f"{path}: line {index + 2} repeats the point of line {first + 2} (a row copied twice?); "
+                         "remove one of them", "path")
     high = np.flatnonzero(above_ceiling(rows))
     if high.size and not allow_above_ceiling:
         row = rows.iloc[high[0]]
-        raise ValueError(f"{path}: line {high[0] + 2} (and {high.size - 1} more): speedup = {row['speedup']:.4g} "
+        raise UsageError(f"{path}: line {high[0] + 2} (and {high.size - 1} more): speedup = {row['speedup']:.4g} "
                          f"exceeds Eq. 4's ceiling sigma (gamma + 1) = {row['sigma'] * (row['gamma'] + 1):.4g}; "
-                         "pass allow_above_ceiling=True (--allow-above-ceiling) to fit such rows anyway")
+                         "pass allow_above_ceiling=True (--allow-above-ceiling) to fit such rows anyway", "allow_above_ceiling")
     return rows, sidecar
 
 
@@ -98,7 +98,7 @@ def from_sweep(rows: pd.DataFrame, num_experts: int) -> pd.DataFrame:
     """The fitting frame (columns :data:`COLUMNS`) of an e2e or sparsity result file of :mod:`moesd.measure.bench`."""
     missing = [c for c in ("batch_size", "gamma", "num_experts_per_tok", "sigma", "speedup") if c not in rows]
     if missing:
-        raise ValueError(f"rows lack the column(s) {', '.join(missing)} of an e2e or sparsity result file")
+        raise UsageError(f"rows lack the column(s) {', '.join(missing)} of an e2e or sparsity result file", "rows")
     num_experts = int(as_array("num_experts", num_experts, low=1, whole=True))
     return pd.DataFrame({"B": rows["batch_size"], "gamma": rows["gamma"], "K": rows["num_experts_per_tok"],
                          "E": num_experts, "sigma": rows["sigma"], "speedup": rows["speedup"]})
@@ -127,10 +127,10 @@ def mean_over_repeats(rows: pd.DataFrame, errors=("speedup",)) -> pd.DataFrame:
         and ``runs`` (the repeats averaged), sorted by the point's columns, with a fresh index.
     """
     if not isinstance(rows, pd.DataFrame):
-        raise ValueError(f"rows must be a pandas DataFrame, got {type(rows).__name__}")
+        raise UsageError(f"rows must be a pandas DataFrame, got {type(rows).__name__}", "rows")
     missing = [c for c in ("batch_size", "gamma", *errors) if c not in rows]
     if missing:
-        raise ValueError(f"rows lack the column(s) {', '.join(missing)} of an e2e-type result file")
+        raise UsageError(f"rows lack the column(s) {', '.join(missing)} of an e2e-type result file", "rows")
     keys = [c for c in ("batch_size", "gamma", "num_experts_per_tok") if c in rows]
     numeric = [c for c in rows.select_dtypes("number").columns if c not in (*keys, "run", "seed")]
     groups = rows.groupby(keys, dropna=False)
@@ -150,7 +150,7 @@ def sigma_adjusted_speedup(frame: pd.DataFrame, reference_k: int = 8) -> pd.Seri
     group_sigma = frame.groupby(["K", "gamma"])["sigma"].transform("mean")
     reference = frame[frame["K"] == reference_k]
     if reference.empty:
-        raise ValueError(f"no measurement with K = {reference_k} to rescale against")
+        raise UsageError(f"no measurement with K = {reference_k} to rescale against", "reference_k")
     reference_sigma = frame["gamma"].map(reference.groupby("gamma")["sigma"].mean())
     return frame["speedup"] * reference_sigma / group_sigma
 
@@ -183,10 +183,10 @@ def measurement_array(frame: pd.DataFrame) -> np.ndarray:
         the row (the frame's index label) of the first bad cell.
     """
     if not isinstance(frame, pd.DataFrame):
-        raise ValueError(f"measurements must be a pandas DataFrame, got {type(frame).__name__}")
+        raise UsageError(f"measurements must be a pandas DataFrame, got {type(frame).__name__}", "measurements")
     missing = [column for column in COLUMNS if column not in frame.columns]
     if missing:
-        raise ValueError(f"measurements lack the column(s) {', '.join(missing)}")
+        raise UsageError(f"measurements lack the column(s) {', '.join(missing)}", "measurements")
     values = frame[list(COLUMNS)]
     if not all(pd.api.types.is_numeric_dtype(dtype) for dtype in values.dtypes):
         for column in COLUMNS:
@@ -194,8 +194,8 @@ def measurement_array(frame: pd.DataFrame) -> np.ndarray:
             text = numbers.isna() & values[column].notna()
             if text.any():
                 label = text.idxmax()
-                raise ValueError(f"measurements column {column} holds {values[column][label]!r} (row {label}), "
-                                 "not a number")
+                raise UsageError(f"measurements column {column} holds {values[column][label]!r} (row {label}), "
+                                 "not a number", "measurements")
         values = values.apply(pd.to_numeric)
     array = values.to_numpy(dtype=float)
 
@@ -206,18 +206,18 @@ def measurement_array(frame: pd.DataFrame) -> np.ndarray:
     if not np.isfinite(array).all():
         bad = [column for column, wrong in zip(COLUMNS, ~np.isfinite(array).all(axis=0)) if wrong]
         kind = "NaN" if np.isnan(array).any() else "infinite values"
-        raise ValueError(f"measurements have {kind} in {', '.join(bad)}: "
-                         f"{where(~np.isfinite(array[:, COLUMNS.index(bad[0])]), bad[0])}")
+        raise UsageError(f"measurements have {kind} in {', '.join(bad)}: "
+                         f"{where(~np.isfinite(array[:, COLUMNS.index(bad[0])]), bad[0])}", "measurements")
     B, gamma, K, E, sigma, speedup = array.T
     for column, values in (("B", B), ("gamma", gamma)):
         if (values < 1).any():
-            raise ValueError(f"B and gamma must be >= 1: {where(values < 1, column)}")
+            raise UsageError(f"B and gamma must be >= 1: {where(values < 1, column)}", column)
     for column, bad in (("K", (K < 1) | (K > E)), ("sigma", (sigma < 1 / (gamma + 1) - 1e-9) | (sigma > 1)),
                         ("speedup", speedup <= 0)):
         if bad.any():
             rule = {"K": "K must be in [1, E]", "sigma": "sigma must be in [1/(gamma+1), 1] (Eq. 5)",
                     "speedup": "speedup must be > 0"}[column]
-            raise ValueError(f"{rule}: {where(bad, column)}")
+            raise UsageError(f"{rule}: {where(bad, column)}", column)
     return array
 
 

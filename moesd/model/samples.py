@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moesd._checks import as_array
+from moesd._checks import UsageError, as_array
 
-__all__ = ["PAPER_STRIDES", "PAPER_CURVES", "stride_sample", "spread_sample", "stride_coverage"]
+__all__ = ["PAPER_STRIDES", "PAPER_CURVES", "stride_sample", "spread_sample", "stride_coverage", "stride_points"]
 
 PAPER_STRIDES = (25, 22, 20, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1)
 """The 21 strides of Appendix C.3 (m = 10 ... 228 of 228 measurements, Table 3)."""
@@ -61,7 +61,7 @@ def spread_sample(frame: pd.DataFrame, m: int, begin: int = 0) -> pd.DataFrame:
     m = int(as_array("m", m, low=1, high=max(n, 1), whole=True))
     begin = int(as_array("begin", begin, low=0, whole=True))
     if begin * m >= n:
-        raise ValueError(f"begin must lie below n / m = {n} / {m}, got {begin}")
+        raise UsageError(f"begin must lie below n / m = {n} / {m}, got {begin}", "begin")
     return ordered.iloc[begin + (np.arange(m) * n) // m]
 
 
@@ -81,7 +81,7 @@ def stride_coverage(batch_sizes, curves: int, strides=PAPER_STRIDES) -> pd.Serie
     """
     grid = np.sort(as_array("batch_sizes", batch_sizes, low=1, whole=True))
     if grid.size == 0:
-        raise ValueError("batch_sizes must name at least one batch size")
+        raise UsageError("batch_sizes must name at least one batch size", "batch_sizes")
     curves = int(as_array("curves", curves, low=1, whole=True))
     rows = np.tile(grid, curves)
     covered = {}
@@ -89,3 +89,29 @@ def stride_coverage(batch_sizes, curves: int, strides=PAPER_STRIDES) -> pd.Serie
         stride = int(as_array("stride", stride, low=1, whole=True))
         covered[stride] = " ".join(str(int(b)) for b in np.unique(rows[::stride]))
     return pd.Series(covered, name="batch_sizes").rename_axis("stride")
+
+
+def stride_points(batch_sizes, curves: int, strides=PAPER_STRIDES) -> pd.Series:
+    """The points each stride sample holds in a design of ``curves`` curves over ``batch_sizes``.
+
+    As :func:`stride_coverage`, but keeping which curve each point lies on: the points as ``"c/0/B"`` strings,
+    ``c`` the curve's index (0 to ``curves - 1``) in the place of K and 0 in the place of gamma (the paper does not
+    state its K and gamma values; the coverage per curve of
+    :func:`moesd.paper.sparsity_verdicts.curve_coverage` needs only which points share a curve).
+
+    Returns
+    -------
+    pandas.Series
+        Indexed by stride: the points, space-separated (as the ``points`` column of
+        :func:`moesd.model.diagnostics.robustness_study`).
+    """
+    grid = np.sort(as_array("batch_sizes", batch_sizes, low=1, whole=True))
+    if grid.size == 0:
+        raise ValueError("batch_sizes must name at least one batch size")
+    curves = int(as_array("curves", curves, low=1, whole=True))
+    rows = [f"{curve}/0/{int(b)}" for curve in range(curves) for b in grid]
+    points = {}
+    for stride in strides:
+        stride = int(as_array("stride", stride, low=1, whole=True))
+        points[stride] = " ".join(rows[::stride])
+    return pd.Series(points, name="points").rename_axis("stride")

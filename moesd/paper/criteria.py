@@ -236,6 +236,22 @@ class Verdict:
     def parts(self) -> pd.DataFrame:
         return self.material.parts
 
+    def parts_table(self) -> pd.DataFrame:
+        """Both readings' outcomes side by side, one row per part and place: ``part``, ``where``, ``role`` (in the
+        material reading), ``material``, ``strict`` (outcomes; empty where a reading has no such part) and
+        ``detectable`` (the smallest effect a part within noise needed in the material reading, else the strict
+        one's), ``unit``."""
+        key = ["part", "where"]
+        material = self.material.parts.rename(columns={"outcome": "material"})
+        strict = self.strict.parts.rename(columns={"outcome": "strict", "detectable": "strict_detectable",
+                                                   "unit": "strict_unit", "role": "strict_role"})
+        table = material.merge(strict, on=key, how="outer")
+        table["role"] = table["role"].fillna(table["strict_role"])
+        table["detectable"] = table["detectable"].fillna(table["strict_detectable"])
+        table["unit"] = table["unit"].fillna(table["strict_unit"])
+        return table[["part", "where", "role", "material", "strict", "detectable", "unit"]].fillna(
+            {"material": "", "strict": ""})
+
 
 def strict_status(outcomes) -> str:
     """The strict reading's status from all its parts' outcomes."""

@@ -5,26 +5,30 @@ teams and users published (one row per point, with its source, link and the quot
 acceptance length of the same or a cited setup and the plain decoding step the source reports; chains of
 drafts and trees (``draft_topk`` candidates per position, ``verify_tokens`` scored per sequence) alike. Nothing
 here is fitted to the speedups: :func:`check_engines` predicts each point with
-:func:`moesd.model.predict.predict_sd` in several variants, from the GPUs' work alone (the predictor
+:func:`moesd.predictor.predict.predict_sd` in several variants, from the GPUs' work alone (the predictor
 before engine profiles) to the engine's profile with the measured plain step, and with each engine term
 left out in turn, and scores each variant by its mean absolute percentage error (MAPE), whether it gets
 the sign of "SD pays" (speedup > 1) right, and whether it gets the direction of each source's trend over
-batch size right.
+batch size right. :func:`error_band` turns the residuals into the predictor's error band per variant, with its
+leave-one-source-out coverage; :func:`write_error_band` writes it where :mod:`moesd.predictor.band` reads it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from moesd.model.engine import Cost, engine_profile
-from moesd.model.predict import predict_sd
+from moesd.predictor.engine import Cost, engine_profile
+from moesd.predictor.predict import predict_sd
+from moesd.predictor.setup import Setup
 from moesd.paper.tables import DATA_DIR
 
-__all__ = ["VARIANTS", "published_speedups", "EngineCheck", "check_engines"]
+__all__ = ["VARIANTS", "BAND_VARIANTS", "published_speedups", "point_setup", "EngineCheck", "check_engines",
+           "error_band", "write_error_band"]
 
 _NONE = Cost(0.0, 0.0, 0.0, "left out")
 _SETUP = ["source", "model", "draft", "hardware", "tp", "gamma", "draft_topk", "verify_tokens"]
@@ -69,17 +73,24 @@ def _profile(name: str, variant: str):
     return dataclasses.replace(engine_profile(name), **_LEFT_OUT.get(variant, {}))
 
 
-def _predict(point, variant: str) -> float:
-    # Eq. 4's tokens per round are the published acceptance length, chain or tree alike
-    sigma = point.acceptance_length / (point.gamma + 1)
-    options = dict(tp=point.tp, draft_tp=point.tp, ep=point.ep, context=point.context, sigma=sigma,
-                   dtype=point.dtype, draft_dtype=point.draft_dtype, draft_topk=point.draft_topk,
-                   verify_tokens=point.verify_tokens, dp_attention=bool(point.dp_attention))
+def point_setup(point, variant: str = "anchored") -> Setup:
+    """The :class:`~moesd.predictor.setup.Setup` of one published point (a row of :func:`published_speedups`) as the
+    variant ``variant`` of :data:`VARIANTS` prices it: the draft on the target's GPUs, the engine's profile unless
+    ``"device"``, the source's plain step unless ``"device"`` or ``"profile"``."""
+    options = dict(tp=point.tp, draft_tp=point.tp, ep=point.ep, context=point.context, dtype=point.dtype,
+                   draft_dtype=point.draft_dtype, draft_topk=point.draft_topk, verify_tokens=point.verify_tokens,
+                   dp_attention=bool(point.dp_attention))
     if variant != "device":
         options["engine"] = _profile(point.engine, variant)
     if variant.startswith("anchored"):
         options.update(step_seconds=point.baseline_step_ms * 1e-3, step_batch_size=point.baseline_batch_size)
-    frame = predict_sd(point.model, point.draft, point.hardware, point.batch_size, point.gamma, **options)
+    return Setup(point.model, point.draft, point.hardware, **options)
+
+
+def _predict(point, variant: str) -> float:
+    # Eq. 4's tokens per round are the published acceptance length, chain or tree alike
+    sigma = point.acceptance_length / (point.gamma + 1)
+    frame = predict_sd(point_setup(point, variant), point.batch_size, point.gamma, sigma)
     return float(frame["speedup"].iloc[0])
 
 
@@ -137,3 +148,50 @@ def check_engines(points: pd.DataFrame | None = None) -> EngineCheck:
                           for setup, group in chains if group["gamma"].nunique() > 1],
                          columns=["source", "hardware", "batch_size", "published", "anchored"])
     return EngineCheck(points, pd.DataFrame(scores), by_source, wrong, peaks)
+
+
+BAND_VARIANTS = ("device", "profile", "anchored")
+"""The variants a prediction is made in, each with its own error band: without an engine profile, with one, and with
+one and a measured plain step (:func:`moesd.predictor.band.band_variant`)."""
+
+
+def error_band(check: EngineCheck | None = None) -> pd.DataFrame:
+    """The error band of each of :data:`BAND_VARIANTS`, calibrated on the published points, and its coverage when
+    each source is left out.
+
+    The band is the range of ``published / predicted`` over the points: a prediction ``s`` stands for a speedup in
+    ``[low s, high s]``. Nothing is fitted to a point it is checked against: leaving each source out in turn, the
+    band of the other sources' points is checked on the left-out source's points (``loso_covered`` of ``points``
+    fall inside), the honest measure of how often the band holds for a deployment the table has not seen.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per variant: ``variant``, ``low`` and ``high`` (the factors, over all points), ``points``,
+        ``sources``, ``loso_covered`` (points inside the band of the other sources) and ``loso_coverage``
+        (their fraction).
+    """
+    check = check or check_engines()
+    points = check.points
+    rows = []
+    for variant in BAND_VARIANTS:
+        ratio = np.log(points["speedup"] / points[variant])
+        covered = 0
+        for source in points["source"].unique():
+            out = (points["source"] == source).to_numpy()
+            inside = (ratio[out] >= ratio[~out].min()) & (ratio[out] <= ratio[~out].max())
+            covered += int(inside.sum())
+        rows.append({"variant": variant, "low": float(np.exp(ratio.min())), "high": float(np.exp(ratio.max())),
+                     "points": len(points), "sources": int(points["source"].nunique()), "loso_covered": covered,
+                     "loso_coverage": covered / len(points)})
+    return pd.DataFrame(rows)
+
+
+def write_error_band(path=None) -> Path:
+    """Write :func:`error_band` to the predictor's data table (default ``moesd/records/error_band.csv``), which
+    :mod:`moesd.predictor.band` reads; run it after the validation table or the predictor changes."""
+    from moesd.predictor.band import BAND_TABLE
+
+    path = Path(path) if path is not None else BAND_TABLE
+    error_band().to_csv(path, index=False, float_format="%.6g")
+    return path

@@ -1,4 +1,4 @@
-"""The predictor (:mod:`moesd.model.predict`) beside the paper's Tables 1-2: peaks, orderings and what closes the gap.
+"""The predictor (:mod:`moesd.predictor.predict`) beside the paper's Tables 1-2: peaks, orderings and what closes the gap.
 
 * :func:`paper_comparison`: every Qwen2-57B-A14B + Qwen2-0.5B row of Tables 1-2 beside the predicted peak of
   the same setup (nothing fitted to the tables);
@@ -18,18 +18,22 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from moesd._checks import as_array
-from moesd.model.kernels import Efficiency
-from moesd.model.predict import PAPER_BATCH_SIZES, predict_sd
+from moesd._checks import UsageError, as_array
+from moesd.predictor.engine import HOST_SECONDS_VLLM_V0
+from moesd.predictor.kernels import Efficiency
+from moesd.predictor.predict import PAPER_BATCH_SIZES, predict_sd
+from moesd.predictor.setup import Setup
 from moesd.theory.roofline import hardware_record
 
+__all__ = ["HOST_SECONDS_VLLM_V0", "PAPER_ORDERINGS", "efficiency_to_match", "paper_comparison", "paper_orderings",
+           "ordering_scan", "model_stages"]
 
-def efficiency_to_match(speedup, target, draft, hardware, batch_size, gamma, sigma, field="step_seconds",
-                        bounds=(0.0, 0.1), efficiency: Efficiency | None = None, apply_to="both",
-                        **options) -> float:
+
+def efficiency_to_match(speedup, setup: Setup, batch_size, gamma, sigma, field="step_seconds", bounds=(0.0, 0.1),
+                        efficiency: Efficiency | None = None, apply_to="both") -> float:
     """The value of one :class:`Efficiency` field at which the predicted peak speedup equals ``speedup``.
 
-    The peak is the maximum over ``batch_size`` of :func:`predict_sd` at one ``gamma`` and ``sigma``;
+    The peak is the maximum over ``batch_size`` of :func:`predict_sd` of ``setup`` at one ``gamma`` and ``sigma``;
     the field (e.g. ``"step_seconds"``, a fixed cost per forward pass) is set for the target, the draft
     or both (``apply_to``) and found by bisection within ``bounds``. It answers "what would this
     overhead have to be to explain a measured speedup", not what it is.
@@ -43,23 +47,22 @@ def efficiency_to_match(speedup, target, draft, hardware, batch_size, gamma, sig
 
     if field not in ("bandwidth_fraction", "flops_fraction", "kernel_seconds", "launch_seconds", "step_seconds",
                      "expert_seconds"):
-        raise ValueError(f"field must be a field of Efficiency, got {field!r}")
+        raise UsageError(f"field must be a field of Efficiency, got {field!r}", "field")
     if apply_to not in ("both", "target", "draft"):
-        raise ValueError(f"apply_to must be 'both', 'target' or 'draft', got {apply_to!r}")
+        raise UsageError(f"apply_to must be 'both', 'target' or 'draft', got {apply_to!r}", "apply_to")
     speedup = float(as_array("speedup", speedup, low=0, low_open=True))
     efficiency = efficiency or Efficiency()
 
     def gap(value):
         changed = dataclasses.replace(efficiency, **{field: value})
-        frame = predict_sd(target, draft, hardware, batch_size, gamma, sigma,
-                           efficiency=efficiency if apply_to == "draft" else changed,
-                           draft_efficiency=efficiency if apply_to == "target" else changed, **options)
+        frame = predict_sd(setup, batch_size, gamma, sigma, efficiency=efficiency if apply_to == "draft" else changed,
+                           draft_efficiency=efficiency if apply_to == "target" else changed)
         return frame["speedup"].max() - speedup
 
     low, high = gap(bounds[0]), gap(bounds[1])
     if low * high > 0:
-        raise ValueError(f"speedup {speedup:g} is not reached for {field} in {bounds}: peaks "
-                         f"{low + speedup:.3g} and {high + speedup:.3g}")
+        raise UsageError(f"speedup {speedup:g} is not reached for {field} in {bounds}: peaks "
+                         f"{low + speedup:.3g} and {high + speedup:.3g}", "speedup")
     return float(brentq(gap, *bounds, xtol=1e-9 * max(1.0, abs(bounds[1])), rtol=1e-6))
 
 
@@ -107,14 +110,14 @@ def paper_comparison(context=256, efficiency: Efficiency | None = None, batch_si
     rows = rows[rows["model"].str.startswith("Qwen2")]
     for column, value in (where or {}).items():
         if column not in rows.columns:
-            raise ValueError(f"where: Tables 1-2 have no column {column!r}")
+            raise UsageError(f"where: Tables 1-2 have no column {column!r}", "where")
         rows = rows[rows[column] == value]
     rows = rows.reset_index(drop=True)
     out = []
     for _, row in rows.iterrows():
         name, gpus = _paper_device(row["device"])
-        frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", name, list(batch_sizes), int(row["gamma"]),
-                           float(row["sigma"]), tp=gpus, context=context, efficiency=efficiency)
+        setup = Setup("qwen2-57b-a14b", "qwen2-0.5b", name, tp=gpus, context=context)
+        frame = predict_sd(setup, list(batch_sizes), int(row["gamma"]), float(row["sigma"]), efficiency=efficiency)
         peak = frame.loc[frame["speedup"].idxmax()]
         result = {"table": row["table"], "device": row["device"], "dataset": row["dataset"],
                   "temperature": row["temperature"], "gamma": int(row["gamma"]), "sigma": row["sigma"],
@@ -126,10 +129,8 @@ def paper_comparison(context=256, efficiency: Efficiency | None = None, batch_si
         if match:
             for column, apply_to in (("step_ms_to_match", "both"), ("draft_step_ms_to_match", "draft")):
                 try:
-                    value = 1e3 * efficiency_to_match(row["speedup"], "qwen2-57b-a14b", "qwen2-0.5b", name,
-                                                      list(batch_sizes), int(row["gamma"]), float(row["sigma"]),
-                                                      efficiency=efficiency, apply_to=apply_to, tp=gpus,
-                                                      context=context)
+                    value = 1e3 * efficiency_to_match(row["speedup"], setup, list(batch_sizes), int(row["gamma"]),
+                                                      float(row["sigma"]), efficiency=efficiency, apply_to=apply_to)
                 except ValueError:
                     value = np.nan
                 result[column] = value
@@ -141,17 +142,6 @@ def paper_comparison(context=256, efficiency: Efficiency | None = None, batch_si
 PAPER_ORDERINGS = (("2xH800", "2xA800", "higher ridge point, larger speedup"),
                    ("2xA800", "4xA800", "the draft stays on one GPU while the target spreads"),
                    ("4xL40", "4xA800", "higher ridge point, larger speedup"))
-
-
-HOST_SECONDS_VLLM_V0 = 0.29 / 0.38 * 5e-3
-"""An order of magnitude of vLLM v0's host work per forward pass (seconds): scheduling alone.
-
-vLLM's profile of v0.5.3 serving Llama 3 8B on one H100 puts scheduling (gathering the last step's
-results, scheduling the next, preparing its inputs) at 29 % of the execution time and the GPU's
-forward pass at 38 % ("vLLM v0.6.0: 2.7x Throughput Improvement and 5x Latency Reduction", vLLM blog,
-2024-09-05); that forward takes about 5 ms ("vLLM V1", vLLM blog, 2025-01-27): 0.29 / 0.38 x 5 ms.
-Not a measurement of the paper's runs (a 57B MoE on several GPUs, SD's draft steps, another vLLM
-version); only its order of magnitude is used."""
 
 
 def paper_orderings(comparison: pd.DataFrame) -> pd.DataFrame:
@@ -224,10 +214,10 @@ def ordering_scan(efficiencies: dict, context=256, batch_sizes=PAPER_BATCH_SIZES
         (median over the device's rows) and ``"median predicted / printed"``.
     """
     if not isinstance(efficiencies, dict) or not efficiencies:
-        raise ValueError(f"efficiencies must be a non-empty dict of label to Efficiency or None, got {efficiencies!r}")
+        raise UsageError(f"efficiencies must be a non-empty dict of label to Efficiency or None, got {efficiencies!r}", "efficiencies")
     for label, efficiency in efficiencies.items():
         if efficiency is not None and not isinstance(efficiency, Efficiency):
-            raise ValueError(f"efficiencies[{label!r}] must be an Efficiency or None, got {efficiency!r}")
+            raise UsageError(f"efficiencies[{label!r}] must be an Efficiency or None, got {efficiency!r}", "efficiencies")
     columns = {}
     for label, efficiency in efficiencies.items():
         frame = paper_comparison(context=context, efficiency=efficiency, batch_sizes=batch_sizes, match=False)
@@ -265,14 +255,14 @@ def model_stages(device: str, gamma: int, sigma: float, context=256, speedup=Non
                Efficiency(kernel_seconds=0.0)),
               ("+ fixed cost per kernel and link latency (default)", hardware, Efficiency())]
     if speedup is not None:
-        step = efficiency_to_match(speedup, "qwen2-57b-a14b", "qwen2-0.5b", hardware, list(batch_sizes), gamma,
-                                   sigma, tp=gpus, context=context)
+        step = efficiency_to_match(speedup, Setup("qwen2-57b-a14b", "qwen2-0.5b", hardware, tp=gpus, context=context),
+                                   list(batch_sizes), gamma, sigma)
         stages.append((f"+ {1e3 * step:.1f} ms per forward pass (matches x = {speedup:g})", hardware,
                        Efficiency(step_seconds=step)))
     out = []
     for stage, hw, eff in stages:
-        frame = predict_sd("qwen2-57b-a14b", "qwen2-0.5b", hw, list(batch_sizes), gamma, sigma, tp=gpus,
-                           context=context, efficiency=eff)
+        frame = predict_sd(Setup("qwen2-57b-a14b", "qwen2-0.5b", hw, tp=gpus, context=context), list(batch_sizes),
+                           gamma, sigma, efficiency=eff)
         peak = frame.loc[frame["speedup"].idxmax()]
         out.append({"stage": stage, "peak": peak["speedup"], "peak_B": int(peak["batch_size"]),
                     "verify_term": peak["verify_term"], "draft_term": peak["draft_term"],

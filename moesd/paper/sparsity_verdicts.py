@@ -14,6 +14,7 @@ import pandas as pd
 
 from moesd.paper.criteria import (CLAIM, CLAIMS, CONTRADICTED, NOT_SHOWN, SHOWN, UNTESTABLE, Verdict, fall_outcome,
                                   growth_outcome)
+from moesd.narration import NO_ROBUSTNESS, fig4_details, judged_from, no_study, table3_details, table3_too_few
 from moesd.paper.curves import (MIN_BATCH_SIZES, NOISE_Z, curve, falls_monotonically, growth_detectable,
                                 half_power_width, peak_region, spearman_detectable)
 from moesd.paper.verdicts import READINGS, judged, new_notes, note, rows_from, untestable
@@ -62,14 +63,11 @@ def sparser_peaks_later_and_wider(sparsity: pd.DataFrame | None, monotone_ks=(1,
       the part is tested (with the tolerance) only where the study's ``context`` reaches it, and is not testable
       here otherwise, with both contexts in the numbers (``attention_context``, ``study_context``).
     """
-    from moesd.narration import fig4_details, judged_from
 
     claim = "Fig. 4"
     statement = judged_from(CLAIMS[claim].statement.replace("1, 2", ", ".join(map(str, monotone_ks))), from_batch_size)
     sparsity = rows_from(sparsity, from_batch_size)
     if sparsity is None or sparsity.empty:
-        from moesd.narration import no_study
-
         return untestable(claim, no_study("sparsity"), statement)
     rows, notes = [], new_notes()
     context = float(sparsity["context"].max()) if "context" in sparsity else float("nan")
@@ -198,7 +196,6 @@ def poor_coverage_worst_fits(robustness: pd.DataFrame | None, batch_sizes=None, 
       contradicts), and coverage and MSE are negatively rank-correlated at the one-sided 5 % level (positively at
       that level contradicts). Not testable without ``points`` or with fewer than five judged samples.
     """
-    from moesd.narration import NO_ROBUSTNESS, table3_details
 
     claim = "Table 3"
     if robustness is None or robustness.empty:
@@ -221,8 +218,6 @@ def poor_coverage_worst_fits(robustness: pd.DataFrame | None, batch_sizes=None, 
         details = table3_details(worst, poor["m"], poor["mse"].median(), well["mse"].median(), len(well), scatter,
                                  excess)
     notes["material"] += _per_curve_notes(table, robustness, design, where)
-    from moesd.narration import table3_too_few
-
     return judged(claim, table, notes, details or table3_too_few(len(poor), len(well), parameters))
 
 

@@ -7,7 +7,8 @@ measurements of this project.
 * ``tables_1_2``: Tables 1-2, one row per (model, device, dataset, temperature, gamma) with
   ``T_AR``, ``T_SD``, ``sigma`` and the peak ``speedup``.
 * ``table_3``: Table 3, the fitting-robustness study (``m``, ``stride``, ``mse``, ...).
-* ``models``: the paper's models and their architectures.
+* ``models``: the paper's models, their parameter counts and sources; their architectures' dimensions are joined
+  from the package's shipped model records (:func:`moesd.zoo.paper_dimensions`), the one source of model dimensions.
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ _COLUMNS = {
     "tables_1_2": ("table", "model", "device", "dataset", "temperature", "gamma", "T_AR", "T_SD", "sigma",
                    "speedup", "source"),
     "table_3": ("m", "stride", "mse", "source"),
-    "models": ("model", "hub_id", "num_experts", "num_experts_per_tok", "total_params", "active_params",
-               "config_source", "params_source"),
+    "models": ("model", "hub_id", "total_params", "active_params", "config_source", "params_source"),
 }
 """Columns each table must have (the chapters and tests read them)."""
 
@@ -67,5 +67,18 @@ def paper_table(name: str) -> pd.DataFrame:
     missing = [c for c in _COLUMNS[name] if c not in table.columns]
     if missing:
         raise ValueError(f"{path}: not the paper's {name}: it lacks the column(s) {', '.join(missing)}")
+    if name == "models":
+        table = _with_dimensions(table)
     counts = [c for c in table.columns if c.startswith("num_") or c.endswith("_size")]
     return table.astype({c: "Int64" for c in counts})
+
+
+def _with_dimensions(models: pd.DataFrame) -> pd.DataFrame:
+    """The paper's model table with each model's dimensions (:data:`moesd.zoo.PAPER_DIMENSIONS`) from its shipped
+    record, found by hub id, after the ``role`` column."""
+    from moesd.zoo import PAPER_DIMENSIONS, get_model, paper_dimensions
+
+    dimensions = pd.DataFrame([paper_dimensions(get_model(hub_id)) for hub_id in models["hub_id"]],
+                              columns=list(PAPER_DIMENSIONS), index=models.index, dtype=float)
+    at = list(models.columns).index("role") + 1 if "role" in models.columns else 2
+    return pd.concat([models.iloc[:, :at], dimensions, models.iloc[:, at:]], axis=1)

@@ -16,6 +16,8 @@ import pandas as pd
 from moesd.paper.criteria import (CLAIM, CLAIMS, CONTRADICTED, DETAIL, FLUCTUATION_TOLERANCE, NOT_SHOWN, SHOWN,
                                   UNTESTABLE, Verdict, fall_outcome, material_status, shape_detectable, shape_outcome,
                                   strict_status, tracks_outcome)
+from moesd.narration import (FEWER_THAN_TWO_SETTINGS, NO_COMMON_GAMMA, fig2_details, fig3_details, fig5_details,
+                              fig6_details, judged_from, no_common_pass, no_study, number, verdict)
 from moesd.paper.curves import MIN_BATCH_SIZES, NOISE_Z, curve, falls_monotonically, rises_then_falls, tracks
 
 READINGS = {"strict": 0.0, "material": FLUCTUATION_TOLERANCE}
@@ -39,7 +41,6 @@ def judged(claim: str, numbers, notes: dict, details, statement: str | None = No
     gains the ``status`` and ``material_status`` of its own notes. A DataFrame is kept as it is. ``details`` is the
     sentences' details, or a function of the rows that writes them.
     """
-    from moesd.narration import verdict
 
     statuses = {"strict": strict_status(n[0] for n in notes["strict"]),
                 "material": material_status(n[0] for n in notes["material"] if n[5] == CLAIM)}
@@ -53,7 +54,6 @@ def judged(claim: str, numbers, notes: dict, details, statement: str | None = No
 
 def untestable(claim: str, reason: str, statement: str | None = None) -> Verdict:
     """A claim the data cannot speak to, for ``reason``."""
-    from moesd.narration import verdict
 
     return verdict(claim, statement or CLAIMS[claim].statement, {r: UNTESTABLE for r in READINGS}, [],
                    new_notes(), reason)
@@ -94,12 +94,11 @@ def speedup_rises_then_falls(e2e: pd.DataFrame | None, from_batch_size=None) -> 
 
     Not testable without the study or with fewer than ``MIN_BATCH_SIZES`` batch sizes at some gamma.
     """
-    from moesd.narration import fig2_details, judged_from
 
     statement = judged_from(CLAIMS["Fig. 2"].statement, from_batch_size)
     e2e = rows_from(e2e, from_batch_size)
     if e2e is None or e2e.empty:
-        return untestable("Fig. 2", _no_study("e2e"), statement)
+        return untestable("Fig. 2", no_study("e2e"), statement)
     rows, notes = [], new_notes()
     for gamma, group in e2e.groupby("gamma"):
         speed, efficiency = curve(group, "speedup"), curve(group, "target_efficiency")
@@ -124,12 +123,6 @@ def speedup_rises_then_falls(e2e: pd.DataFrame | None, from_batch_size=None) -> 
     return judged("Fig. 2", rows, notes, lambda rows: fig2_details(rows, MIN_BATCH_SIZES), statement)
 
 
-def _no_study(*names) -> str:
-    from moesd.narration import no_study
-
-    return no_study(*names)
-
-
 def forward_efficiency(forward: pd.DataFrame, gamma: int) -> pd.DataFrame:
     """Target efficiency ``T_T(B, 1) / T_T(B, gamma + 1)`` per run and batch size, from a forward study.
 
@@ -145,18 +138,19 @@ def forward_efficiency(forward: pd.DataFrame, gamma: int) -> pd.DataFrame:
     return (seconds[1] / seconds[gamma + 1]).rename("efficiency").dropna().reset_index()
 
 
-def memory_bound_efficiency(sidecar: dict, batch_sizes, gamma: int) -> np.ndarray:
+def memory_bound_efficiency(sidecar: dict, batch_sizes, gamma: int, top_k: int | None = None) -> np.ndarray:
     """What Eq. 8 predicts for a forward study's target efficiency where a step is its bytes: bytes of a decode step
     over bytes of a verification pass, ``bytes(B, 1) / bytes(B, gamma + 1)``.
 
     The bytes (:func:`moesd.measure.regime.step_bytes`: the weights a pass uses with Eq. 8's expected activated
     experts, its KV cache) are those of the sidecar's model as the sweep built it; a step that only reads its bytes
-    has this efficiency. For Qwen2-57B-A14B, whose shared expert is as wide as eight routed experts, the ratio can
-    fall from B = 1 to 2 before it rises.
+    has this efficiency (``top_k``: the K of the passes, default the checkpoint's). For Qwen2-57B-A14B, whose shared
+    expert is as wide as eight routed experts, the ratio can fall from B = 1 to 2 before it rises.
     """
     from moesd.measure.regime import step_bytes
 
-    return np.array([step_bytes(sidecar, int(b), 1) / step_bytes(sidecar, int(b), gamma + 1) for b in batch_sizes])
+    return np.array([step_bytes(sidecar, int(b), 1, top_k) / step_bytes(sidecar, int(b), gamma + 1, top_k)
+                     for b in batch_sizes])
 
 
 def efficiency_moe_rises_dense_falls(forward: pd.DataFrame | None, dense_forward: pd.DataFrame | None,
@@ -176,14 +170,13 @@ def efficiency_moe_rises_dense_falls(forward: pd.DataFrame | None, dense_forward
     beside what the bytes predict. Not testable without either study, with no common gamma, or with fewer than
     ``MIN_BATCH_SIZES`` batch sizes.
     """
-    from moesd.narration import fig3_details, judged_from, no_common_pass
 
     statement = judged_from(CLAIMS["Fig. 3"].statement, from_batch_size)
     forward, dense_forward = (rows_from(forward, from_batch_size),
                               rows_from(dense_forward, from_batch_size))
     missing = _missing(forward=forward, dense_forward=dense_forward)
     if missing:
-        return untestable("Fig. 3", _no_study(missing), statement)
+        return untestable("Fig. 3", no_study(missing), statement)
     rows, notes = [], new_notes()
     for gamma in gammas:
         moe, dense = forward_efficiency(forward, gamma), forward_efficiency(dense_forward, gamma)
@@ -249,10 +242,9 @@ def shape_holds_across_settings(settings: pd.DataFrame | None) -> Verdict:
     Not testable without the study, with fewer than two settings (nothing to hold *across*), fewer than two runs
     at every batch size (no spread), or fewer than ``MIN_BATCH_SIZES`` batch sizes.
     """
-    from moesd.narration import FEWER_THAN_TWO_SETTINGS, fig5_details
 
     if settings is None or settings.empty:
-        return untestable("Fig. 5", _no_study("settings"))
+        return untestable("Fig. 5", no_study("settings"))
     if settings["setting"].nunique() < 2:
         return untestable("Fig. 5", FEWER_THAN_TWO_SETTINGS)
     settings = settings.assign(normalised_speedup=normalised_speedup(settings))
@@ -303,13 +295,12 @@ def moe_above_dense(e2e: pd.DataFrame | None, dense: pd.DataFrame | None, beyond
     without either study, with no common gamma, with fewer than three common batch sizes beyond ``beyond`` or
     fewer than ``MIN_BATCH_SIZES`` dense batch sizes.
     """
-    from moesd.narration import NO_COMMON_GAMMA, fig6_details, judged_from, number
 
     statement = judged_from(CLAIMS["Fig. 6"].statement.replace("16", number(beyond, whole=True)), from_batch_size)
     e2e, dense = rows_from(e2e, from_batch_size), rows_from(dense, from_batch_size)
     missing = _missing(e2e=e2e, dense=dense)
     if missing:
-        return untestable("Fig. 6", _no_study(missing), statement)
+        return untestable("Fig. 6", no_study(missing), statement)
     rows, notes = [], new_notes()
     for gamma in sorted(set(e2e["gamma"]) & set(dense["gamma"])):
         where = f"gamma = {gamma}"

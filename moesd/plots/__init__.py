@@ -64,7 +64,7 @@ def plain_log_axis(ax) -> None:
 
 
 def speedup_heatmap(frame, title: str = "", ax=None, vmax: float | None = None) -> plt.Figure:
-    """Predicted speedup over batch size (x, log scale) and draft length (y) of a ``moesd.model.predict`` frame.
+    """Predicted speedup over batch size (x, log scale) and draft length (y) of a ``moesd.predictor.predict`` frame.
 
     Colours are the speedup (1 = no gain; below 1 in red), a white line marks the best gamma per batch
     size. The frame must hold one ``sigma`` and one ``context``.
@@ -72,7 +72,7 @@ def speedup_heatmap(frame, title: str = "", ax=None, vmax: float | None = None) 
     Parameters
     ----------
     frame : pandas.DataFrame
-        :func:`moesd.model.predict.predict_sd` rows (columns ``batch_size``, ``gamma``, ``speedup``).
+        :func:`moesd.predictor.predict.predict_sd` rows (columns ``batch_size``, ``gamma``, ``speedup``).
     title : str
         Panel title.
     ax : matplotlib.axes.Axes, optional

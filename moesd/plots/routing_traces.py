@@ -10,7 +10,7 @@ import numpy as np
 
 from moesd.theory.experts import expected_active_experts, expected_active_experts_from_popularity
 from moesd.plots import PALETTE
-from moesd.model.predict import best_gamma
+from moesd.predictor.predict import best_gamma
 from moesd.routing.traces import RoutingTrace
 from moesd.routing.unions import adjacent_overlap, batch_union, popularity, random_union, window_union
 
@@ -107,7 +107,7 @@ def routed_speedup(frames: dict, thresholds: dict, traces: dict) -> plt.Figure:
     Parameters
     ----------
     frames : dict
-        ``(trace name, routing model)`` to a :func:`moesd.model.predict.predict_sd` frame; routing models
+        ``(trace name, routing model)`` to a :func:`moesd.predictor.predict.predict_sd` frame; routing models
         ``"uniform"``, ``"popularity"``, ``"windows"``.
     thresholds : dict
         Trace name to ``T_thres`` of Eq. 9 (a vertical line).

@@ -1,6 +1,6 @@
 """Figures of the chapter "Where SD pays" (``book/where_sd_pays.ipynb``): one function per figure.
 
-Each takes frames the chapter computed with :mod:`moesd.model.predict` and returns the figure; captions
+Each takes frames the chapter computed with :mod:`moesd.predictor.predict` and returns the figure; captions
 (with provenance) are glued by the chapter with :func:`moesd.plots.caption`.
 """
 
@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from moesd.plots import PALETTE, speedup_heatmap
-from moesd.model.predict import best_gamma
+from moesd.predictor.predict import best_gamma
 
 
 def printed_vs_predicted(comparison) -> plt.Figure:
@@ -38,7 +38,7 @@ def modern_heatmaps(frames: dict, context: int) -> plt.Figure:
     Parameters
     ----------
     frames : dict
-        ``(model, hardware, tp, dtype)`` to a :func:`moesd.model.predict.predict_sd` frame.
+        ``(model, hardware, tp, dtype)`` to a :func:`moesd.predictor.predict.predict_sd` frame.
     context : int
         The context of the rows to draw (tokens).
     """
@@ -58,7 +58,7 @@ def best_gamma_curves(frames: dict, title: str = "") -> plt.Figure:
     Parameters
     ----------
     frames : dict
-        Label to a :func:`moesd.model.predict.predict_sd` frame.
+        Label to a :func:`moesd.predictor.predict.predict_sd` frame.
     title : str
         Axes title.
     """

@@ -18,7 +18,7 @@ A decode step of ``B`` sequences routes ``B`` tokens; a verification pass routes
 pass loads relative to a decode step, and :func:`routed_ffn_target_efficiency` into the roofline
 floor of the MoE FFN's target efficiency, the cost model of :func:`moesd.theory.roofline.ffn_cost` with
 ``N`` from routing instead of Eq. 8. For the whole model (attention, shared experts, dense layers and
-LM head as well) pass the trace to :func:`moesd.model.forward.step_time` or :func:`moesd.model.predict.predict_sd`
+LM head as well) pass the trace to :func:`moesd.predictor.forward.step_time` or :func:`moesd.predictor.predict.predict_sd`
 as ``routing=trace`` (with ``routing_model="windows"`` or ``"popularity"``): the same counts then reach
 target efficiency and the speedup of Eq. 4.
 """

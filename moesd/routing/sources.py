@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from moesd.paper.tables import DATA_DIR
 from moesd.routing.traces import RoutingTrace
 
 REPOSITORY_TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
@@ -91,7 +91,8 @@ class SourceInfo:
 
 def _folders() -> list[Path]:
     """Source folders (those with a ``source.json``) in ``$MOESD_DATA/traces``, else in the repository's."""
-    for base in (DATA_DIR / "traces", REPOSITORY_TRACES):
+    data = os.environ.get("MOESD_DATA")  # read when called, as moesd.measure.studies does
+    for base in ((Path(data) / "traces",) if data else ()) + (REPOSITORY_TRACES,):
         found = sorted(path.parent for path in base.glob("*/source.json"))
         if found:
             return found

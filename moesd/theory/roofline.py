@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -27,7 +29,7 @@ class Hardware:
     """Peak numbers of one accelerator, from its vendor's data sheet (or measured on the device).
 
     The first five fields are the data sheet's roofline; the rest, added for the whole-model
-    performance model (:mod:`moesd.model.forward`), have defaults so older records still load.
+    performance model (:mod:`moesd.predictor.forward`), have defaults so older records still load.
 
     Attributes
     ----------
@@ -63,7 +65,7 @@ class Hardware:
         whatever the group. In a mesh, a tensor-parallel group of ``p`` GPUs uses ``p - 1`` of the links.
     gpus_per_node : int
         GPUs that ``interconnect`` joins: one server board (an NVLink or Infinity Fabric domain, or
-        the PCIe slots of one server). Without an inter-node link :mod:`moesd.model.forward` prices tensor
+        the PCIe slots of one server). Without an inter-node link :mod:`moesd.predictor.forward` prices tensor
         parallelism over this link only, so it refuses a larger group (default 1: no peers on record).
     internode_bandwidth : float
         Bandwidth of the network adapter each GPU has to other nodes, ONE direction (bytes/s): the NIC's
@@ -72,7 +74,7 @@ class Hardware:
         Fixed cost of one small collective across nodes over that network (seconds).
     max_nodes : int
         Nodes of ``gpus_per_node`` GPUs that one tensor- or expert-parallel group may span in
-        :mod:`moesd.model.forward` (default 1; more only with ``internode_bandwidth``).
+        :mod:`moesd.predictor.forward` (default 1; more only with ``internode_bandwidth``).
     internode : str
         What the inter-node network is, and where its numbers come from.
     bandwidth_fraction, flops_fraction : float
@@ -147,142 +149,72 @@ class Hardware:
         return cls(**values)
 
 
-_TERA, _GIGA = 1e12, 1e9
+RECORDS = Path(__file__).resolve().parents[1] / "records"
+"""The package's data tables: hardware records, engine profiles, kernel benchmarks, shipped model configs."""
 
-#: Achieved fractions from public microbenchmarks (see each record's ``efficiency_source``).
-_MAMF = ("Stas Bekman, ML Engineering (github.com/stas00/ml-engineering), compute/accelerator/README.md, "
-         "Maximum Achievable Matmul FLOPS table, bf16: ")
-_GPU_BENCHES = "gpu-benches (github.com/te42kyfo/gpu-benches), "
-_HOPPER_BANDWIDTH = (_GPU_BENCHES + "gpu-l2-cache/h200.txt: H200 DRAM read 3,888 GB/s of 4,800 (0.81)")
-_ALLREDUCE_LATENCY = ("all-reduce latency: an assumed order of magnitude for small NCCL/custom all-reduces "
-                      "(no public measurement is cited)")
-_NVLINK_LATENCY, _PCIE_LATENCY = 10e-6, 25e-6
+_SCALED = {"bf16_tflops": ("peak_flops", 1e12), "fp8_tflops": ("fp8_flops", 1e12), "fp4_tflops": ("fp4_flops", 1e12),
+           "fp32_tflops": ("fp32_flops", 1e12), "bandwidth_gb_s": ("memory_bandwidth", 1e9),
+           "memory_gb": ("memory_bytes", 1e9), "interconnect_gb_s": ("interconnect_bandwidth", 1e9)}
+"""Keys of ``hardware.toml`` in units and the :class:`Hardware` field and factor each fills."""
 
 
-def _nvlink(name: str, gb_per_s: float, source: str, board: str) -> dict:
-    """An NVLink record of eight GPUs per node, ``board`` naming the 8-GPU server board that says so."""
-    return dict(interconnect_bandwidth=gb_per_s * _GIGA, interconnect_latency=_NVLINK_LATENCY, gpus_per_node=8,
-                interconnect=f"{name} {gb_per_s:g} GB/s ({source}); 8 GPUs per node ({board}); "
-                f"{_ALLREDUCE_LATENCY}")
+def _fraction(value) -> float:
+    """A number, or a text ``"a / b"`` (a measured value over the data sheet's) as ``a / b``."""
+    if isinstance(value, str):
+        numerator, _, denominator = value.partition("/")
+        return float(numerator) / float(denominator)
+    return float(value)
 
 
-_NIC_LATENCY = 20e-6
-_NIC_SOURCES = ("a NIC's line rate, not an achieved one (an NCCL maintainer expects 46-48 GB/s per 400 Gb/s NIC in "
-                "two-node all-reduces: github.com/NVIDIA/nccl-tests/issues/290); latency 20 us: nccl-tests issue #150 "
-                "(github.com/NVIDIA/nccl-tests/issues/150) times all_reduce_perf of 8 to 64 bytes between two nodes, "
-                "one A100 each over HDR InfiniBand, at 19-21 us, taken for every record (no NDR time found); at "
-                "most 32 nodes per group: DeepEP's README (github.com/deepseek-ai/DeepEP) times its all-to-all "
-                "kernels up to EP 256, 32 nodes of eight H800s")
-_BASEPOD = "NVIDIA DGX BasePOD reference architecture (docs.nvidia.com/dgx-basepod), Core Components"
+def load_hardware(path=None) -> tuple[dict, dict]:
+    """The hardware records of a table (default: the package's ``records/hardware.toml``) and the devices it refuses.
+
+    Each table of the file is one :class:`Hardware` record; its keys carry their units (``bf16_tflops``,
+    ``bandwidth_gb_s``, ``internode_gbit_s``, ``*_s``...), fractions may be written ``"a / b"`` and texts may name
+    entries of ``[fragments]`` as ``{name}``; ``[refused]`` maps device names to why they are not priced.
+
+    Returns
+    -------
+    tuple of dict
+        ``(records by name, reason by refused name)``.
+
+    Raises
+    ------
+    ValueError
+        For a key the table does not know, naming the file, the device and the key.
+    """
+    path = Path(path) if path is not None else RECORDS / "hardware.toml"
+    with open(path, "rb") as file:
+        table = tomllib.load(file)
+    fragments, refused = table.pop("fragments", {}), table.pop("refused", {})
+    fields = {f.name for f in dataclasses.fields(Hardware)}
+    records = {}
+    for name, row in table.items():
+        values = {}
+        for key, value in row.items():
+            if key in _SCALED:
+                values[_SCALED[key][0]] = value * _SCALED[key][1]
+            elif key == "internode_gbit_s":
+                values["internode_bandwidth"] = value / 8 * 1e9
+            elif key.endswith("_latency_s"):
+                values[key[:-2]] = value
+            elif key in ("bandwidth_fraction", "flops_fraction"):
+                values[key] = _fraction(value)
+            elif key in fields and isinstance(value, str):
+                for fragment, text in fragments.items():
+                    value = value.replace("{" + fragment + "}", text)
+                values[key] = value
+            elif key in fields:
+                values[key] = value
+            else:
+                raise ValueError(f"{path}: [{name}] has the unknown key {key!r}")
+        records[name] = Hardware(name=name, **values)
+    return records, refused
 
 
-def _network(gbit_per_s: float, source: str) -> dict:
-    """An inter-node network of one NIC of ``gbit_per_s`` per GPU, ``source`` naming who says so."""
-    return dict(internode_bandwidth=gbit_per_s / 8 * _GIGA, internode_latency=_NIC_LATENCY, max_nodes=32,
-                internode=f"one {gbit_per_s:g} Gb/s NIC per GPU, {gbit_per_s / 8:g} GB/s each way ({source}); "
-                f"{_NIC_SOURCES}")
-
-
-_AMPERE = dict(fp32_flops=19.5 * _TERA, bandwidth_fraction=1769 / 2039, flops_fraction=271.2 / 312,
-               efficiency_source=_GPU_BENCHES + "cuda-stream/a100_80.txt: A100 80GB read kernel 1,769 GB/s "
-               "of 2,039 (0.87); " + _MAMF + "A100 SXM 271.2 of 312 TFLOPS (0.87)")
-_HOPPER = dict(fp8_flops=1979 * _TERA, fp32_flops=67 * _TERA, bandwidth_fraction=3888 / 4800,
-               flops_fraction=794.5 / 989,
-               efficiency_source=_HOPPER_BANDWIDTH + ", taken for every Hopper part (no H100/H800 SXM "
-               "measurement found); " + _MAMF + "H100 SXM 794.5 of 989 TFLOPS (0.80), 'H200 is the same'")
-
-HARDWARE = {
-    hw.name: hw
-    for hw in [
-        Hardware("A800", 312 * _TERA, 2039 * _GIGA, 80 * _GIGA,
-                 "NVIDIA A800 SXM4 80GB data sheet: BF16 tensor 312 TFLOPS (624 with sparsity), "
-                 "HBM2e 2,039 GB/s, 80 GB (the A100 80GB SXM figures); FP32 19.5 TFLOPS",
-                 **_AMPERE, **_nvlink("NVLink", 400, "A800 SXM4 data sheet: NVLink 400 GB/s",
-                          "HGX A800 8-GPU board")),
-        Hardware("A100", 312 * _TERA, 2039 * _GIGA, 80 * _GIGA,
-                 "NVIDIA A100 data sheet, 80GB SXM: BF16 tensor 312 TFLOPS (624 with sparsity), "
-                 "HBM2e 2,039 GB/s, 80 GB; FP32 19.5 TFLOPS",
-                 **_AMPERE, **_nvlink("NVLink 3", 600, "A100 data sheet, SXM: NVLink 600 GB/s",
-                          "HGX A100 8-GPU board; the 16-GPU HGX A100 is not modelled"),
-                 **_network(200, "NVIDIA DGX A100 data sheet: 8x single-port Mellanox ConnectX-6 VPI 200 Gb/s HDR "
-                            "InfiniBand")),
-        Hardware("H800", 989.5 * _TERA, 3350 * _GIGA, 80 * _GIGA,
-                 "NVIDIA H800 SXM5 data sheet: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
-                 "FP8 3,958 with sparsity (1,979 dense), FP32 67 TFLOPS, HBM3 3.35 TB/s, 80 GB",
-                 **_HOPPER, **_nvlink("NVLink", 400, "H800 SXM5 data sheet: NVLink 400 GB/s",
-                          "HGX H800 8-GPU board"),
-                 **_network(400, "DeepEP's README: each H800 connected to a CX7 InfiniBand 400 Gb/s RDMA network "
-                            "card")),
-        Hardware("H20", 148 * _TERA, 4000 * _GIGA, 96 * _GIGA,
-                 "NVIDIA HGX H20 specifications as published by resellers (no NVIDIA data sheet online): "
-                 "BF16 tensor 148 TFLOPS dense, FP8 296 dense, FP32 44 TFLOPS, HBM3 4.0 TB/s, 96 GB",
-                 **{**_HOPPER, "fp8_flops": 296 * _TERA, "fp32_flops": 44 * _TERA,
-                    "efficiency_source": _HOPPER["efficiency_source"] + "; neither measured on an H20"},
-                 **_nvlink("NVLink 4", 900, "HGX H20 specifications: NVLink 900 GB/s",
-                          "HGX H20 8-GPU board")),
-        Hardware("H20-141GB", 148 * _TERA, 4800 * _GIGA, 141 * _GIGA,
-                 "NVIDIA H20 with 141 GB HBM3e ('H20-3e'; no NVIDIA data sheet online): 4.8 TB/s and 141 GB "
-                 "as tile-ai/TileOPs PR #1658 and NVIDIA/nvbandwidth issue #48 ('according to official data ... "
-                 "4.8TB/s') give them; BF16 148 and FP8 296 TFLOPS dense and FP32 44 TFLOPS as the 96 GB H20's",
-                 **{**_HOPPER, "fp8_flops": 296 * _TERA, "fp32_flops": 44 * _TERA,
-                    "efficiency_source": _HOPPER["efficiency_source"] + "; neither measured on an H20"},
-                 **_nvlink("NVLink 4", 900, "the 96 GB H20's NVLink 900 GB/s, assumed unchanged",
-                          "HGX H20 8-GPU board")),
-        Hardware("H100", 989.5 * _TERA, 3350 * _GIGA, 80 * _GIGA,
-                 "NVIDIA H100 data sheet, SXM5: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
-                 "FP8 3,958 with sparsity (1,979 dense), FP32 67 TFLOPS, HBM3 3.35 TB/s, 80 GB",
-                 **_HOPPER, **_nvlink("NVLink 4", 900, "H100 data sheet, SXM: NVLink 900 GB/s",
-                          "HGX H100 8-GPU board"),
-                 **_network(400, _BASEPOD + ", DGX H100: eight single-port ConnectX-7, up to 400 Gb/s")),
-        Hardware("H200", 989.5 * _TERA, 4800 * _GIGA, 141 * _GIGA,
-                 "NVIDIA H200 data sheet, SXM: BF16 tensor 1,979 TFLOPS with sparsity (989.5 dense), "
-                 "FP8 3,958 with sparsity (1,979 dense), FP32 67 TFLOPS, HBM3e 4.8 TB/s, 141 GB",
-                 **_HOPPER, **_nvlink("NVLink 4", 900, "H200 data sheet, SXM: NVLink 900 GB/s",
-                          "HGX H200 8-GPU board"),
-                 **_network(400, _BASEPOD + ", DGX H200: eight single-port ConnectX-7, up to 400 Gb/s")),
-        Hardware("L40", 181.05 * _TERA, 864 * _GIGA, 48 * _GIGA,
-                 "NVIDIA L40 data sheet: BF16 tensor 362.1 TFLOPS with sparsity (181.05 dense), "
-                 "FP8 724 with sparsity (362 dense), FP32 90.5 TFLOPS, GDDR6 864 GB/s, 48 GB",
-                 fp8_flops=362 * _TERA, fp32_flops=90.5 * _TERA, bandwidth_fraction=796 / 864,
-                 flops_fraction=794.5 / 989,
-                 efficiency_source=_GPU_BENCHES + "gpu-l2-cache/l40.txt: L40 DRAM read 796 GB/s of 864 "
-                 "(0.92); flops fraction assumed equal to the H100's (no L40 MAMF published)",
-                 interconnect_bandwidth=64 * _GIGA, interconnect_latency=_PCIE_LATENCY,
-                 interconnect="PCIe Gen4 x16, 64 GB/s both directions (L40 data sheet: no NVLink); 8 GPUs per "
-                 "node (NVIDIA OVX servers hold eight L40s, as PCIe servers of eight GPUs do); "
-                 + _ALLREDUCE_LATENCY, gpus_per_node=8),
-        Hardware("B200", 2250 * _TERA, 8000 * _GIGA, 180 * _GIGA,
-                 "NVIDIA HGX B200 (1,000 W) specifications: BF16 tensor 4.5 PFLOPS with sparsity "
-                 "(2.25 dense), FP8 9 PFLOPS with sparsity (4.5 dense), HBM3e 8 TB/s, 180 GB per GPU; FP4 "
-                 "9 PFLOPS dense (NVIDIA Blackwell architecture technical brief, as glennklockwood.com/garden/"
-                 "processors/B200 tabulates it)",
-                 fp8_flops=4500 * _TERA, fp4_flops=9000 * _TERA, bandwidth_fraction=3888 / 4800, flops_fraction=1745 / 2250,
-                 efficiency_source=_MAMF + "B200 SXM 1,745 of 2,250 TFLOPS (0.78); bandwidth fraction "
-                 "assumed equal to the H200's (no B200 measurement found): " + _HOPPER_BANDWIDTH,
-                 **_nvlink("NVLink 5", 1800, "HGX B200 specifications: NVLink 1.8 TB/s per GPU",
-                          "HGX B200 8-GPU board"),
-                 **_network(400, _BASEPOD + ", DGX B200: 8x single-port ConnectX-7, up to 400 Gb/s")),
-        Hardware("MI300X", 1307.4 * _TERA, 5300 * _GIGA, 192 * _GIGA,
-                 "AMD Instinct MI300X data sheet: BF16 dense matrix 1,307.4 TFLOPS, FP8 2,614.9, "
-                 "FP32 vector 163.4 TFLOPS, HBM3 5.3 TB/s, 192 GB",
-                 fp8_flops=2614.9 * _TERA, fp32_flops=163.4 * _TERA, bandwidth_fraction=3888 / 4800,
-                 flops_fraction=668.4 / 1300,
-                 efficiency_source=_MAMF + "MI300X 668.4 of 1,300 TFLOPS (0.51); bandwidth fraction "
-                 "assumed equal to the H200's (no MI300X measurement found): " + _HOPPER_BANDWIDTH,
-                 interconnect_bandwidth=896 * _GIGA, interconnect_latency=_NVLINK_LATENCY, interconnect_peers=7,
-                 interconnect="AMD Infinity Fabric, 7 links x 128 GB/s = 896 GB/s peer bandwidth (MI300X "
-                 "data sheet), a full mesh of eight (the AMD Instinct MI300X Platform: 8 GPUs per node): one "
-                 "128 GB/s link to each peer, so a group of p GPUs has (p - 1) x 128 GB/s; " + _ALLREDUCE_LATENCY,
-                 gpus_per_node=8),
-        Hardware("CPU", 3.072 * _TERA, 307.2 * _GIGA, 256 * _GIGA,
-                 "Illustrative server CPU socket, derived, not measured: 16 cores x 3.0 GHz x 64 "
-                 "BF16 FLOP/cycle (AVX-512 BF16 dot products) = 3.07 TFLOP/s; 8 channels of "
-                 "DDR5-4800 at 38.4 GB/s (JEDEC JESD79-5) = 307 GB/s; 256 GB; fp32: 16 cores x "
-                 "3.0 GHz x 32 FLOP/cycle (two AVX-512 FMA units) = 1.54 TFLOP/s",
-                 fp32_flops=1.536 * _TERA),
-    ]
-}
-"""Hardware records by name; ``HARDWARE["H200"].ridge_point`` is about 206 FLOP/byte."""
+HARDWARE, REFUSED_HARDWARE = load_hardware()
+"""Hardware records by name (``records/hardware.toml``); ``HARDWARE["H200"].ridge_point`` is about 206 FLOP/byte.
+``REFUSED_HARDWARE`` maps devices that have no citable data-sheet peaks to why naming them is refused."""
 
 
 def ridge_point(hardware) -> float:
@@ -296,22 +228,26 @@ def ridge_point(hardware) -> float:
     return hardware_record(hardware).ridge_point
 
 
-def hardware_record(hardware) -> Hardware:
+def hardware_record(hardware, argument: str = "hardware") -> Hardware:
     """The :class:`Hardware` record given, or named in :data:`HARDWARE` (in any case); a record checks its
     numbers when it is made.
 
     Raises
     ------
     UsageError
-        (a ValueError) for another name or object.
+        (a ValueError) for another name or object, naming ``argument``.
     """
     if isinstance(hardware, str):
         names = {name.lower(): name for name in HARDWARE}
         if hardware.lower() in names:
             return HARDWARE[names[hardware.lower()]]
+        refused = {name.lower(): name for name in REFUSED_HARDWARE}
+        if hardware.lower() in refused:
+            name = refused[hardware.lower()]
+            raise UsageError(f"hardware {name}: {REFUSED_HARDWARE[name]}", argument)
     if not isinstance(hardware, Hardware):
-        raise UsageError(f"hardware must be one of {', '.join(HARDWARE)} or a Hardware record, "
-                         f"got {hardware!r}")
+        raise UsageError(f"hardware must be one of {', '.join(HARDWARE)} or a Hardware "
+                         f"record, got {hardware!r}", argument)
     return hardware
 
 

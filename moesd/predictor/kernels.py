@@ -5,7 +5,7 @@ bandwidth, FLOPs / peak)`` at the achieved fractions of the data-sheet peaks (:f
 plus a fixed cost per kernel (:func:`per_kernel_seconds`; :data:`KERNELS` counts them per block).
 :class:`Efficiency` holds what real kernels and engines achieve; :func:`expert_gemm_time` prices one
 grouped GEMM of routed experts and :func:`rejection_time` rejection sampling. The forward pass built from
-them is :func:`moesd.model.forward.step_time`.
+them is :func:`moesd.predictor.forward.step_time`.
 
 Pure numpy; no torch.
 """
@@ -16,21 +16,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moesd._checks import as_array
-from moesd.model.layout import DTYPE_BYTES, activation_bytes, check_dtype
+from moesd._checks import UsageError, as_array
+from moesd.predictor.layout import DTYPE_BYTES, activation_bytes, check_dtype
 from moesd.theory.roofline import Hardware, hardware_record
 
 __all__ = ["KERNELS", "Efficiency", "tensor_peak", "achieved_rates", "per_kernel_seconds", "per_expert_seconds",
-           "expert_gemm_time", "grouped_gemm_roofline", "rejection_time"]
+           "expert_gemm_time", "grouped_gemm_roofline", "rejection_time", "SAMPLING_PASSES", "sampling_time"]
 
 #: Kernels per block as inference engines fuse them, each adding ``Efficiency.kernel_seconds``: GQA attention
 #: (input norm, fused QKV GEMM, rotary embedding and cache write, attention, output GEMM), MLA (also the two
 #: latent projections and their norms), router (GEMM, top-k), routed experts besides their two grouped GEMMs
 #: (permute, activation, unpermute; per expert in an eager loop: gather, activation, weighting, scatter),
 #: shared experts (two GEMMs and the activation; Qwen's sigmoid gate adds two), the post-attention norm of an
-#: MoE layer, a dense FFN with its norm, the LM head (final norm, GEMM, two sampling kernels), rejection.
+#: MoE layer, a dense FFN with its norm, the LM head (final norm, GEMM, two sampling kernels), rejection; a
+#: linear-attention layer (input norm, input projections, short convolution, the recurrence, gated norm, output
+#: projection) and a sparse-attention indexer (its projections and the top-k selection), counted the same way.
 KERNELS = {"gqa": 5, "mla": 9, "router": 2, "routed": 3, "routed_per_expert": 4, "shared": 3,
-            "shared_gate": 2, "dense_ffn": 4, "moe_norm": 1, "head": 4, "reject": 3}
+           "shared_gate": 2, "dense_ffn": 4, "moe_norm": 1, "head": 4, "reject": 3, "linear": 6, "index": 3}
 
 
 @dataclass(frozen=True)
@@ -89,30 +91,31 @@ class Efficiency:
         for name in ("expert_tile_rows", "expert_tile_rows_above"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, np.integer)) and 1 <= value <= 4096):
-                raise ValueError(f"{name} must be a whole number in [1, 4096], got {value!r}")
+                raise UsageError(f"{name} must be a whole number in [1, 4096], got {value!r}", name)
         for name in ("bandwidth_fraction", "flops_fraction", "expert_flops_fraction", "attention_bandwidth_fraction",
                      "attention_flops_fraction"):
             value = getattr(self, name)
             if value is not None and not 0 < value <= 10:
-                raise ValueError(f"{name} must be in (0, 10], got {value!r}")
+                raise UsageError(f"{name} must be in (0, 10], got {value!r}", name)
         for name in ("kernel_seconds", "launch_seconds", "step_seconds", "expert_seconds"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
-                raise ValueError(f"{name} must be >= 0, got {value!r}")
+                raise UsageError(f"{name} must be >= 0, got {value!r}", name)
 
 
 def tensor_peak(hardware: Hardware, dtype: str) -> float:
     """The data sheet's tensor throughput of ``hardware`` for weights of ``dtype`` (FLOP/s).
 
-    fp8 and W4A8 run at the fp8 peak, MXFP4 and NVFP4 at the fp4 peak, each at the bf16 peak on devices
-    without those tensor cores; fp32 at the fp32 peak (a ValueError where the record has none).
+    fp8, MXFP8 and W4A8 run at the fp8 peak, MXFP4 and NVFP4 at the fp4 peak, each at the bf16 peak on devices
+    without those tensor cores; W4A16 (weight-only) at the bf16 peak; fp32 at the fp32 peak (a UsageError where the
+    record has none).
     """
     dtype = check_dtype(dtype)
     if dtype == "fp32":
         if hardware.fp32_flops is None:
-            raise ValueError(f"dtype 'fp32': hardware {hardware.name} has no fp32 peak on record")
+            raise UsageError(f"dtype 'fp32': hardware {hardware.name} has no fp32 peak on record", "dtype")
         return hardware.fp32_flops
-    if dtype in ("fp8", "w4a8"):
+    if dtype in ("fp8", "mxfp8", "w4a8"):
         return hardware.fp8_flops or hardware.peak_flops  # no fp8 tensor cores: multiplied at bf16 rate
     if dtype in ("mxfp4", "nvfp4"):
         return hardware.fp4_flops or hardware.peak_flops  # no fp4 tensor cores: dequantised to bf16
@@ -205,7 +208,7 @@ def grouped_gemm_roofline(hardware, experts, tokens, in_features, out_features, 
 
     Widths may be fractional (an expert's intermediate size split over tensor-parallel GPUs); ``experts``
     and ``tokens`` (tokens per expert) broadcast; ``dtype`` must already be a key of
-    :data:`~moesd.model.layout.DTYPE_BYTES`; ``tile_rows`` (broadcast with them) replaces
+    :data:`~moesd.predictor.layout.DTYPE_BYTES`; ``tile_rows`` (broadcast with them) replaces
     ``efficiency.expert_tile_rows``.
     """
     bandwidth, flops_rate = achieved_rates(hardware, dtype, efficiency)
@@ -261,3 +264,39 @@ def rejection_time(hardware, batch_size, gamma, vocab_size, efficiency: Efficien
     verified = gamma + 1 if verified is None else as_array("verified", verified, low=2, whole=True)
     values = B * (2 * verified - 1) * vocab_size  # the target's distribution at each verified token, the draft's at each drafted
     return values * 4 / bandwidth + KERNELS["reject"] * per_kernel_seconds(efficiency, cuda_graphs)
+
+
+SAMPLING_PASSES = {"greedy": 1, "sample": 5, "draft_probs": 1}
+"""Passes over one fp32 distribution of the vocabulary per position, as vLLM's samplers run them
+(``vllm/v1/sample/rejection_sampler.py``): greedy verification reads the target's logits once (an argmax, then
+``rejection_greedy_sample_kernel`` compares token ids); sampling at a temperature above 0 reads and writes them to
+divide by the temperature, reads and writes them again for the softmax, and reads the probabilities once more to
+draw (``rejection_random_sample_kernel`` and ``sample_recovered_tokens_kernel`` over every drafted position, the
+bonus token's draw over the last): 5; a separate draft model's probabilities at a drafted position add one read
+(draft heads and the n-gram drafter propose greedily, and vLLM then treats their distribution as one-hot,
+``NO_DRAFT_PROBS``)."""
+
+
+def sampling_time(hardware, batch_size, positions, vocab_size, temperature, drafted=0, draft_probs=False,
+                  efficiency: Efficiency | None = None, cuda_graphs=True):
+    """Seconds of the sampling kernels over ``positions`` distributions of ``vocab_size`` tokens per sequence.
+
+    At ``temperature`` 0, one pass per position (:data:`SAMPLING_PASSES`: an argmax) and two kernels; above 0, five
+    passes per position, one more at each of ``drafted`` positions where the draft's own probabilities are read
+    (``draft_probs``), and five kernels (temperature, softmax, rejection, recovered tokens, bonus). Memory-bound:
+    ``batch_size x passes x vocab_size`` fp32 values at the achieved bandwidth (:func:`achieved_rates`), plus the
+    kernels' fixed cost. The plain step samples one position; a round's verification ``verified`` positions with
+    ``verified - 1`` drafted.
+    """
+    hardware = hardware_record(hardware)
+    efficiency = efficiency or Efficiency()
+    B = as_array("batch_size", batch_size, low=1, whole=True)
+    positions = as_array("positions", positions, low=1, whole=True)
+    temperature = float(as_array("temperature", temperature, low=0))
+    bandwidth, _ = achieved_rates(hardware, "bf16", efficiency)
+    if temperature == 0:
+        passes, kernels = SAMPLING_PASSES["greedy"] * positions, 2
+    else:
+        passes = SAMPLING_PASSES["sample"] * positions + (SAMPLING_PASSES["draft_probs"] * drafted if draft_probs else 0)
+        kernels = 5
+    return B * passes * vocab_size * 4 / bandwidth + kernels * per_kernel_seconds(efficiency, cuda_graphs)

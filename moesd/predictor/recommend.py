@@ -1,9 +1,12 @@
 """Should SD be on? The predictor's answer for one setup as a typed result.
 
-:func:`recommend` runs :func:`moesd.model.predict.predict_sd` over batch sizes and draft lengths, checks
-which batch sizes fit the GPUs' memory (:func:`moesd.model.predict.memory_fit`), and for each
-acceptance value says where SD pays: *on* where the best draft length's speedup exceeds
-``1 + SD_MARGIN``, *marginal* where it exceeds 1 by less, *off* elsewhere. It also says whether that
+:func:`recommend` runs :func:`moesd.predictor.predict.predict_sd` over batch sizes and draft lengths for one
+:class:`~moesd.predictor.setup.Setup`, checks which batch sizes fit the GPUs' memory
+(:func:`moesd.predictor.memory.memory_fit`), and for each
+acceptance value says where SD pays, by the low end of the error band around the best draft length's speedup
+(:mod:`moesd.predictor.band`: how far published speedups have fallen from predictions made the same way): *on* where
+it exceeds ``1 + SD_MARGIN``, *marginal* where it exceeds 1 by less, *off* elsewhere (off unless the band is above
+1). It also says whether that
 answer depends on the host cost per forward pass (it is recomputed at a serving engine's measured
 cost when none was given, and at none when one was; not with an engine profile or a measured step, which
 hold the host's cost). Where no batch size fits, SD is not judged (:data:`NOT_JUDGED`). ``moesd predict`` prints a
@@ -18,11 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from moesd.model.engine import engine_profile
-from moesd.model.kernels import Efficiency
-from moesd.model.layout import DTYPE_BYTES, check_dtype, resolve_model, tensor_parallel_sizes
-from moesd.model.predict import batch_range, best_gamma, check_pair, default_draft_tp, memory_fit, predict_sd
-from moesd.theory.roofline import hardware_record
+from moesd.predictor.band import ErrorBand, error_band_of
+from moesd.predictor.engine import HOST_SECONDS_VLLM_V0
+from moesd.predictor.layout import DTYPE_BYTES, tensor_parallel_sizes
+from moesd.predictor.memory import memory_fit
+from moesd.predictor.predict import batch_range, best_gamma, predict_sd
+from moesd.predictor.setup import Setup
 
 SD_MARGIN = 0.05
 """SD is 'on' only where the best speedup exceeds 1 by more than this fraction, and 'marginal' above 1
@@ -33,7 +37,8 @@ NOT_JUDGED = "not judged"
 
 
 def sd_status(speedup) -> np.ndarray:
-    """``"on"``, ``"marginal"`` or ``"off"`` for each speedup (dimensionless), by :data:`SD_MARGIN`."""
+    """``"on"``, ``"marginal"`` or ``"off"`` for each speedup (dimensionless, the band's low end in
+    :func:`recommend`), by :data:`SD_MARGIN`."""
     speedup = np.asarray(speedup, dtype=float)
     return np.select([speedup > 1 + SD_MARGIN, speedup > 1], ["on", "marginal"], "off")
 
@@ -90,15 +95,16 @@ class Advice:
     column : str
         ``"alpha"`` or ``"sigma"``; ``value`` its value.
     best : pandas.DataFrame
-        One row per judged batch size: the best gamma's prediction (:func:`~moesd.model.predict.best_gamma`)
-        with its ``sd`` status (:data:`NOT_JUDGED` where nothing fits).
+        One row per judged batch size: the best gamma's prediction (:func:`~moesd.predictor.predict.best_gamma`)
+        with ``speedup_low`` and ``speedup_high`` (its error band) and its ``sd`` status, by the band's low end
+        (:data:`NOT_JUDGED` where nothing fits).
     on, marginal : numpy.ndarray
         The batch sizes where SD is on and marginal (none where nothing fits).
     peak : float
         The largest best speedup; ``peak_batch_size`` where.
     band : tuple or None
         The unbroken run of batch sizes around the peak at or above peak / sqrt(2) and above 1
-        (:func:`~moesd.model.predict.batch_range`), None when SD pays nowhere or is not judged.
+        (:func:`~moesd.predictor.predict.batch_range`), None when SD pays nowhere or is not judged.
     other_host_ms : float
         The other host cost this was recomputed at (ms per forward pass).
     on_at_other_host : numpy.ndarray
@@ -136,8 +142,8 @@ class Recommendation:
     Attributes
     ----------
     frame : pandas.DataFrame
-        Every predicted row (:func:`~moesd.model.predict.predict_sd`), all batch sizes, with ``fits``: whether
-        the row's batch size fits target and draft in memory.
+        Every predicted row (:func:`~moesd.predictor.predict.predict_sd`), all batch sizes, with ``speedup_low`` and
+        ``speedup_high`` (the error band) and ``fits``: whether the row's batch size fits target and draft in memory.
     hardware : moesd.theory.roofline.Hardware
         The GPU.
     fits : numpy.ndarray
@@ -153,14 +159,16 @@ class Recommendation:
         One per acceptance value.
     engine_ends : dict
         With an engine profile: for ``"low"`` and ``"high"`` (its costs at the end of their published
-        ranges that favours and that disfavours SD, :meth:`~moesd.model.engine.EngineProfile.at`), the batch
+        ranges that favours and that disfavours SD, :meth:`~moesd.predictor.engine.EngineProfile.at`), the batch
         sizes where SD is on, one array per acceptance value; empty without a profile.
     draft_head : bool
-        The draft is a head of the target (:func:`~moesd.model.predict.check_pair`: an MTP module or an EAGLE
+        The draft is a head of the target (:func:`~moesd.predictor.predict.check_pair`: an MTP module or an EAGLE
         head), which serving engines run on the target's GPUs.
     draft_tp : int
         The draft's GPUs, as priced: ``draft_tp``, or by default the target's ``tp`` for a draft head
-        (:func:`~moesd.model.predict.check_pair`) and 1 for a separate draft model.
+        (:func:`~moesd.predictor.predict.check_pair`) and 1 for a separate draft model.
+    band : ErrorBand or None
+        The error band the SD calls use (:func:`~moesd.predictor.band.error_band_of` the setup).
     """
 
     frame: pd.DataFrame
@@ -173,6 +181,7 @@ class Recommendation:
     engine_ends: dict = dataclasses.field(default_factory=dict)
     draft_head: bool = False
     draft_tp: int = 1
+    band: ErrorBand | None = None
 
 
 def _native_dtypes(hardware) -> list:
@@ -183,19 +192,21 @@ def _native_dtypes(hardware) -> list:
             *(["mxfp4", "nvfp4"] if hardware.fp4_flops else [])]
 
 
-def _shortfalls(fit: pd.DataFrame, placed: dict, draft_gpus: int) -> list:
-    """The models that ``fit`` (:func:`~moesd.model.predict.memory_fit` of the keyword arguments ``placed``) says
-    do not fit at the largest batch size, each with the changes that make more of the batch sizes fit, each
-    checked by :func:`~moesd.model.predict.memory_fit` again: more GPUs (within one node, or across nodes where
-    no size within one helps), smaller native dtypes, attention data-parallel for an MLA target, a shorter
-    context. ``draft_gpus`` is the draft's GPUs as placed. The bytes do not depend on the expert-parallel
-    degree, so the changes are checked at ``ep`` 1 (which every tensor-parallel size takes)."""
-    hardware = placed["hardware"]
+def _shortfalls(fit: pd.DataFrame, setup: Setup) -> list:
+    """The models that ``fit`` (:func:`~moesd.predictor.memory.memory_fit` of ``setup``) says do not fit at the
+    largest batch size (``fit``'s), each with the changes that make more of the batch sizes fit, each checked by
+    :func:`~moesd.predictor.memory.memory_fit` again: more GPUs (within one node, or across nodes where no size
+    within one helps), smaller native dtypes, attention data-parallel for an MLA target, a shorter context. The
+    bytes do not depend on the expert-parallel degree, the engine or a measured step, so the changes are checked
+    at ``ep`` 1 (which every tensor-parallel size takes), without them."""
+    hardware = setup.hardware
     capacity = hardware.memory_bytes
-    head_with_target = draft_gpus == placed["tp"] and check_pair(placed["target"], placed["draft"])
+    batch = fit["batch_size"].to_numpy()
+    head_with_target = setup.draft_gpus == setup.tp and setup.head and setup.drafting != "free"
     shortfalls = []
-    for role, model, gpus, tp_name, dtype_name in (("target", placed["target"], placed["tp"], "tp", "dtype"),
-                                                   ("draft", placed["draft"], draft_gpus, "draft_tp", "draft_dtype")):
+    for role, model, gpus, tp_name, dtype_name in (("target", setup.target, setup.tp, "tp", "dtype"),
+                                                   ("draft", setup.draft, setup.draft_gpus, "draft_tp",
+                                                    "draft_dtype")):
         held = fit[f"{role}_bytes"].to_numpy()
         if held.max() <= capacity:
             continue
@@ -205,10 +216,11 @@ def _shortfalls(fit: pd.DataFrame, placed: dict, draft_gpus: int) -> list:
             if "tp" in changes and head_with_target:  # a head on the target's GPUs moves with them
                 changes = {"draft_tp": changes["tp"], **changes}
             try:
-                again = memory_fit(**{**placed, "ep": 1, **changes})
+                changed = dataclasses.replace(setup, ep=1, engine=None, step_seconds=None, sd_step_seconds=None,
+                                              sd_step_gamma=None, **changes)
             except ValueError:  # a layout the model refuses
                 return 0
-            return int((again[f"{role}_bytes"] <= capacity).sum())
+            return int((memory_fit(changed, batch)[f"{role}_bytes"] <= capacity).sum())
 
         def helps(**changes):
             return fitting(**changes) > now
@@ -216,23 +228,22 @@ def _shortfalls(fit: pd.DataFrame, placed: dict, draft_gpus: int) -> list:
         def within_node(sizes):
             return tuple([tp for tp in sizes if tp <= hardware.gpus_per_node] or sizes)
 
-        dp_attention = placed["dp_attention"] and role == "target"
+        dp_attention = setup.dp_attention and role == "target"
         plain = {tp: fitting(**{tp_name: tp}) for tp in tensor_parallel_sizes(model, hardware, dp_attention)
                  if tp > gpus}
         larger = [tp for tp, count in plain.items() if count > now]
-        dtype = check_dtype(placed[dtype_name] or placed["dtype"])
+        dtype = setup.dtype if role == "target" else setup.draft_weights
         smaller = tuple(name for name in _native_dtypes(hardware)
                         if DTYPE_BYTES[name] < DTYPE_BYTES[dtype] and helps(**{dtype_name: name}))
-        arch = resolve_model(model)
         data_parallel = []
-        if role == "target" and not dp_attention and arch.attention == "mla" and arch.num_experts:
+        if role == "target" and not dp_attention and model.attention == "mla" and model.num_experts:
             # only where it fits more than now and than tensor parallelism alone on as many GPUs or fewer
             data_parallel = [tp for tp in tensor_parallel_sizes(model, hardware, True) if tp >= max(gpus, 2)
                              and fitting(tp=tp, dp_attention=True)
                              > max([now, *(count for size, count in plain.items() if size <= tp)])]
         shortfalls.append(Shortfall(role, gpus, float(held.max()), float(held.min()), float(capacity),
                                     within_node(larger), smaller, within_node(data_parallel),
-                                    bool(placed["context"]) and helps(context=0),
+                                    bool(setup.context) and helps(context=0),
                                     role == "target" and head_with_target))
     return shortfalls
 
@@ -243,7 +254,7 @@ def _advice(column: str, value: float, rows: pd.DataFrame, other: pd.DataFrame, 
     ``judged`` False where no batch size fits; ``asked`` the batch sizes asked for (where the peak's edge lies)."""
     best = best_gamma(rows)
     alternative = best_gamma(other)
-    status, other_status = sd_status(best["speedup"]), sd_status(alternative["speedup"])
+    status, other_status = sd_status(best["speedup_low"]), sd_status(alternative["speedup_low"])
     if not judged:
         status = other_status = np.full(len(best), NOT_JUDGED)
     low, high, peak, at = batch_range(rows)
@@ -259,41 +270,29 @@ def _advice(column: str, value: float, rows: pd.DataFrame, other: pd.DataFrame, 
                   or not np.array_equal(status == "marginal", other_status == "marginal"), judged, edge)
 
 
-def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values, tp: int = 1,
-              draft_tp: int | None = None, ep: int = 1, context: int = 1024, dtype: str = "bf16", host_ms: float = 0.0,
-              other_host_ms: float | None = None, engine=None, step_ms: float | None = None,
-              alpha_decay: float = 1.0, dp_attention: bool = False, draft_dtype: str | None = None,
-              draft_topk: int = 1, verify_tokens="gamma+1", step_batch_size: int = 1) -> Recommendation:
-    """Where SD pays for ``target`` with ``draft`` on ``hardware``, over batch sizes and draft lengths.
+def recommend(setup: Setup, batch_sizes, gammas, column: str, values, *, other_host_ms: float | None = None,
+              alpha_decay: float = 1.0) -> Recommendation:
+    """Where SD pays for the deployment ``setup``, over batch sizes and draft lengths.
 
     Parameters
     ----------
-    target, draft, hardware
-        As :func:`moesd.model.predict.predict_sd` takes them.
+    setup : Setup
+        The deployment (:class:`~moesd.predictor.setup.Setup`): models, GPUs, parallelism, dtypes, context, engine
+        profile, measured plain step, host cost per forward pass (``Setup.host_seconds``: added to every forward pass
+        of target and draft, the target's plain and verification passes and each draft step, not the rejection
+        sampling), tree.
     batch_sizes, gammas : array_like of int
         Sequences B and draft lengths to predict.
     column : str
         ``"alpha"`` (per-token acceptance) or ``"sigma"`` (Eq. 5's emitted fraction); ``values`` its values.
-    tp, ep, context, dtype, draft_dtype, draft_topk, verify_tokens
-        As :func:`~moesd.model.predict.predict_sd` takes them (``context`` in tokens).
-    draft_tp : int, optional
-        The draft's GPUs, passed on to :func:`~moesd.model.predict.predict_sd` and
-        :func:`~moesd.model.predict.memory_fit` (default None: the target's ``tp`` for a draft head, an MTP
-        module or an EAGLE head, else 1).
-    host_ms : float
-        A fixed cost added to every forward pass of target and draft, ms (the target's plain and
-        verification passes and each draft step; not the rejection sampling). Without an engine profile
-        only: a profile's host costs are its own.
     other_host_ms : float, optional
         The host cost the advice is checked against, ms (default: vLLM v0's measured cost,
-        :data:`moesd.paper.predictor_check.HOST_SECONDS_VLLM_V0`, when ``host_ms`` is 0, else 0); not used
-        with ``engine`` or ``step_ms``, which hold the host's cost.
-    engine, alpha_decay, dp_attention
-        As :func:`~moesd.model.predict.predict_sd` takes them; with a profile the advice is also
-        recomputed at both ends of its costs' ranges (``Recommendation.engine_ends``) where some batch size fits.
-    step_ms : float, optional
-        A measured plain decoding step at batch size ``step_batch_size``, ms (``predict_sd``'s
-        ``step_seconds``).
+        :data:`moesd.predictor.engine.HOST_SECONDS_VLLM_V0`, when the setup has none, else 0); not used with an
+        engine profile or a measured step, which hold the host's cost.
+    alpha_decay : float, default 1.0
+        As :func:`~moesd.predictor.predict.predict_sd` takes it (with ``column="alpha"``). With a profile the advice
+        is also recomputed at both ends of its costs' ranges (``Recommendation.engine_ends``) where some batch size
+        fits.
 
     Returns
     -------
@@ -301,54 +300,40 @@ def recommend(target, draft, hardware, batch_sizes, gammas, column: str, values,
 
     Raises
     ------
-    ValueError
-        For ``host_ms`` with ``engine`` or ``step_ms``, and as :func:`~moesd.model.predict.predict_sd` raises.
+    UsageError
+        As :func:`~moesd.predictor.predict.predict_sd` raises.
     """
-    from moesd.paper.predictor_check import HOST_SECONDS_VLLM_V0
-
-    if engine is not None and host_ms:
-        raise ValueError(f"host_ms: an engine profile holds the engine's host costs (with step_ms, a measured "
-                         f"plain step), so host_ms must be 0 with one, got {host_ms}")
-    if step_ms is not None and host_ms:
-        raise ValueError(f"host_ms: a measured plain step (step_ms) holds the host's cost, so host_ms must be 0 "
-                         f"with one, got {host_ms}")
+    host_ms = setup.host_seconds * 1e3
     batch_sizes, values = np.asarray(batch_sizes), np.asarray(values, dtype=float)
-    if step_ms is not None or engine is not None:  # a measured step or a profile holds the host's cost
+    if setup.step_seconds is not None or setup.engine is not None:  # a measured step or a profile holds the host's cost
         other_host_ms = host_ms
     elif other_host_ms is None:
         other_host_ms = 0.0 if host_ms else HOST_SECONDS_VLLM_V0 * 1e3
-
-    profile = None if engine is None else engine_profile(engine)
-    step_seconds = None if step_ms is None else step_ms * 1e-3
     decay = {"alpha_decay": alpha_decay} if column == "alpha" else {}
 
-    def predict(batch, milliseconds, engine_at=profile):
-        return predict_sd(target, draft, hardware, batch, gammas, tp=tp, draft_tp=draft_tp, context=context, ep=ep,
-                          dtype=dtype, draft_dtype=draft_dtype, efficiency=Efficiency(step_seconds=milliseconds * 1e-3),
-                          engine=engine_at, step_seconds=step_seconds, step_batch_size=step_batch_size,
-                          draft_topk=draft_topk, verify_tokens=verify_tokens, dp_attention=dp_attention, **decay,
-                          **{column: values})
+    band = error_band_of(setup)
 
-    frame = predict(batch_sizes, host_ms)
-    hardware = hardware_record(hardware)
-    target_shape, draft_shape = resolve_model(target), resolve_model(draft)
-    placed = dict(target=target, draft=draft, hardware=hardware, batch_size=batch_sizes, context=context, tp=tp,
-                  draft_tp=draft_tp, ep=ep, dtype=dtype, draft_dtype=draft_dtype, dp_attention=dp_attention)
-    fit = memory_fit(**placed)
-    head = check_pair(target, draft)
-    draft_gpus = draft_tp if draft_tp is not None else default_draft_tp(target, draft, tp)
+    def predict(batch, at=setup):
+        frame = predict_sd(at, batch, gammas, **decay, **{column: values})
+        low, high = band.interval(frame["speedup"])
+        return frame.assign(speedup_low=low, speedup_high=high)
+
+    frame = predict(batch_sizes)
+    fit = memory_fit(setup, batch_sizes)
     fits = fit["fits"].to_numpy()
     frame = frame.assign(fits=np.isin(frame["batch_size"], batch_sizes[fits]))
     judged = batch_sizes[fits] if fits.any() else batch_sizes
-    other = predict(judged, other_host_ms)
+    other = predict(judged, dataclasses.replace(setup, host_seconds=other_host_ms * 1e-3))
     advice = [_advice(column, value, frame[(frame[column] == value) & frame["batch_size"].isin(judged)],
                       other[other[column] == value], other_host_ms, bool(fits.any()), batch_sizes) for value in values]
     ends = {}
+    profile = setup.engine
     if (fits.any() and profile is not None and profile.costs()
             and any(c.low < c.high for c in profile.costs().values())):
         for end in ("low", "high"):
-            rows = predict(judged, host_ms, profile.at(end))
+            rows = predict(judged, dataclasses.replace(setup, engine=profile.at(end)))
             ends[end] = [best_gamma(rows[rows[column] == value]).pipe(
-                lambda best: best.loc[sd_status(best["speedup"]) == "on", "batch_size"].to_numpy()) for value in values]
-    return Recommendation(frame, hardware, fits, judged, _shortfalls(fit, placed, draft_gpus),
-                          (target_shape.vocab_size, draft_shape.vocab_size), advice, ends, head, draft_gpus)
+                lambda best: best.loc[sd_status(best["speedup_low"]) == "on", "batch_size"].to_numpy()) for value in values]
+    return Recommendation(frame, setup.hardware, fits, judged, _shortfalls(fit, setup),
+                          (setup.target.vocab_size, setup.draft.vocab_size), advice, ends, setup.head,
+                          setup.draft_gpus, band)
