@@ -116,6 +116,10 @@ def test_the_gpu_run_plan_without_a_gpu(tmp_path):
     assert not (tmp_path / "gpu_results.tar.gz").exists()  # a dry run writes nothing
     some = gpu_run("e2e", "--dry-run", "--work", str(tmp_path / "work"))
     assert some.returncode == 0 and some.stdout.count("$ sweep ") == 1, some.stderr
+    routed = gpu_run("forward_popularity", "--dry-run", "--work", str(tmp_path / "work"))  # only when named
+    line = next(line for line in routed.stdout.splitlines() if line.startswith("$ sweep "))
+    assert "--routing popularity --routing-source olmoe/github" in line and line.split()[2] == "forward"
+    assert line.split("--out-dir ")[1].split()[0] == str(tmp_path / "work" / "h200-popularity-routing")
     unknown = gpu_run("e2e", "bogus", "--dry-run")
     assert unknown.returncode != 0 and "unknown stage bogus" in unknown.stderr
     for changes in ({"OUT": ""}, {"CUDA_VISIBLE_DEVICES": ""}):  # without the device tool too: no GPU here

@@ -20,7 +20,10 @@ one budget (``--seconds``, default 540 there; elsewhere none unless given):
 3. ``dense_forward``: the same for OPT-30b / OPT-350m;
 4. ``e2e`` and 5. ``sparsity``: batched SD against AR under the steady-state protocol, decoding over
    static caches whose forwards replay CUDA graphs if the probe (which also checks that engine) passed;
-6. ``dense`` (OPT-30b / OPT-350m, Fig. 6) and 7. ``settings`` (Fig. 5's workloads) the same way.
+6. ``dense`` (OPT-30b / OPT-350m, Fig. 6) and 7. ``settings`` (Fig. 5's workloads) the same way;
+8. ``forward_popularity`` (only when named): the forward study with each token's experts drawn with OLMoE's
+   popularity on code (``--routing popularity --routing-source olmoe/github``, :data:`ROUTED_STAGES`), into
+   ``<gpu>-popularity-routing/``.
 
 The roofline is not measured again when the repository holds this GPU's.
 
@@ -63,10 +66,16 @@ from moesd.measure.sweeps import STUDIES, SweepConfig, cached_tokens, gpu_label 
 
 MOESD = [sys.executable, "-c", "import sys; from moesd.cli import main; sys.exit(main(sys.argv[1:]))"]
 """The moesd command, from the repository (nothing is installed on the device machine)."""
-STAGES = ("env", "forward", "dense_forward", "e2e", "sparsity", "dense", "settings")
-"""The default plan, in its order."""
-STAGE_SECONDS = {"env": 75, "forward": 150, "dense_forward": 110, "e2e": 300, "sparsity": 150, "dense": 200}
+STAGES = ("env", "forward", "dense_forward", "e2e", "sparsity", "dense", "settings", "forward_popularity")
+"""Every stage, in the plan's order (the default plan is :data:`DEFAULT_STAGES`)."""
+STAGE_SECONDS = {"env": 75, "forward": 150, "dense_forward": 110, "e2e": 300, "sparsity": 150, "dense": 200,
+                 "forward_popularity": 150}
 """The most seconds a stage may take (a stage not named here takes what is left of the budget)."""
+ROUTED_STAGES = {"forward_popularity": ("forward", ["--routing", "popularity", "--routing-source", "olmoe/github"],
+                                        "-popularity-routing")}
+"""Stages that run a study with other routing: (study, extra options, suffix of the GPU's folder); run when named."""
+DEFAULT_STAGES = tuple(stage for stage in STAGES if stage not in ROUTED_STAGES)
+"""The plan when no stage is named: every study under uniform routing."""
 LAST_STAGE_SECONDS = 45
 """A stage whose turn comes with less of the budget left is skipped (building the models takes longer)."""
 LENT_SECONDS = 540.0
@@ -211,7 +220,7 @@ def measure_environment(folder: Path, log, deadline: float, dry_run: bool) -> bo
 
 
 def measure_study(study: str, folder: Path, name: str, layers: tuple[int, int], graphs: bool, log,
-                  deadline: float, dry_run: bool) -> int:
+                  deadline: float, dry_run: bool, extra=()) -> int:
     """A study stage: resume or start ``moesd sweep <study> --preset gpu`` into ``folder``."""
     sidecar = resume_from_repository(study, folder.name, folder, name)
     if sidecar.get("complete"):
@@ -222,7 +231,7 @@ def measure_study(study: str, folder: Path, name: str, layers: tuple[int, int], 
                                    if settings.get("layers") else layers)
     graphs = settings.get("cuda_graphs", graphs)
     command = MOESD + ["sweep", study, "--preset", "gpu", "--layers", str(target_layers), "--draft-layers",
-                       str(draft_layers), "--out-dir", folder] + (["--cuda-graphs"] if graphs else [])
+                       str(draft_layers), "--out-dir", folder, *extra] + (["--cuda-graphs"] if graphs else [])
     status = run(command, log, deadline, dry_run)
     if status not in (0, 124) and graphs and not dry_run:  # the graph path failed: keep its rows aside, go eager
         aside = folder / "failed-graphs"
@@ -250,7 +259,7 @@ def pack(work: Path, log: Path, out: Path) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("stages", nargs="*", metavar="stage",
-                        help=f"stages to run, in the plan's order (default: {' '.join(STAGES)})")
+                        help=f"stages to run, in the plan's order (default: {' '.join(DEFAULT_STAGES)})")
     parser.add_argument("--seconds", type=float,
                         help=f"the budget of the run, each stage capped within it (default: {LENT_SECONDS:.0f} where "
                              "$OUT is set, the lent machine; elsewhere none, every stage runs to its end)")
@@ -270,7 +279,7 @@ def main(argv=None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     graphs, failed = False, []
     with open(folder / "gpu_run.log", "a") as log:
-        for stage in (stage for stage in STAGES if stage in (args.stages or STAGES)):
+        for stage in (stage for stage in STAGES if stage in (args.stages or DEFAULT_STAGES)):
             left = deadline - time.monotonic()
             if left < LAST_STAGE_SECONDS and not args.dry_run:
                 print(f"{stage}: skipped, {left:.0f} s of the budget left; run it in the next call", flush=True)
@@ -282,8 +291,11 @@ def main(argv=None) -> int:
                 graphs = measure_environment(folder, log, stage_deadline, args.dry_run)
                 status = 0
             else:
-                layers = pair_layers(stage, free, [measurements_dir() / label, folder])
-                status = measure_study(stage, folder, name, layers, graphs, log, stage_deadline, args.dry_run)
+                study, extra, suffix = ROUTED_STAGES.get(stage, (stage, [], ""))
+                layers = pair_layers(study, free, [measurements_dir() / label, folder])
+                where = folder.with_name(folder.name + suffix)
+                where.mkdir(exist_ok=True)
+                status = measure_study(study, where, name, layers, graphs, log, stage_deadline, args.dry_run, extra)
             if status not in (0, 124):
                 failed.append(stage)
             if not args.dry_run and out:

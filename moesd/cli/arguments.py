@@ -156,7 +156,7 @@ def sigma_per_gamma(words: list[str], gammas) -> dict | str:
 
 SWEEP_OPTIONS = {"target", "draft", "weights", "layers", "draft_layers", "width", "batch_sizes", "gammas", "top_ks",
                   "sigma", "context", "rounds", "warmup_rounds", "repeats", "dtype", "device",
-                  "cuda_graphs", "target_path", "draft_path", "out_dir"}
+                  "cuda_graphs", "target_path", "draft_path", "out_dir", "routing_source"}
 
 
 def as_option(message: str) -> str:

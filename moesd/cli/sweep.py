@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> None:
         "target": args.target, "draft": args.draft, "weights": args.weights, "layers": args.layers,
         "draft_layers": args.draft_layers, "width": args.width, "batch_sizes": args.batch_sizes,
         "gammas": args.gammas, "top_ks": args.top_ks, "routing": args.routing,
-        "routing_trace": args.routing_trace, "context": args.context, "rounds": args.rounds,
+        "routing_trace": args.routing_trace, "routing_source": args.routing_source, "context": args.context, "rounds": args.rounds,
         "warmup_rounds": args.warmup_rounds, "repeats": args.repeats, "dtype": args.dtype,
         "device": args.device, "target_path": args.target_path, "draft_path": args.draft_path,
         "cuda_graphs": args.cuda_graphs or None}.items()
@@ -108,12 +108,16 @@ def add_parser(commands) -> None:
                        help="sequences per batch (default: the preset's; for most studies the paper's 19 from 1 to 100)")
     sweep.add_argument("--gammas", type=int, nargs="+", help="draft lengths (default: the preset's, e.g. 2 3 4)")
     sweep.add_argument("--top-ks", type=int, nargs="+", help="experts per token of an MoE target")
-    sweep.add_argument("--routing", choices=["uniform", "model", "trace"],
+    sweep.add_argument("--routing", choices=["uniform", "model", "trace", "popularity"],
                        help="how an MoE target routes: each token's experts drawn uniformly (Eq. 8; the default "
-                            "with random weights), by its own router (the default with pretrained weights), or "
-                            "as a routing trace (--routing-trace) recorded them")
+                            "with random weights), by its own router (the default with pretrained weights), as a "
+                            "routing trace (--routing-trace) recorded them, or drawn with a trained router's "
+                            "per-layer popularity (--routing-source)")
     sweep.add_argument("--routing-trace", help="with --routing trace: the .npz routing trace to replay (its E and K "
                                                "must be the target's)")
+    sweep.add_argument("--routing-source", help="with --routing popularity: a shipped trained-routing source "
+                                                "<model>/<domain> (e.g. olmoe/c4; moesd.routing.sources.names()) of "
+                                                "the target's E and K")
     sweep.add_argument("--sigma", nargs="+", help="one sigma per gamma for synthetic acceptance, or 'real'")
     sweep.add_argument("--context", type=int, help="prompt tokens per sequence")
     sweep.add_argument("--rounds", type=int, help="timed SD rounds and AR steps per point (default 32)")

@@ -127,6 +127,10 @@ def _routing_control(config: SweepConfig, target, keep: int):
         from moesd.routing.traces import RoutingTrace
 
         return RoutingControl(target, "trace", keep, trace=RoutingTrace.load(config.routing_trace))
+    if config.routing == "popularity":
+        from moesd.routing.sources import popularity
+
+        return RoutingControl(target, "popularity", keep, popularity=popularity(config.routing_source), seed=config.seed)
     return RoutingControl(target, config.routing, keep)
 
 

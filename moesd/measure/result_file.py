@@ -36,7 +36,7 @@ from moesd._files import atomic_write
 from moesd.measure.hardware import cpu_name, device_memory_bytes, measured_roofline
 from moesd.measure.studies import NULLABLE_COLUMNS, measurements_dir, read_rows, read_sidecar, repeated_points
 from moesd.measure.sweep_checks import check_pretrained
-from moesd.measure.sweeps import FORWARD_STUDIES, SweepConfig, check_memory, gpu_label
+from moesd.measure.sweeps import FORWARD_STUDIES, SweepConfig, check_memory, gpu_label, routing_provenance
 from moesd.theory.speedup import alpha_from_sigma
 from moesd.zoo import default_experts_implementation, get_model
 
@@ -74,6 +74,7 @@ def environment(config: SweepConfig) -> dict:
         "protocol": "forward passes" if config.study in FORWARD_STUDIES else "steady state",
         "experts_implementation": (default_experts_implementation(device) if get_model(config.target).is_moe
                                    else None),
+        **({"routing_source": routing_provenance(config)} if config.routing == "popularity" else {}),
         # the measured roofline of this device in the sweep's dtype and threads: "hardware" (ridge point) and curves
         **measured_roofline(config.device, config.dtype).sidecar_entries(),
     }

@@ -1,6 +1,6 @@
 """Routing under control in a timing sweep: who picks each token's experts, and how many were activated.
 
-A sweep's MoE target routes its tokens one of two ways (``SweepConfig.routing``):
+A sweep's MoE target routes its tokens one of these ways (``SweepConfig.routing``):
 
 * ``"uniform"``: each token's K experts are K distinct experts drawn uniformly at random,
   independently of every other token, with equal weights 1/K: the assumption of Eq. 8, under which
@@ -12,6 +12,12 @@ A sweep's MoE target routes its tokens one of two ways (``SweepConfig.routing``)
 * ``"trace"``: the expert choices of a :class:`~moesd.routing.traces.RoutingTrace` replayed token by token
   (its decode tokens, in order, wrapping around): real routing, with its popularity and its
   correlation between consecutive tokens, on a random-weight model of the same E and K.
+* ``"popularity"``: each token's K distinct experts drawn independently of every other token, expert ``e``
+  of layer ``i`` with the probability ``p_e`` of a trained router's layer ``i mod n``
+  (:func:`moesd.routing.sources.popularity`): a trained router's skew without its token-to-token
+  correlation, under which ``t`` tokens activate ``sum_e 1 - (1 - p_e)^t`` experts per layer on average
+  (:func:`moesd.theory.experts.expected_active_experts_from_popularity`). The K experts of a token are a
+  randomised systematic sample (:func:`draw_by_popularity`), whose inclusion probabilities are exactly ``p``.
 
 :class:`RoutingControl` installs the choice on the routers of a model and keeps the expert ids of its
 most recent forwards as device tensors: no copy and no host synchronisation inside a forward, so a
@@ -79,6 +85,12 @@ class RoutingControl:
         ``i`` replays trace layer ``i`` modulo the trace's layers; every layer of one forward takes
         the same next rows. The ids are copied to the device in each forward, so a CUDA graph
         would freeze one forward's choice: replay eager forwards only.
+    popularity : array_like, shape (layers, E), optional
+        With ``routing="popularity"``: each recorded layer's popularity, rows summing to the model's K
+        (:func:`moesd.routing.sources.popularity`); model layer ``i`` draws from row ``i`` modulo the rows.
+    seed : int
+        Seed of the popularity draws: a generator of their own on a CPU; on CUDA the device's default
+        generator is seeded (which a CUDA graph captures and advances at every replay, as uniform routing's).
 
     Attributes
     ----------
@@ -86,7 +98,7 @@ class RoutingControl:
         Per forward, the (tokens, K) expert ids of every MoE layer, in layer order, on the model's device.
     """
 
-    def __init__(self, model, routing: str, keep: int = 1, trace=None):
+    def __init__(self, model, routing: str, keep: int = 1, trace=None, popularity=None, seed: int = 0):
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
         if isinstance(keep, bool) or int(keep) != keep or keep < 1:
@@ -101,6 +113,11 @@ class RoutingControl:
             raise ValueError("a trace is replayed with routing 'trace', and routing 'trace' needs one")
         if trace is not None:
             self._replay = _replayed_ids(trace, self.num_experts, model.config.num_experts_per_tok)
+        if (routing == "popularity") != (popularity is not None):
+            raise ValueError("a popularity is drawn from with routing 'popularity', and routing 'popularity' needs one")
+        self._popularity, self._generator = None, None
+        if popularity is not None:
+            self._popularity, self._generator = _popularity_draws(model, popularity, seed)
 
     def _hook(self, index: int):
         def route(module, inputs, output):
@@ -118,6 +135,10 @@ class RoutingControl:
                 weights = torch.full_like(weights, 1.0 / ids.shape[-1])
             elif self.routing == "trace":
                 ids = self._next_rows(index, ids.shape[0], ids.device)
+                weights = torch.full_like(weights, 1.0 / ids.shape[-1])
+            elif self.routing == "popularity":
+                p = self._popularity[index % self._popularity.shape[0]]
+                ids = draw_by_popularity(p, ids.shape[0], ids.shape[-1], self._generator)
                 weights = torch.full_like(weights, 1.0 / ids.shape[-1])
             self.forwards[-1].append(ids)
             return logits, weights, ids
@@ -158,6 +179,51 @@ def _replayed_ids(trace, experts: int, top_k: int) -> np.ndarray:
     if not keep.any():
         raise ValueError("the trace has no decode token logged in every layer")
     return ids[keep]
+
+
+def _popularity_draws(model, popularity, seed: int):
+    """The popularity as a float64 tensor on the model's device, checked, and the generator its draws use."""
+    p = torch.as_tensor(np.asarray(popularity, dtype=np.float64))
+    experts, top_k = num_experts(model), model.config.num_experts_per_tok
+    if p.ndim != 2 or p.shape[1] != experts:
+        raise ValueError(f"popularity must have shape (layers, {experts}) (E of this model), got {tuple(p.shape)}")
+    if ((p < 0) | (p > 1)).any() or not torch.allclose(p.sum(dim=1), torch.full((p.shape[0],), float(top_k),
+                                                                               dtype=torch.float64)):
+        raise ValueError(f"each row of popularity must hold probabilities in [0, 1] summing to K = {top_k}")
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.default_generators[device.index or 0].manual_seed(int(seed))
+        return p.to(device), None
+    return p.to(device), torch.Generator(device=device).manual_seed(int(seed))
+
+
+def draw_by_popularity(p: torch.Tensor, tokens: int, top_k: int, generator=None) -> torch.Tensor:
+    """K distinct experts per token, expert ``e`` included with probability ``p_e``, tokens independent.
+
+    Randomised systematic sampling: the experts in a fresh random order per token lay out intervals of
+    lengths ``p_e`` end to end on [0, K); the points ``u, u + 1, ..., u + K - 1`` with one uniform ``u`` in
+    [0, 1) pick the experts whose intervals hold them. Each ``p_e <= 1`` holds at most one point, so the K
+    experts are distinct, and expert ``e`` is picked with probability exactly ``p_e``.
+
+    Parameters
+    ----------
+    p : torch.Tensor, shape (E,)
+        Inclusion probabilities in [0, 1] summing to ``top_k`` (float64 keeps the ends exact).
+    tokens, top_k : int
+        Tokens to route and experts per token.
+    generator : torch.Generator, optional
+        Generator of the draws (default: the device's).
+
+    Returns
+    -------
+    torch.Tensor of int64, shape (tokens, top_k)
+    """
+    order = torch.rand(tokens, p.shape[0], device=p.device, generator=generator).argsort(dim=-1)
+    ends = torch.cumsum(p[order], dim=-1)
+    points = torch.rand(tokens, 1, device=p.device, generator=generator, dtype=p.dtype) + torch.arange(
+        top_k, device=p.device, dtype=p.dtype)
+    slot = torch.searchsorted(ends, points, right=True).clamp_(max=p.shape[0] - 1)  # a rounding overshoot: the last
+    return order.gather(-1, slot)
 
 
 def distinct_experts(forward: list, num_experts: int) -> float:

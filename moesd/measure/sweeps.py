@@ -49,10 +49,11 @@ FORWARD_STUDIES = ("forward", "dense_forward")
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 """Bytes per weight and per cached value of each dtype a sweep runs in."""
 DTYPES = tuple(DTYPE_BYTES)
-ROUTINGS = ("uniform", "model", "trace")
+ROUTINGS = ("uniform", "model", "trace", "popularity")
 """How a sweep's MoE target routes: ``uniform`` (each token's K experts drawn uniformly, Eq. 8),
-``model`` (its own router) or ``trace`` (a routing trace replayed); :mod:`moesd.measure.router_control`
-installs it."""
+``model`` (its own router), ``trace`` (a routing trace replayed) or ``popularity`` (each token's K experts
+drawn with a trained router's per-layer popularity, :mod:`moesd.routing.sources`);
+:mod:`moesd.measure.router_control` installs it."""
 
 
 def paper_workloads(gammas=(2, 3, 4)) -> tuple:
@@ -111,11 +112,16 @@ class SweepConfig:
     routing : str, optional
         How an MoE target routes (:data:`ROUTINGS`): ``"uniform"`` (each
         token's K experts drawn uniformly, Eq. 8's assumption; the default with random weights),
-        ``"model"`` (its own router; the default with pretrained weights) or ``"trace"`` (the choices
-        of ``routing_trace`` replayed; eager forwards only). None for a dense target.
+        ``"model"`` (its own router; the default with pretrained weights), ``"trace"`` (the choices
+        of ``routing_trace`` replayed; eager forwards only) or ``"popularity"`` (each token's K distinct
+        experts drawn independently with the per-layer popularity of ``routing_source``, seeded by ``seed``).
+        None for a dense target.
     routing_trace : str, optional
         With ``routing="trace"``: the ``.npz`` file of a :class:`~moesd.routing.traces.RoutingTrace` of the
         target's E and K.
+    routing_source : str, optional
+        With ``routing="popularity"``: a shipped trained-routing source (:func:`moesd.routing.sources.names`,
+        e.g. ``"olmoe/c4"``) of the target's E and K; target layer ``i`` takes recorded layer ``i mod n``.
     sigma : dict, "real" or None
         Target sigma per gamma for synthetic acceptance (alpha from Eq. 5 inverted), or ``"real"``
         for real greedy acceptance (pretrained weights). ``None`` takes the study's default: the
@@ -160,6 +166,7 @@ class SweepConfig:
     top_ks: tuple | None = None
     routing: str | None = None
     routing_trace: str | None = None
+    routing_source: str | None = None
     sigma: dict | str | None = None
     workloads: tuple | None = None
     context: int = 16
@@ -246,7 +253,7 @@ class SweepConfig:
 
     def _check_routing(self, target) -> None:
         if not target.is_moe:
-            if self.routing is not None or self.routing_trace is not None:
+            if self.routing is not None or self.routing_trace is not None or self.routing_source is not None:
                 raise UsageError(f"routing applies to MoE targets; {target.name} is dense")
             return
         if self.routing is None:
@@ -255,6 +262,11 @@ class SweepConfig:
             raise UsageError(f"routing must be one of {', '.join(ROUTINGS)}, got {self.routing!r}")
         if (self.routing == "trace") != (self.routing_trace is not None):
             raise UsageError("routing_trace names the trace that routing 'trace' replays: give both or neither")
+        if (self.routing == "popularity") != (self.routing_source is not None):
+            raise UsageError("routing_source names the trained router whose popularity routing 'popularity' draws "
+                             "from: give both or neither")
+        if self.routing == "popularity":
+            self._check_routing_source(target)
         if self.routing == "trace":
 
             from moesd.routing.traces import RoutingTrace
@@ -274,6 +286,18 @@ class SweepConfig:
                 raise UsageError(f"routing_trace routes E = {trace.num_experts}, K = {trace.top_k}; the sweep's "
                                  f"{target.name} has E = {target.num_experts} and K = {', '.join(map(str, ks))}")
 
+    def _check_routing_source(self, target) -> None:
+        from moesd.routing import sources
+
+        try:
+            source = sources.info(self.routing_source)
+        except ValueError as error:
+            raise UsageError(f"routing_source {self.routing_source!r} is not a shipped source: {error}") from None
+        ks = self.top_ks or (target.top_k,)
+        if source.num_experts != target.num_experts or set(ks) != {source.top_k}:
+            raise UsageError(f"routing_source {source.name} routes E = {source.num_experts}, K = {source.top_k}; the "
+                             f"sweep's {target.name} has E = {target.num_experts} and K = {', '.join(map(str, ks))}")
+
     def _check_acceptance(self) -> None:
         if self.study == "settings":
             if self.sigma is not None:
@@ -291,9 +315,9 @@ class SweepConfig:
         if self.sigma == "real":
             if self.weights == "random":
                 raise UsageError("random weights accept almost nothing: give sigma for synthetic acceptance")
-            if self.routing == "uniform":
-                raise UsageError("uniform routing draws the target's experts at random, so its tokens are not the "
-                                 "model's and real acceptance means nothing: use routing 'model' or give sigma")
+            if self.routing in ("uniform", "popularity"):
+                raise UsageError(f"{self.routing} routing draws the target's experts at random, so its tokens are not "
+                                 "the model's and real acceptance means nothing: use routing 'model' or give sigma")
             return
         self.sigma = self._sigma_per_gamma(self.sigma, "sigma")
 
@@ -329,8 +353,21 @@ class SweepConfig:
         return ("num_experts_per_tok", "dataset", "temperature", "run", "batch_size", "gamma")
 
     def settings(self) -> dict:
-        """The config as plain JSON values (what a resumed sweep must match)."""
-        return json.loads(json.dumps(dataclasses.asdict(self)))
+        """The config as plain JSON values (what a resumed sweep must match); ``routing_source`` only where set,
+        as in the sidecars written before it existed."""
+        values = json.loads(json.dumps(dataclasses.asdict(self)))
+        if values["routing_source"] is None:
+            del values["routing_source"]
+        return values
+
+
+def routing_provenance(config: SweepConfig) -> dict:
+    """Where a ``popularity``-routed sweep's popularity comes from, for its sidecar: the source, its repository,
+    commit, licence and checkpoint, the recorded layers, and the one each target layer takes (``layers_mapped``)."""
+    from moesd.routing import sources
+
+    layers = config.layers or get_model(config.target).num_layers
+    return sources.info(config.routing_source).provenance(sources.layer_map(config.routing_source, layers))
 
 
 def checked_model(name, role: str):

@@ -162,8 +162,10 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
         Weight dtype; the 4-bit ones quantise the routed experts only
         (:func:`~moesd.predictor.layout.attention_dtype` and :func:`~moesd.predictor.layout.ffn_dtype` give
         the other weights').
-    routing : array_like, callable or RoutingTrace, optional
-        Expert popularity, shape ``(E,)`` or ``(moe_layers, E)``, each row summing to ``K`` (uses
+    routing : array_like, callable, RoutingTrace or str, optional
+        The name of a shipped trained router (:func:`moesd.routing.sources.names`, e.g. ``"olmoe/c4"``: its
+        per-layer popularity, MoE layer ``i`` taking recorded layer ``i mod n``); expert popularity, shape
+        ``(E,)`` or ``(moe_layers, E)``, each row summing to ``K`` (uses
         :func:`moesd.theory.experts.expected_active_experts_from_popularity`); a function of the token
         count returning ``N(tokens)``; or a :class:`~moesd.routing.traces.RoutingTrace` of the model's routing
         (its ``E``; its ``K`` replaces the model's), read as ``routing_model`` says through
@@ -198,6 +200,10 @@ def step_time(model, hardware, tokens_per_sequence, batch_size, context=0, tp=1,
         Seconds, bytes and FLOPs per component; ``.total`` is the forward pass in seconds.
     """
     arch = resolve_model(model)
+    if isinstance(routing, str):  # a shipped trained router by name, mapped onto the model's MoE layers
+        from moesd.routing.sources import popularity
+
+        routing = popularity(routing, max(arch.moe_layers, 1))
     hardware = hardware_record(hardware)
     efficiency = efficiency or Efficiency()
     dtype = check_dtype(dtype)
