@@ -26,8 +26,9 @@ import pandas as pd
 GLUED: dict[str, str] = {}
 """Values glued by :func:`glue` in this process, by key (the latest value of a key wins)."""
 
-GLUE_ROLE = re.compile(r"\{glue:text\}`([^`]+)`")
-"""A ``{glue:text}`` role in a chapter's Markdown; group 1 is the key."""
+GLUE_ROLE = re.compile(r"\{glue:text\}`([A-Za-z0-9_.:-]+)`")
+"""A ``{glue:text}`` role in a chapter's Markdown; group 1 is the key (a role quoted as code, such as
+```{glue:text}``` in a sentence about roles, names no key)."""
 
 _SAVED_MIME = "application/papermill.record/text/plain"
 """The mime type under which myst-nb saves a value glued with ``display=False``."""

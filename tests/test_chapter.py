@@ -30,6 +30,7 @@ def test_numbers_on_this_page_reads_live_then_saved_values(tmp_path, monkeypatch
         nbformat.v4.new_markdown_cell("The rate is {glue:text}`saved` and pi is {glue:text}`live`."),
         code,
         nbformat.v4.new_markdown_cell("Not run yet: {glue:text}`missing`; again {glue:text}`saved`."),
+        nbformat.v4.new_markdown_cell("In JupyterLab the text shows `{glue:text}` keys: this names no key."),
     ])
     table = chapter.numbers_on_this_page(path)
     assert list(table["key"]) == ["saved", "live", "missing", "saved"]

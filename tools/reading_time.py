@@ -13,7 +13,7 @@ from moesd.chapter import CODE_LINES_PER_MINUTE, WORDS_PER_MINUTE, reading_time
 
 
 def main(paths: list[str]) -> int:
-    print(f"{"chapter":<34} {'words':>6} {'code lines':>10} {'minutes':>8}"
+    print(f"{'chapter':<34} {'words':>6} {'code lines':>10} {'minutes':>8}"
           f"   ({WORDS_PER_MINUTE} words/min, {CODE_LINES_PER_MINUTE} code lines/min)")
     for path in paths:
         time = reading_time(path)
