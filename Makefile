@@ -2,9 +2,10 @@
 #   make book   build the executed book into _build/html (warnings are errors)
 #   make test   pytest over tests/ and nbval over the committed outputs of book/; where _build/html
 #               exists, tests/test_browser.py checks the built book in headless Chromium
-# one for students:
+# two for students:
 #   make lab    open the chapters in JupyterLab (the book/ folder, the introduction first), with the
 #               same offline state folders as the targets above
+#   make student  write the chapters without their solutions and check answers to _build/student/
 # and three for developers:
 #   make lint     ruff (pinned in requirements.txt) with the rules in pyproject.toml
 #   make outputs  re-execute every chapter into its committed outputs (book/*.ipynb), store the
@@ -57,6 +58,13 @@ lab: $(VENV)/.installed
 	@test -x $(VENV)/bin/jupyter-lab || { echo "make lab: $(VENV)/bin/jupyter-lab is missing:" \
 	    "requirements.txt must pin jupyterlab (then run make lab again)"; exit 1; }
 	$(VENV)/bin/jupyter-lab --ServerApp.root_dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root) book/intro.ipynb
+
+# make student: the chapters as students get them, in _build/student/: every cell and output a reader sees, without
+# the exercises' solutions (an empty cell for each instead) and the check questions' answers
+# (tools/student_notebooks.py). They run from any folder of a clone (their data paths are the package's).
+.PHONY: student
+student: $(VENV)/.installed
+	$(PYTHON) tools/student_notebooks.py --out _build/student $(CHAPTERS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

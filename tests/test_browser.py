@@ -9,9 +9,14 @@ names one, an existing anchor. A full-page screenshot of each page is kept under
 script, style sheet or image from a remote host.
 
 Readability at a 1280 px window (issue 28), with every hidden solution, dropdown and hidden input
-opened: no table and no code block (a cell's source, its printed output, a code block of the text)
-is wider than the article column or scrolls sideways inside it, and glued values (myst-nb's
-``span.pasted-text``) are set in the weight of the sentence around them, not in bold.
+opened: no code block (a cell's source, its printed output, a code block of the text) is wider than
+the article column or scrolls sideways inside it, a table wider than the column scrolls inside its own
+box (issue 42) instead of running past it, and glued values (myst-nb's ``span.pasted-text``) are set in
+the weight of the sentence around them, not in bold.
+
+What a student hits first (issue 42), read at 1280 px and at a 400 px phone: no Markdown table left as
+raw ``| a | b |`` text, no display equation clipped behind a scroll bar, no table header broken inside a
+word ("STREA M"), and, on the phone, nothing widening the page past the screen.
 
 Skipped where no book is built (``make book``) or where Chromium, chromedriver or selenium is
 missing (Debian: ``apt-get install chromium chromium-driver``; ``.ci/run`` installs them).
@@ -110,27 +115,87 @@ const where = element => {
 };
 const shown = element => element.getClientRects().length > 0;
 const weight = element => parseInt(getComputedStyle(element).fontWeight, 10);
+const scrollBox = element => {
+  for (let a = element.parentElement; a && a !== article; a = a.parentElement) {
+    if (["auto", "scroll"].includes(getComputedStyle(a).overflowX)) return a;
+  }
+  return null;
+};
+const outside = rect => rect.left < left - 1 || rect.right > right + 1;
 const wide = [];
-for (const element of article.querySelectorAll("table, pre")) {
+for (const element of article.querySelectorAll("pre")) {
   if (!shown(element)) continue;
   const rect = element.getBoundingClientRect();
-  const scrolls = element.scrollWidth > element.clientWidth + 1;
-  if (rect.left < left - 1 || rect.right > right + 1 || scrolls) {
-    wide.push(`${element.tagName.toLowerCase()} ${Math.round(Math.max(rect.width, element.scrollWidth))} px ` +
+  if (outside(rect) || element.scrollWidth > element.clientWidth + 1) {
+    wide.push(`pre ${Math.round(Math.max(rect.width, element.scrollWidth))} px ` +
               `in a column of ${Math.round(right - left)} px, ${where(element)}`);
+  }
+}
+for (const element of article.querySelectorAll("table")) {  // a wide table must scroll in its own box
+  if (!shown(element)) continue;
+  const holder = scrollBox(element);
+  const rect = (holder || element).getBoundingClientRect();
+  if (outside(rect)) {
+    wide.push(`table ${Math.round(element.getBoundingClientRect().width)} px ` +
+              `${holder ? "in a scroll box running" : "running"} past a column of ${Math.round(right - left)} px, ` +
+              where(element));
   }
 }
 const bold = [...article.querySelectorAll("span.pasted-text")]
   .filter(e => shown(e) && weight(e) > weight(e.parentElement))
   .map(e => `${e.textContent.trim().slice(0, 40)} (weight ${weight(e)} in text of ${weight(e.parentElement)}), ` +
             where(e));
+// Markdown tables the parser left as text: a paragraph or list item of "| a | b |" cells.
+const rawPipes = [...article.querySelectorAll("p, li")]
+  .filter(e => shown(e) && !e.closest("pre, code, table"))
+  .filter(e => { const text = e.textContent.trim(); return text.startsWith("|") && (text.match(/\\|/g) || []).length >= 4; })
+  .map(e => where(e));
+// Display equations wider than their box (clipped behind a scroll bar) or than the column.
+const clippedMath = [];
+for (const element of article.querySelectorAll("div.math")) {
+  if (!shown(element)) continue;
+  const typeset = element.querySelector("mjx-container > mjx-math, mjx-container svg") || element;
+  const width = Math.max(typeset.getBoundingClientRect().width, element.scrollWidth);
+  if (width > element.clientWidth + 1 || outside(element.getBoundingClientRect())) {
+    clippedMath.push(`${Math.round(width)} px in a box of ${element.clientWidth} px, ${where(element)}`);
+  }
+}
+// Table headers broken inside a word ("STREA M"): a word whose text spans two lines. A hyphen or a slash
+// may end a line, so words holding one are left out.
+const brokenHeaders = [];
+for (const header of article.querySelectorAll("th")) {
+  if (!shown(header)) continue;
+  const walker = document.createTreeWalker(header, NodeFilter.SHOW_TEXT);
+  let node, broken = null;
+  while (!broken && (node = walker.nextNode())) {
+    for (const match of node.data.matchAll(/\\S+/g)) {
+      if (/[-\\/]/.test(match[0])) continue;
+      const range = document.createRange();
+      range.setStart(node, match.index);
+      range.setEnd(node, match.index + match[0].length);
+      const tops = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
+      if (tops.size > 1) { broken = match[0]; break; }
+    }
+  }
+  if (broken) brokenHeaders.push(`"${broken}" ${where(header)}`);
+}
+// What makes the page wider than the window (outside any box that scrolls on its own).
+const page = document.documentElement;
+const widening = page.scrollWidth > window.innerWidth + 1 ? [...article.querySelectorAll("*")]
+  .filter(e => shown(e) && e.getBoundingClientRect().right > window.innerWidth + 1 && !scrollBox(e)
+               && ![...e.children].some(c => c.getBoundingClientRect().right > window.innerWidth + 1))
+  .map(e => `${e.tagName.toLowerCase()} reaching ${Math.round(e.getBoundingClientRect().right)} px, ${where(e)}`) : [];
 return {width: window.innerWidth, column: Math.round(right - left), wide: wide, bold: bold,
-        glued: article.querySelectorAll("span.pasted-text").length};
+        glued: article.querySelectorAll("span.pasted-text").length, rawPipes: rawPipes, clippedMath: clippedMath,
+        brokenHeaders: brokenHeaders, pageWidth: page.scrollWidth, widening: widening};
 """
-"""Open every hidden block, then list the tables and code blocks wider than the article column (or
-scrolling inside it) and the glued values set bolder than their sentence."""
+"""Open every hidden block, then list what a reader at the window's width meets: code blocks wider than the
+article column (or scrolling inside it), tables running past it, glued values set bolder than their sentence,
+raw Markdown tables, clipped display equations, headers broken inside a word, and what widens the page."""
 READING_WIDTH = 1280
 """Pixels: the window width the layout checks read the pages at (that of ``BROWSER_FLAGS``)."""
+PHONE_WIDTH = 400
+"""Pixels: a phone's screen, the second width the layout checks read the pages at."""
 
 
 class _Assets(HTMLParser):
@@ -201,10 +266,10 @@ def _screenshot(driver, path: Path) -> None:
     path.write_bytes(base64.b64decode(shot["data"]))
 
 
-def _layout(driver) -> dict:
-    """The layout checks of ``LAYOUT`` read in a viewport exactly ``READING_WIDTH`` pixels wide."""
+def _layout(driver, width: int = READING_WIDTH) -> dict:
+    """The layout checks of ``LAYOUT`` read in a viewport exactly ``width`` pixels wide."""
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                           {"width": READING_WIDTH, "height": 1000, "deviceScaleFactor": 1, "mobile": False})
+                           {"width": width, "height": 1000, "deviceScaleFactor": 1, "mobile": False})
     try:
         return driver.execute_script(LAYOUT)
     finally:
@@ -223,7 +288,8 @@ def visit(browser):
             assert "failure" not in state, f"{page}: {state.get('failure')}"
             state["console"] = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
             _screenshot(browser, SCREENSHOTS / Path(page).with_suffix(".png"))
-            state["layout"] = _layout(browser)  # last: it opens the hidden blocks
+            state["layout"] = _layout(browser)  # after the screenshot: it opens the hidden blocks
+            state["phone"] = _layout(browser, PHONE_WIDTH)
             seen[page] = state
         return seen[page]
 
@@ -288,8 +354,41 @@ def test_internal_links_resolve(visit, page):
 def test_tables_and_code_fit_the_column(visit, page):
     layout = visit(page)["layout"]
     assert layout["width"] == READING_WIDTH, f"{page}: read at {layout['width']} px, not {READING_WIDTH}"
-    assert not layout["wide"], (f"{page}: {len(layout['wide'])} tables or code blocks wider than the "
-                                f"{layout['column']} px column at {READING_WIDTH} px: {layout['wide'][:5]}")
+    assert not layout["wide"], (f"{page}: {len(layout['wide'])} code blocks wider than the {layout['column']} px "
+                                f"column or tables running past it at {READING_WIDTH} px: {layout['wide'][:5]}")
+
+
+WIDTHS = {"layout": READING_WIDTH, "phone": PHONE_WIDTH}
+"""The states ``visit`` reads a page's layout in, by the window width it was read at."""
+
+
+@pytest.mark.parametrize("page", CONTENT_PAGES)
+def test_no_raw_markdown_tables(visit, page):
+    raw = visit(page)["layout"]["rawPipes"]
+    assert not raw, f"{page}: {len(raw)} Markdown tables shown as raw | cells | text: {raw[:5]}"
+
+
+@pytest.mark.parametrize("state", WIDTHS)
+@pytest.mark.parametrize("page", CONTENT_PAGES)
+def test_display_math_is_not_clipped(visit, page, state):
+    clipped = visit(page)[state]["clippedMath"]
+    assert not clipped, (f"{page}: {len(clipped)} display equations clipped at {WIDTHS[state]} px "
+                         f"(break them over lines): {clipped[:5]}")
+
+
+@pytest.mark.parametrize("state", WIDTHS)
+@pytest.mark.parametrize("page", CONTENT_PAGES)
+def test_table_headers_break_between_words(visit, page, state):
+    broken = visit(page)[state]["brokenHeaders"]
+    assert not broken, f"{page}: {len(broken)} table headers broken inside a word at {WIDTHS[state]} px: {broken[:5]}"
+
+
+@pytest.mark.parametrize("page", CONTENT_PAGES)
+def test_page_fits_a_phone(visit, page):
+    phone = visit(page)["phone"]
+    assert phone["width"] == PHONE_WIDTH, f"{page}: read at {phone['width']} px, not {PHONE_WIDTH}"
+    assert phone["pageWidth"] <= PHONE_WIDTH + 1, (f"{page}: {phone['pageWidth']} px wide on a {PHONE_WIDTH} px "
+                                                   f"screen, widened by {phone['widening'][:5]}")
 
 
 @pytest.mark.parametrize("page", CONTENT_PAGES)

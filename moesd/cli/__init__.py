@@ -6,7 +6,8 @@
 ``moesd sweep e2e --preset cpu`` times AR against SD over batch sizes (``moesd.measure.bench``);
 ``moesd fit data/measurements/cpu/sparsity.csv --stride 11`` fits Algorithm 1 (``moesd.model.fit``);
 ``moesd predict --target deepseek-v3 --draft deepseek-v3-mtp --hardware H200 --tp 8 --dtype fp8`` predicts SD's speedup
-(``moesd.predictor.predict``).
+(``moesd.predictor.predict``);
+``moesd lab --prompts mt_bench`` measures SD's acceptance and the routing of a real MoE on a laptop (``moesd.lab``).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import os
 import sys
 
 from moesd._checks import UsageError
-from moesd.cli import fit, hardware, predict, sweep, theory, trace
+from moesd.cli import fit, hardware, lab, predict, sweep, theory, trace
 from moesd.cli.arguments import check_paths
 
-COMMANDS = (theory, hardware, trace, sweep, fit, predict)
+COMMANDS = (theory, hardware, trace, sweep, fit, predict, lab)
 """The sub-command modules, in the order ``moesd --help`` lists them: each declares its parser
 (``add_parser``) and runs it (``run``)."""
 

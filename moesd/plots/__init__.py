@@ -51,7 +51,7 @@ def caption(name: str, text: str) -> str:
     text : str
         The provenance, e.g. :func:`moesd.measure.studies.provenance` of a study's sidecar.
     """
-    from myst_nb import glue
+    from moesd.chapter import glue  # myst-nb's glue, recorded for a reader of the notebook in JupyterLab
 
     glue(name, text, display=False)
     return text

@@ -231,10 +231,11 @@ def intensity_against_tokens(tokens, dense_ai, moe_ai, ridge_points: dict, label
 
 
 def ffn_efficiency(batch, gamma: int, curves: dict) -> plt.Figure:
-    """Roofline-floor target efficiency of one FFN layer against batch size.
+    """Roofline-floor target efficiency ``T(B, 1) / T(B, gamma + 1)`` of one FFN layer against batch size.
 
-    ``curves`` maps ``(layer, device)`` to an efficiency array over ``batch``; the layer sets the
-    colour, the device the line style.
+    ``curves`` maps ``(layer, device)`` to an efficiency array over ``batch`` (verification passes of ``gamma + 1``
+    tokens per sequence); the layer sets the colour, the device the line style. A dotted line marks
+    ``1 / (gamma + 1)``, the efficiency of a compute-bound layer.
     """
     layers = list(dict.fromkeys(layer for layer, _ in curves))
     devices = list(dict.fromkeys(device for _, device in curves))
@@ -242,8 +243,8 @@ def ffn_efficiency(batch, gamma: int, curves: dict) -> plt.Figure:
     for (layer, device), efficiency in curves.items():
         ax.plot(batch, efficiency, color=PALETTE[layers.index(layer)], ls=_LINESTYLES[devices.index(device)],
                 label=f"{layer}, {device}")
-    ax.axhline(1 / gamma, color="0.5", lw=1, ls=":", label="$1/\\gamma$")
-    ax.set(xscale="log", xlabel="batch size $B$", ylabel="$T(B,1)\\,/\\,T(B,\\gamma)$ of the FFN layer",
+    ax.axhline(1 / (gamma + 1), color="0.5", lw=1, ls=":", label="$1/(\\gamma+1)$")
+    ax.set(xscale="log", xlabel="batch size $B$", ylabel="$T(B,1)\\,/\\,T(B,\\gamma+1)$ of the FFN layer",
            title=f"Roofline-floor target efficiency of one FFN layer, $\\gamma$ = {gamma}")
     ax.legend()
     return figure

@@ -1,0 +1,196 @@
+"""What a chapter needs besides its science: glued numbers that read outside the book, and its data.
+
+The built book puts each glued value (``{glue:text}`key``` in the prose) into its sentence; JupyterLab
+(jupyterlab-myst renders MyST but not glue roles) shows the key instead. So every chapter glues through
+:func:`glue`, which records the value in this kernel as well as handing it to myst-nb, and ends with a cell
+tagged ``remove-cell`` (hidden in the book) that shows :func:`numbers_on_this_page`: every key its prose
+uses, the value this kernel glued (or, before the cells ran, the value saved in the notebook), and the words
+before it, so a reader in JupyterLab finds each number where the text needs it.
+
+:func:`reading_time` measures what a chapter asks of a reader by its length, so that its stated time is
+computed, not guessed. A notebook downloaded from the book needs the ``moesd`` package and the repository's ``data/`` folder;
+:func:`data_folder` says exactly what is missing when it is not there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+GLUED: dict[str, str] = {}
+"""Values glued by :func:`glue` in this process, by key (the latest value of a key wins)."""
+
+GLUE_ROLE = re.compile(r"\{glue:text\}`([A-Za-z0-9_.:-]+)`")
+"""A ``{glue:text}`` role in a chapter's Markdown; group 1 is the key (a role quoted as code, such as
+```{glue:text}``` in a sentence about roles, names no key)."""
+
+_SAVED_MIME = "application/papermill.record/text/plain"
+"""The mime type under which myst-nb saves a value glued with ``display=False``."""
+
+
+def glue(name: str, value, display: bool = False):
+    """Glue ``value`` under ``name`` for the book (myst-nb) and record its text for :func:`numbers_on_this_page`.
+
+    Parameters
+    ----------
+    name : str
+        The key, unique in the book.
+    value : object
+        What the text shows (its ``str``).
+    display : bool, default False
+        Also show the value as the cell's output (myst-nb's ``display``).
+
+    Returns
+    -------
+    object
+        ``value``.
+    """
+    from myst_nb import glue as myst_glue
+
+    GLUED[name] = str(value)
+    myst_glue(name, value, display=display)
+    return value
+
+
+def _saved_values(cells: list) -> dict[str, str]:
+    """The glued values a notebook's saved outputs hold, by key (myst-nb's scrapbook metadata)."""
+    values = {}
+    for cell in cells:
+        for output in cell.get("outputs", []):
+            name = output.get("metadata", {}).get("scrapbook", {}).get("name")
+            text = output.get("data", {}).get(_SAVED_MIME)
+            if name and text is not None:
+                text = "".join(text) if isinstance(text, list) else str(text)
+                values[name] = text[1:-1] if len(text) > 1 and text[0] == text[-1] == "'" else text
+    return values
+
+
+def numbers_on_this_page(notebook, context: int = 60) -> pd.DataFrame:
+    """Every glued number the prose of ``notebook`` uses, in reading order, with the words before it.
+
+    Parameters
+    ----------
+    notebook : str or os.PathLike
+        The chapter's ``.ipynb`` (a chapter's kernel runs in ``book/``, so its file name is enough).
+    context : int, default 60
+        Characters of the sentence before the number to show (Markdown roles and math left as written).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``key``, ``value`` (this kernel's :func:`glue`, else the notebook's saved output, else
+        ``"(run the cells above)"``) and ``in the text`` (the words before the number, ``...`` first),
+        one row per use of a key.
+
+    Raises
+    ------
+    ValueError
+        If ``notebook`` is not a notebook file.
+    """
+    path = Path(notebook)
+    if not path.is_file() or path.suffix != ".ipynb":
+        raise ValueError(f"notebook {str(path)!r} is not a notebook file (.ipynb) here; give the chapter's file "
+                         f"name from the folder its kernel runs in (book/)")
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    saved = _saved_values(cells)
+    rows = []
+    for cell in cells:
+        if cell["cell_type"] != "markdown":
+            continue
+        text = "".join(cell["source"])
+        for match in GLUE_ROLE.finditer(text):
+            key = match.group(1)
+            before = " ".join(text[:match.start()].split())[-context:]
+            value = GLUED.get(key, saved.get(key, "(run the cells above)"))
+            rows.append({"key": key, "value": value, "in the text": "..." + before})
+    return pd.DataFrame(rows, columns=["key", "value", "in the text"])
+
+
+def data_folder() -> Path:
+    """The ``data/`` folder the chapters read (``MOESD_DATA``, else the repository's), checked to be there.
+
+    Raises
+    ------
+    FileNotFoundError
+        Saying what to install or set when the folder is missing, e.g. for a chapter downloaded from the
+        book and run with ``moesd`` installed from a wheel (which holds no ``data/``).
+    """
+    from moesd.paper.tables import DATA_DIR
+
+    folder = Path(os.environ.get("MOESD_DATA", DATA_DIR))
+    if not (folder / "paper").is_dir():
+        raise FileNotFoundError(
+            f"this chapter reads the moesd repository's data/ folder, not found at {folder}. Run it from a clone of "
+            "the repository with the package installed from it (in the clone: make lab, or pip install -e . and "
+            "jupyter lab book/), or set MOESD_DATA to the data/ folder of a clone")
+    return folder
+
+
+WORDS_PER_MINUTE = 200
+"""Reading speed of prose, words a minute (a common figure for technical text; Jupyter Book's own estimate)."""
+CODE_LINES_PER_MINUTE = 10
+"""Reading speed of code, lines a minute (a stated choice: code is read more slowly than prose)."""
+HIDDEN_TAGS = ("remove-cell", "remove-input", "hide-input", "hide-cell")
+"""Cell tags whose source a reader of the book does not see unless they open it."""
+
+
+@dataclass(frozen=True)
+class ReadingTime:
+    """What a chapter asks of a reader, its exercises' solutions left out.
+
+    Attributes
+    ----------
+    words : int
+        Words of the Markdown cells (directive lines such as fences and options not counted).
+    code_lines : int
+        Non-blank lines of the code cells a reader sees (none tagged with one of :data:`HIDDEN_TAGS`).
+    minutes : int
+        ``words / WORDS_PER_MINUTE + code_lines / CODE_LINES_PER_MINUTE``, rounded up.
+    """
+
+    words: int
+    code_lines: int
+    minutes: int
+
+
+def reading_time(notebook) -> ReadingTime:
+    """The reading time of a chapter notebook: its prose and visible code, outside the exercises' solutions.
+
+    Cells from a ``{solution-start}`` cell to its ``{solution-end}`` cell are the solutions, which a student reads
+    while doing the exercise, not while reading the chapter.
+
+    Raises
+    ------
+    ValueError
+        If ``notebook`` is not a notebook file.
+    """
+    path = Path(notebook)
+    if not path.is_file() or path.suffix != ".ipynb":
+        raise ValueError(f"notebook {str(path)!r} is not a notebook file (.ipynb)")
+    words = code_lines = 0
+    in_solution = False
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and "{solution-start}" in text:
+            in_solution = True
+        if not in_solution:
+            if cell["cell_type"] == "markdown":
+                lines = [line for line in text.splitlines() if not line.lstrip().startswith(("```", ":"))]
+                words += sum(len(line.split()) for line in lines)
+            elif not set(cell.get("metadata", {}).get("tags", [])) & set(HIDDEN_TAGS):
+                code_lines += sum(1 for line in text.splitlines() if line.strip())
+        if cell["cell_type"] == "markdown" and "{solution-end}" in text:
+            in_solution = False
+    minutes = math.ceil(words / WORDS_PER_MINUTE + code_lines / CODE_LINES_PER_MINUTE)
+    return ReadingTime(words, code_lines, minutes)
+
+
+def reading_minutes(notebook) -> int:
+    """:attr:`ReadingTime.minutes` of :func:`reading_time`: the minutes a chapter's opening states."""
+    return reading_time(notebook).minutes

@@ -1,0 +1,80 @@
+"""moesd.chapter: glued numbers readable in JupyterLab, reading times, the data check."""
+
+import math
+
+import nbformat
+import pytest
+
+from moesd import chapter
+
+
+def _notebook(tmp_path, cells, name="page.ipynb"):
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = cells
+    path = tmp_path / name
+    nbformat.write(notebook, path)
+    return path
+
+
+def _glued_output(name, value):
+    """A code cell's output as myst-nb saves a value glued with display=False."""
+    return nbformat.v4.new_output("display_data", data={"application/papermill.record/text/plain": repr(value)},
+                                  metadata={"scrapbook": {"name": name, "mime_prefix": "application/papermill.record/"}})
+
+
+def test_numbers_on_this_page_reads_live_then_saved_values(tmp_path, monkeypatch):
+    monkeypatch.setattr(chapter, "GLUED", {"live": "3.14"})
+    code = nbformat.v4.new_code_cell("glue('saved', '0.65')")
+    code.outputs = [_glued_output("saved", "0.65"), _glued_output("live", "stale")]
+    path = _notebook(tmp_path, [
+        nbformat.v4.new_markdown_cell("The rate is {glue:text}`saved` and pi is {glue:text}`live`."),
+        code,
+        nbformat.v4.new_markdown_cell("Not run yet: {glue:text}`missing`; again {glue:text}`saved`."),
+        nbformat.v4.new_markdown_cell("In JupyterLab the text shows `{glue:text}` keys: this names no key."),
+    ])
+    table = chapter.numbers_on_this_page(path)
+    assert list(table["key"]) == ["saved", "live", "missing", "saved"]
+    assert list(table["value"]) == ["0.65", "3.14", "(run the cells above)", "0.65"]
+    assert table["in the text"].iloc[0] == "...The rate is"
+    assert table["in the text"].iloc[1].endswith("and pi is")
+
+
+def test_numbers_on_this_page_refuses_what_is_not_a_notebook(tmp_path):
+    with pytest.raises(ValueError, match="not a notebook"):
+        chapter.numbers_on_this_page(tmp_path / "absent.ipynb")
+
+
+def test_glue_records_the_text_and_hands_it_to_myst_nb(monkeypatch):
+    handed = []
+    monkeypatch.setattr(chapter, "GLUED", {})
+    import myst_nb
+
+    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display: handed.append((name, value, display)))
+    assert chapter.glue("k", 0.5) == 0.5
+    assert chapter.GLUED == {"k": "0.5"} and handed == [("k", 0.5, False)]
+
+
+def test_reading_time_counts_prose_and_visible_code_outside_solutions(tmp_path):
+    words = " ".join(["word"] * 400)
+    path = _notebook(tmp_path, [
+        nbformat.v4.new_markdown_cell(f"{words}\n```{{admonition}} Answer\n:class: dropdown\n```"),
+        nbformat.v4.new_code_cell("a = 1\n\nb = 2"),  # 2 lines
+        nbformat.v4.new_code_cell("hidden = 1", metadata={"tags": ["remove-input"]}),
+        nbformat.v4.new_markdown_cell("```{solution-start} ex-1\n```"),
+        nbformat.v4.new_markdown_cell(words),
+        nbformat.v4.new_code_cell("\n".join(["x = 1"] * 50)),
+        nbformat.v4.new_markdown_cell("done\n```{solution-end}\n```"),
+        nbformat.v4.new_markdown_cell("two more"),
+    ])
+    time = chapter.reading_time(path)
+    assert (time.words, time.code_lines) == (400 + 2, 2)  # fences, directive options and solutions not counted
+    assert time.minutes == math.ceil(402 / chapter.WORDS_PER_MINUTE + 2 / chapter.CODE_LINES_PER_MINUTE)
+    assert chapter.reading_minutes(path) == time.minutes
+
+
+def test_data_folder_says_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOESD_DATA", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="MOESD_DATA"):
+        chapter.data_folder()
+    (tmp_path / "paper").mkdir()
+    assert chapter.data_folder() == tmp_path
