@@ -71,6 +71,13 @@ def _saved_values(cells: list) -> dict[str, str]:
     return values
 
 
+def _other_page(path: Path) -> dict[str, str]:
+    """The glued values saved in another page's notebook (none if it is not there)."""
+    if not path.is_file():
+        return {}
+    return _saved_values(json.loads(path.read_text(encoding="utf-8"))["cells"])
+
+
 def numbers_on_this_page(notebook, context: int = 60) -> pd.DataFrame:
     """Every glued number the prose of ``notebook`` uses, in reading order, with the words before it.
 
@@ -85,7 +92,7 @@ def numbers_on_this_page(notebook, context: int = 60) -> pd.DataFrame:
     -------
     pandas.DataFrame
         Columns ``key``, ``value`` (this kernel's :func:`glue`, else the notebook's saved output, else
-        ``"(run the cells above)"``) and ``in the text`` (the words before the number, ``...`` first),
+        ``"(run the cells above)"``; a key ``page::name`` is read from ``page.ipynb`` beside ``notebook``) and ``in the text`` (the words before the number, ``...`` first),
         one row per use of a key.
 
     Raises
@@ -107,7 +114,11 @@ def numbers_on_this_page(notebook, context: int = 60) -> pd.DataFrame:
         for match in GLUE_ROLE.finditer(text):
             key = match.group(1)
             before = " ".join(text[:match.start()].split())[-context:]
-            value = GLUED.get(key, saved.get(key, "(run the cells above)"))
+            if "::" in key:  # a value glued by another page of the book (myst-nb's ``page::key``)
+                page, name = key.split("::", 1)
+                value = _other_page(path.parent / f"{page}.ipynb").get(name, "(run that page's cells)")
+            else:
+                value = GLUED.get(key, saved.get(key, "(run the cells above)"))
             rows.append({"key": key, "value": value, "in the text": "..." + before})
     return pd.DataFrame(rows, columns=["key", "value", "in the text"])
 
@@ -194,3 +205,101 @@ def reading_time(notebook) -> ReadingTime:
 def reading_minutes(notebook) -> int:
     """:attr:`ReadingTime.minutes` of :func:`reading_time`: the minutes a chapter's opening states."""
     return reading_time(notebook).minutes
+
+
+def _markdown_cells(notebook) -> list[str]:
+    path = Path(notebook)
+    if not path.is_file() or path.suffix != ".ipynb":
+        raise ValueError(f"notebook {str(path)!r} is not a notebook file (.ipynb)")
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "markdown"]
+
+
+_LIST_ITEM = re.compile(r"^\s*(?:[*+-]|\d+\.)\s")
+
+
+def paragraph_words(notebook) -> list[int]:
+    """The length in words of every prose paragraph of a chapter's Markdown, in reading order.
+
+    A paragraph is a run of lines between blank lines, and each list item is one; headings, tables
+    (lines starting with ``|``), display math (``$$`` blocks) and directive lines (fences and ``:option:`` lines) are
+    not prose. The text inside a directive (an admonition's, an exercise's) is.
+
+    Raises
+    ------
+    ValueError
+        If ``notebook`` is not a notebook file.
+    """
+    lengths = []
+    for text in _markdown_cells(notebook):
+        words, in_math = 0, False
+        for line in text.splitlines() + [""]:
+            stripped = line.strip()
+            if stripped.startswith("$$") and not (in_math is False and stripped.endswith("$$") and len(stripped) > 2):
+                in_math = not in_math
+                continue
+            boundary = (not stripped or stripped.startswith(("#", "|", "```", ":")) or _LIST_ITEM.match(line))
+            if in_math or boundary:
+                if words:
+                    lengths.append(words)
+                words = 0
+                if in_math or not _LIST_ITEM.match(line):
+                    continue
+            words += len(_LIST_ITEM.sub("", line).split())
+    return lengths
+
+
+def long_paragraphs(notebook, limit: int = 120) -> list[int]:
+    """The lengths (words) of a chapter's paragraphs over ``limit`` words (:func:`paragraph_words`)."""
+    return [words for words in paragraph_words(notebook) if words > limit]
+
+
+STUDENT_TRACK: tuple[tuple[int, str, str], ...] = (
+    (1, "intro", "the scorecard's reading rules"),
+    (1, "speculative_decoding", "nothing"),
+    (2, "expert_activation", "nothing"),
+    (3, "roofline", "nothing"),
+    (4, "routing_traces", "Bring your own trace; Capturing real routing on a GPU"),
+    (5, "serving", "nothing"),
+    (6, "lab", "nothing (run it, network needed once)"),
+    (7, "measuring_sd", "Does each number measure what its label says?; Is the study in the paper's regime?"),
+    (8, "target_efficiency", "What an eager engine measures instead; Why width matters; A trained router's skew"),
+    (9, "sparsity_and_model", "The noise, from the repeats; What the fit can and cannot identify"),
+    (10, "where_sd_pays", "Where the level gap comes from; A host cost per forward pass; Against serving engines"),
+    (0, "more_settings", "all of it (audit detail; read it for Figs. 5-6 and Tables 1-2)"),
+    (0, "fitting_robustness", "all of it (audit detail; read it for Table 3)"),
+)
+"""The two-week student track: (study day, 1-10, or 0 for a chapter the track skips; chapter file stem; the
+sections a student skips)."""
+
+
+def student_track(book_dir="book") -> pd.DataFrame:
+    """The student track (:data:`STUDENT_TRACK`) with each chapter's reading time, exercises and check questions.
+
+    Parameters
+    ----------
+    book_dir : str or os.PathLike, default "book"
+        The folder of the chapter notebooks (a chapter's kernel runs in it: pass ``"."``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per chapter in track order: ``week`` (1, 2, or ``"optional"``), ``day``, ``chapter`` (its title),
+        ``stem`` (file name without ``.ipynb``), ``minutes`` (:func:`reading_minutes`, whole chapter, exercises
+        not included), ``exercises`` and ``checks`` (counted in its Markdown), ``skip``.
+
+    Raises
+    ------
+    ValueError
+        If a chapter of the track is not in ``book_dir``.
+    """
+    rows = []
+    for day, stem, skip in STUDENT_TRACK:
+        path = Path(book_dir) / f"{stem}.ipynb"
+        cells = _markdown_cells(path)
+        title = next((line[2:].strip() for text in cells for line in text.splitlines() if line.startswith("# ")), stem)
+        rows.append({"week": (day + 4) // 5 if day else "optional", "day": day or "", "chapter": title,
+                     "stem": stem, "minutes": reading_minutes(path),
+                     "exercises": sum(text.count("{exercise}") for text in cells),
+                     "checks": sum(text.count("**Check:**") for text in cells), "skip": skip})
+    return pd.DataFrame(rows)

@@ -78,3 +78,40 @@ def test_data_folder_says_what_is_missing(tmp_path, monkeypatch):
         chapter.data_folder()
     (tmp_path / "paper").mkdir()
     assert chapter.data_folder() == tmp_path
+
+
+def test_paragraph_words_counts_prose_only(tmp_path):
+    path = _notebook(tmp_path, [
+        nbformat.v4.new_markdown_cell("# A title of five words\n\none two three\nfour five\n\n| a | b |\n|---|---|\n"
+                                      "| c | d |\n\n$$\nx = y + z\n$$\n\n* item one\n* item two words\n  continued here"),
+        nbformat.v4.new_markdown_cell("```{admonition} Answer\n:class: dropdown\ninside the block\n```\nafter"),
+    ])
+    assert chapter.paragraph_words(path) == [5, 2, 5, 3, 1]
+    assert chapter.long_paragraphs(path, limit=4) == [5, 5]
+    with pytest.raises(ValueError, match="not a notebook"):
+        chapter.paragraph_words(tmp_path / "absent.ipynb")
+
+
+def test_numbers_on_this_page_reads_another_pages_glue(tmp_path):
+    code = nbformat.v4.new_code_cell("glue('minutes', 12)")
+    code.outputs = [_glued_output("minutes", 12)]
+    _notebook(tmp_path, [code], name="intro.ipynb")
+    path = _notebook(tmp_path, [nbformat.v4.new_markdown_cell(
+        "Read for {glue:text}`intro::minutes` minutes, not {glue:text}`absent::minutes`.")])
+    assert list(chapter.numbers_on_this_page(path)["value"]) == ["12", "(run that page's cells)"]
+
+
+def test_student_track_covers_the_chapters_in_two_weeks():
+    from pathlib import Path
+
+    book = Path(__file__).resolve().parents[1] / "book"
+    track = chapter.student_track(book)
+    assert set(track["stem"]) == {p.stem for p in book.glob("*.ipynb")}  # every chapter is placed or skipped
+    days = [d for d in track["day"] if d != ""]
+    assert days == sorted(days) and set(days) == set(range(1, 11))
+    assert set(track["week"]) == {1, 2, "optional"}
+    for row in track.itertuples():
+        assert row.minutes == chapter.reading_minutes(book / f"{row.stem}.ipynb") > 0
+        assert row.week == ("optional" if row.day == "" else 1 + (row.day - 1) // 5)
+    with pytest.raises(ValueError, match="not a notebook"):
+        chapter.student_track(book / "absent")
