@@ -26,7 +26,7 @@ LAYERS = (
     ("engine", ("moesd.engine",)),
     ("studies", ("moesd.measure",)),
     ("analysis", ("moesd.model", "moesd.predictor", "moesd.paper")),
-    ("presentation", ("moesd.narration", "moesd.plots", "moesd.cli")),
+    ("presentation", ("moesd.narration", "moesd.plots", "moesd.chapter", "moesd.lab", "moesd.cli")),
     ("package surface", ("moesd",)),
 )
 """The concepts bottom to top, each with the modules it holds (a package holds its submodules)."""
