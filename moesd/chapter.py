@@ -92,7 +92,7 @@ def numbers_on_this_page(notebook, context: int = 60) -> pd.DataFrame:
     -------
     pandas.DataFrame
         Columns ``key``, ``value`` (this kernel's :func:`glue`, else the notebook's saved output, else
-        ``"(run the cells above)"``; a key ``page::name`` is read from ``page.ipynb`` beside ``notebook``) and
+        ``"(run the cells above)"``; a key ``page.ipynb::name`` is read from that notebook, beside ``notebook``) and
         ``in the text`` (the words before the number, ``...`` first),
         one row per use of a key.
 
@@ -115,9 +115,9 @@ def numbers_on_this_page(notebook, context: int = 60) -> pd.DataFrame:
         for match in GLUE_ROLE.finditer(text):
             key = match.group(1)
             before = " ".join(text[:match.start()].split())[-context:]
-            if "::" in key:  # a value glued by another page of the book (myst-nb's ``page::key``)
+            if "::" in key:  # a value glued by another page of the book (myst-nb's ``page.ipynb::key``)
                 page, name = key.split("::", 1)
-                value = _other_page(path.parent / f"{page}.ipynb").get(name, "(run that page's cells)")
+                value = _other_page(path.parent / page).get(name, "(run that page's cells)")
             else:
                 value = GLUED.get(key, saved.get(key, "(run the cells above)"))
             rows.append({"key": key, "value": value, "in the text": "..." + before})

@@ -98,7 +98,7 @@ def test_numbers_on_this_page_reads_another_pages_glue(tmp_path):
     code.outputs = [_glued_output("minutes", 12)]
     _notebook(tmp_path, [code], name="intro.ipynb")
     path = _notebook(tmp_path, [nbformat.v4.new_markdown_cell(
-        "Read for {glue:text}`intro::minutes` minutes, not {glue:text}`absent::minutes`.")])
+        "Read for {glue:text}`intro.ipynb::minutes` minutes, not {glue:text}`absent.ipynb::minutes`.")])
     assert list(chapter.numbers_on_this_page(path)["value"]) == ["12", "(run that page's cells)"]
 
 
