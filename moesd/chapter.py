@@ -113,7 +113,7 @@ def numbers_on_this_page(notebook, context: int = 60) -> pd.DataFrame:
             continue
         text = "".join(cell["source"])
         for match in GLUE_ROLE.finditer(text):
-            key = match.group(1)
+            key = re.sub(r"(?<!:):[^:]*$", "", match.group(1))  # a format spec (``key:.2f``) left out
             before = " ".join(text[:match.start()].split())[-context:]
             if "::" in key:  # a value glued by another page of the book (myst-nb's ``page.ipynb::key``)
                 page, name = key.split("::", 1)

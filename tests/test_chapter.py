@@ -98,8 +98,10 @@ def test_numbers_on_this_page_reads_another_pages_glue(tmp_path):
     code.outputs = [_glued_output("minutes", 12)]
     _notebook(tmp_path, [code], name="intro.ipynb")
     path = _notebook(tmp_path, [nbformat.v4.new_markdown_cell(
-        "Read for {glue:text}`intro.ipynb::minutes` minutes, not {glue:text}`absent.ipynb::minutes`.")])
-    assert list(chapter.numbers_on_this_page(path)["value"]) == ["12", "(run that page's cells)"]
+        "Read for {glue:text}`intro.ipynb::minutes:d` minutes, not {glue:text}`absent.ipynb::minutes:d`.")])
+    table = chapter.numbers_on_this_page(path)
+    assert list(table["key"]) == ["intro.ipynb::minutes", "absent.ipynb::minutes"]  # the format spec left out
+    assert list(table["value"]) == ["12", "(run that page's cells)"]
 
 
 def test_student_track_covers_the_chapters_in_two_weeks():
