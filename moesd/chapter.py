@@ -247,6 +247,8 @@ def _markdown_cells(notebook) -> list[str]:
 
 
 _LIST_ITEM = re.compile(r"^\s*(?:[*+-]|\d+\.)\s")
+_ROLE_TARGET = re.compile(r"(\{[a-z:]+\}`[^`<]*?)\s*<[^>`]*>`")
+"""A role's explicit target (``{term}`text <target>```), which the reader does not see."""
 
 
 def paragraph_words(notebook) -> list[int]:
@@ -254,7 +256,8 @@ def paragraph_words(notebook) -> list[int]:
 
     A paragraph is a run of lines between blank lines, and each list item is one; headings, tables
     (lines starting with ``|``), display math (``$$`` blocks) and directive lines (fences and ``:option:`` lines) are
-    not prose. The text inside a directive (an admonition's, an exercise's) is.
+    not prose. The text inside a directive (an admonition's, an exercise's) is; a role's explicit target
+    (``{term}`text <target>```) is not.
 
     Raises
     ------
@@ -263,6 +266,7 @@ def paragraph_words(notebook) -> list[int]:
     """
     lengths = []
     for text in _markdown_cells(notebook):
+        text = _ROLE_TARGET.sub(r"\1`", text)
         words, in_math = 0, False
         for line in text.splitlines() + [""]:
             stripped = line.strip()

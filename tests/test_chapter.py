@@ -86,8 +86,9 @@ def test_paragraph_words_counts_prose_only(tmp_path):
                                       "| c | d |\n\n$$\nx = y + z\n$$\n\n* item one\n* item two words\n"
                                       "  continued here"),
         nbformat.v4.new_markdown_cell("```{admonition} Answer\n:class: dropdown\ninside the block\n```\nafter"),
+        nbformat.v4.new_markdown_cell("a {term}`draft <draft model (a glossary term)>` and {term}`SD`"),
     ])
-    assert chapter.paragraph_words(path) == [5, 2, 5, 3, 1]
+    assert chapter.paragraph_words(path) == [5, 2, 5, 3, 1, 4]  # a role's target is not read
     assert chapter.long_paragraphs(path, limit=4) == [5, 5]
     with pytest.raises(ValueError, match="not a notebook"):
         chapter.paragraph_words(tmp_path / "absent.ipynb")
