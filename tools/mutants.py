@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
+import os
 import random
 import re
 import shutil
@@ -232,7 +233,7 @@ def run_tests(copy_root: Path, tests: list[Path], timeout: float) -> str:
     """``"passed"``, ``"failed"`` or ``"timeout"`` for the unit tests among ``tests`` in a copy of the repository."""
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-m", "not integration", "-p", "no:cacheprovider",
                *[str(copy_root / "tests" / path.name) for path in tests]]
-    environment = {"PYTHONPATH": str(copy_root), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    environment = {**os.environ, "PYTHONPATH": str(copy_root), "OMP_NUM_THREADS": "1"}
     try:
         result = subprocess.run(command, cwd=copy_root, env=environment, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
