@@ -78,6 +78,14 @@ def _other_page(path: Path) -> dict[str, str]:
     return _saved_values(json.loads(path.read_text(encoding="utf-8"))["cells"])
 
 
+def _cells(notebook, hint: str = "") -> list[dict]:
+    """The cells of chapter ``notebook``, after refusing a path that is not a notebook file (``hint``: what to give)."""
+    path = Path(notebook)
+    if not path.is_file() or path.suffix != ".ipynb":
+        raise ValueError(f"notebook {str(path)!r} is not a notebook file (.ipynb){hint}")
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
 def numbers_on_this_page(notebook, context: int = 60) -> pd.DataFrame:
     """Every glued number the prose of ``notebook`` uses, in reading order, with the words before it.
 
@@ -102,10 +110,7 @@ def numbers_on_this_page(notebook, context: int = 60) -> pd.DataFrame:
         If ``notebook`` is not a notebook file.
     """
     path = Path(notebook)
-    if not path.is_file() or path.suffix != ".ipynb":
-        raise ValueError(f"notebook {str(path)!r} is not a notebook file (.ipynb) here; give the chapter's file "
-                         f"name from the folder its kernel runs in (book/)")
-    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    cells = _cells(path, " here; give the chapter's file name from the folder its kernel runs in (book/)")
     saved = _saved_values(cells)
     rows = []
     for cell in cells:
@@ -211,12 +216,9 @@ def reading_time(notebook, skip: tuple[str, ...] = ()) -> ReadingTime:
     ValueError
         If ``notebook`` is not a notebook file.
     """
-    path = Path(notebook)
-    if not path.is_file() or path.suffix != ".ipynb":
-        raise ValueError(f"notebook {str(path)!r} is not a notebook file (.ipynb)")
     words = code_lines = 0
     in_solution, state, hidden = False, [None], set(HIDDEN_TAGS)
-    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+    for cell in _cells(notebook):
         text = "".join(cell["source"])
         if cell["cell_type"] == "markdown" and "{solution-start}" in text:
             in_solution = True
@@ -239,11 +241,7 @@ def reading_minutes(notebook) -> int:
 
 
 def _markdown_cells(notebook) -> list[str]:
-    path = Path(notebook)
-    if not path.is_file() or path.suffix != ".ipynb":
-        raise ValueError(f"notebook {str(path)!r} is not a notebook file (.ipynb)")
-    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    return ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "markdown"]
+    return ["".join(cell["source"]) for cell in _cells(notebook) if cell["cell_type"] == "markdown"]
 
 
 _LIST_ITEM = re.compile(r"^\s*(?:[*+-]|\d+\.)\s")
