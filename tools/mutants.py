@@ -14,7 +14,7 @@ Each *mutant* is the module with one small change, made on its syntax tree (:mod
 * a ``round``, ``clip`` or ``abs`` call replaced by its first argument.
 
 Docstrings, f-strings and ``raise`` statements (the error messages) are left alone. Each mutant is
-written into a copy of the repository (``moesd/``, ``tests/``, ``data/``, ``tools/`` and the pytest settings) and the
+written into a copy of the repository (``moesd/``, ``tests/``, ``data/``, ``tools/``, the README and the pytest settings) and the
 unit tests that import the module run there (``pytest -x -m "not integration"``) with a time cap: a
 test that fails *kills* the mutant; a mutant that runs past the cap counts as killed too (a loop that no
 longer ends) and is listed apart. A surviving mutant is either a gap in the tests or *equivalent*
@@ -225,7 +225,7 @@ def _loads_torch(path: Path) -> bool:
 def _copy_repository(into: Path) -> None:
     for folder in ("moesd", "tests", "data", "tools"):
         shutil.copytree(ROOT / folder, into / folder, ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
-    for name in ("pytest.ini", "pyproject.toml"):
+    for name in ("pytest.ini", "pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, into / name)
 
 
