@@ -7,7 +7,8 @@ import pytest
 from scipy.optimize import least_squares
 
 from moesd.model.algorithm1 import (PARAMETERS, TIME_PARAMETERS, SpeedupInputs, SpeedupParams, compute_speedup,
-                                    parameter_bounds, stage_times, target_time)
+                                    stage_times, target_time)
+from moesd.model.bounds import parameter_bounds
 from moesd.model.diagnostics import (best_model_variant, compare_stage_times, held_out_errors, model_variant_errors,
                                      residual_table, robustness_study)
 from moesd.model.fit import SOLVERS, FitResult, fit_speedup_model

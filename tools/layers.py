@@ -33,6 +33,7 @@ LAYERS = (
 
 KNOWN = {
     ("moesd.measure.analysis", "moesd.model.algorithm1"): "issue 40 point 4: Algorithm 1 apart from the studies",
+    ("moesd.measure.analysis", "moesd.model.bounds"): "issue 40 point 4 (was algorithm1.parameter_bounds)",
     ("moesd.measure.analysis", "moesd.predictor.layout"): "issue 40 point 4",
     ("moesd.measure.regime", "moesd.model.calibrate"): "issue 40 point 4",
     ("moesd.measure.regime", "moesd.predictor.forward"): "issue 40 point 4",

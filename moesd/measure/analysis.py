@@ -270,14 +270,14 @@ def appendix_c2_bounds(rows: pd.DataFrame, sidecar: dict) -> tuple[np.ndarray, n
     ``tensor_parallel_size`` and ``draft_tensor_parallel_size``; files without them, as
     :mod:`moesd.measure.bench` writes on one device, ran on one); ``reject_bias`` and ``reject_k`` lie below
     the largest measured rejection time (``rows["t_reject"]``, seconds). See
-    :func:`moesd.model.algorithm1.parameter_bounds`.
+    :func:`moesd.model.bounds.parameter_bounds`.
 
     Returns
     -------
     (numpy.ndarray, numpy.ndarray)
         ``(lower, upper)`` in :data:`moesd.model.algorithm1.PARAMETERS` order (seconds for the time-like ones).
     """
-    from moesd.model.algorithm1 import parameter_bounds
+    from moesd.model.bounds import parameter_bounds
     from moesd.zoo import get_model
 
     settings = sidecar.get("settings", {})
