@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 from moesd import cli as moesd_cli
 from moesd.measure import analysis
 from moesd.measure import studies as measurements
-from moesd.measure import presets, sweep_checks, sweeps
+from moesd.measure import presets, sweep_checks, sweep_memory, sweeps
 from moesd.model import diagnostics, fit
 from moesd.predictor import forward, memory, predict
 from moesd.predictor import recommend as _recommend  # noqa: F401 (bound to the real predict_sd before any patch)
@@ -1608,10 +1608,10 @@ RESULT_FILES = [
         "e2e.json' does not exist; ", integration=True, stops=SWEEPING),
     # sweeps too large for memory or for the model's positions, checked before the models are built
     Case("bench", "a KV cache larger than memory",
-         lambda: sweeps.check_memory(_sweep(batch_sizes=(1_000_000,), context=10_000), 64e9, "cpu"), ValueError,
+         lambda: sweep_memory.check_memory(_sweep(batch_sizes=(1_000_000,), context=10_000), 64e9, "cpu"), ValueError,
          "the sweep needs at least"),
     Case("bench", "a KV cache larger than memory names the estimate",
-         lambda: sweeps.check_memory(_sweep(batch_sizes=(1_000_000,), context=10_000), 64e9, "cpu"), ValueError,
+         lambda: sweep_memory.check_memory(_sweep(batch_sizes=(1_000_000,), context=10_000), 64e9, "cpu"), ValueError,
          "of KV cache for 10016000000 cached tokens), more than the 64 GB of cpu"),
     Case("bench", "positions beyond the model's",
          lambda: _sweep(target="opt-30b", draft="opt-350m", top_ks=None, context=3000), ValueError,

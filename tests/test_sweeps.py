@@ -11,7 +11,8 @@ import pytest
 
 from moesd._checks import UsageError
 from moesd.measure.presets import layers_that_fit, preset_settings, proportional_draft_layers
-from moesd.measure.sweeps import SweepConfig, cached_tokens, gpu_label
+from moesd.measure.sweep_memory import cached_tokens
+from moesd.measure.sweeps import SweepConfig, gpu_label
 from moesd.zoo import get_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,7 +212,7 @@ def test_the_cpu_preset_s_derived_shape_follows_the_target_and_its_layers():
 
 def test_memory_of_a_local_checkpoint_is_its_own_shape(tmp_path):
     """A pretrained sweep of local folders is sized by their config.json, not by the zoo's full model."""
-    from moesd.measure.sweeps import memory_needed
+    from moesd.measure.sweep_memory import memory_needed
 
     folders = {}
     for role, name in (("target", "qwen3-30b-a3b"), ("draft", "qwen3-0.6b")):

@@ -157,7 +157,7 @@ def layers_that_fit(target: str, draft: str, memory_bytes: float, bytes_per_para
         Share of ``memory_bytes`` that weights and caches may take, in (0, 1].
     cached_tokens : int
         Token positions each model's KV cache holds at once, summed over sequences
-        (:func:`moesd.measure.sweeps.cached_tokens` of the sweep); 0 counts the weights only.
+        (:func:`moesd.measure.sweep_memory.cached_tokens` of the sweep); 0 counts the weights only.
 
     Returns
     -------
