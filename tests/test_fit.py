@@ -14,7 +14,7 @@ from moesd.model.diagnostics import (best_model_variant, compare_stage_times, he
 from moesd.model.fit import SOLVERS, FitResult, fit_speedup_model
 from moesd.model.measurements import from_sweep, mean_over_repeats
 from moesd.model.samples import PAPER_CURVES, PAPER_STRIDES, spread_sample, stride_coverage, stride_sample
-from moesd.theory.roofline import G, unchecked_G
+from moesd.theory.growth import G, unchecked_G
 
 BATCH_SIZES = (1, 2, 4, *range(8, 61, 4), 80, 100)
 TRUE = dict(bias=1e-2, k1=2e-4, k2=2e-4, k3=5e-4, draft_bias=6e-4, draft_k=2e-5, reject_bias=2e-4, reject_k=2e-6,

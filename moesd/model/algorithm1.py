@@ -32,7 +32,7 @@ import numpy as np
 
 from moesd._checks import UsageError, as_array
 from moesd.theory.experts import expected_active_experts
-from moesd.theory.roofline import G, unchecked_G
+from moesd.theory.growth import G, unchecked_G
 
 PARAMETERS = ("bias", "k1", "k2", "k3", "draft_bias", "draft_k", "reject_bias", "reject_k", "lam", "s")
 """Algorithm 1's ten parameters, in its order (the order of :meth:`SpeedupParams.vector`)."""
@@ -250,7 +250,7 @@ class SpeedupInputs:
 
         With ``S = a ar / den`` and ``den = w_d draft + w_a ar + verify + reject``:
         ``dS = ((a - S w_a) d(ar) - S (d(verify) + w_d d(draft) + d(reject))) / den``. The times are
-        linear in the eight time-like parameters; ``lam`` and ``s`` enter through G (see :func:`moesd.theory.roofline.unchecked_G`).
+        linear in the eight time-like parameters; ``lam`` and ``s`` enter through G (see :func:`moesd.theory.growth.unchecked_G`).
         """
         if self.batch.ndim != 1:
             raise UsageError(f"the Jacobian needs one-dimensional inputs (points), got shape {self.batch.shape}", "inputs")

@@ -253,7 +253,7 @@ def ffn_efficiency(batch, gamma: int, curves: dict) -> plt.Figure:
 def g_curves(rp: float, settings=((1.0, 1.005), (0.5, 1.005), (0.5, 1.01), (0.2, 1.02)),
              max_tokens: int = 600, device: str = "") -> plt.Figure:
     """Eq. 11's ``G(t; lambda RP, s)`` for several ``(lambda, s)``, a dot at each transition ``lambda RP``."""
-    from moesd.theory.roofline import G
+    from moesd.theory.growth import G
 
     t = np.linspace(0, max_tokens, max_tokens + 1)
     figure, ax = plt.subplots()
