@@ -11,14 +11,16 @@ from moesd.paper.criteria import CONTRADICTED, DETAIL, NOT_SHOWN, SHOWN, UNTESTA
 
 
 
-def number(x, whole: bool = False) -> str:
-    """A number for a sentence: two decimals, or whole (batch sizes and widths in batch sizes)."""
-    return f"{x:.0f}" if whole else f"{x:.2f}"
+def number(x, whole: bool = False, digits: int = 2) -> str:
+    """A number for a sentence: ``digits`` decimals (two by default), or whole (batch sizes and widths in batch
+    sizes)."""
+    return f"{x:.{0 if whole else digits}f}"
 
 
-def span(values, whole: bool = False) -> str:
-    """``a`` or ``a-b`` (``a to b`` if negative): the range of some numbers, for a sentence."""
-    low, high = number(min(values), whole), number(max(values), whole)
+def span(values, whole: bool = False, digits: int = 2) -> str:
+    """``a`` or ``a-b`` (``a to b`` if negative): the range of some numbers, for a sentence, each written by
+    :func:`number` (``a`` alone where both ends read the same)."""
+    low, high = number(min(values), whole, digits), number(max(values), whole, digits)
     return low if low == high else f"{low}-{high}" if min(values) >= 0 else f"{low} to {high}"
 
 
