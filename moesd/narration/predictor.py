@@ -11,7 +11,10 @@ import pandas as pd
 
 
 def batch_runs(chosen, sizes) -> str:
-    """The batch sizes ``chosen`` out of ``sizes`` as unbroken runs: ``B = 1, 4-256``."""
+    """The batch sizes ``chosen`` out of ``sizes`` as unbroken runs: ``B = 1, 4-256`` (``no batch size`` when none
+    is chosen)."""
+    if not len(chosen):
+        return "no batch size"
     sizes = np.asarray(sizes)
     inside = np.isin(sizes, np.asarray(chosen))
     starts = np.flatnonzero(inside & ~np.r_[False, inside[:-1]])
@@ -36,7 +39,7 @@ def where_sd_pays(advice, margin: float) -> str:
         text = "; ".join(parts)
     if advice.host_decides:
         text += (f" (this depends on the host cost: at --host-ms {advice.other_host_ms:.2g} SD is on at "
-                 + (batch_runs(advice.on_at_other_host, sizes) if len(advice.on_at_other_host) else "no batch size")
+                 + batch_runs(advice.on_at_other_host, sizes)
                  + ")")
     return text
 
@@ -140,7 +143,7 @@ def engine_range(engine: str, recommendation, length: str | None = None) -> str:
     lines = [f"\nsensitivity to {engine}'s published cost ranges (moesd.predictor.engine.ENGINES; the constants' "
              "spread, not the model's error):"]
     for advice, low, high in zip(recommendation.advice, *(recommendation.engine_ends[e] for e in ("low", "high"))):
-        runs = [batch_runs(on, sizes) if len(on) else "no batch size" for on in (low, high)]
+        runs = [batch_runs(on, sizes) for on in (low, high)]
         lines.append(f"  {acceptance_label(advice, length)}: SD is on at {runs[0]} with the costs that favour it, "
                      f"at {runs[1]} with those that disfavour it")
     return "\n".join(lines)
@@ -212,3 +215,18 @@ def sd_legend(margin: float) -> str:
             "draft_term: gamma T_D(B,1) / T_T(B,1), the draft's "
             "share of Eq. 4's denominator; target_efficiency: T_T(B,1) / T_T(B,gamma+1), where T_T(B,g+1) is the "
             "verification pass (of a tree's verified tokens for a tree).")
+
+
+def shape_columns(shape, batch_sizes: int) -> dict:
+    """The columns the tables of *Where SD pays* show for a :class:`moesd.predictor.predict.SpeedupShape` of a
+    prediction over ``batch_sizes`` batch sizes (of which those that fit memory are the shape's)."""
+    return {
+        "B that fit": f"{shape.batch_sizes} of {batch_sizes}, up to {shape.largest_batch_size}",
+        "speedup at B = 1": shape.at_one,
+        "lowest before peak": shape.lowest_before_peak,
+        "at B": shape.lowest_before_peak_at,
+        "peak speedup": shape.peak,
+        "B at peak": shape.peak_at,
+        "best gamma at peak": shape.peak_gamma,
+        "B range >= peak/sqrt(2), > 1": "none" if shape.band_low is None else f"{shape.band_low}-{shape.band_high}",
+    }
