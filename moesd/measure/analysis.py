@@ -96,6 +96,35 @@ def forward_target_efficiency(forward: pd.DataFrame, gammas=(2, 3, 4), role: str
     return pd.concat(parts).reset_index()
 
 
+def efficiency_landmarks(tables: dict) -> pd.DataFrame:
+    """The landmarks of target-efficiency curves: at the smallest batch size, the peak and where, at the largest.
+
+    Parameters
+    ----------
+    tables : dict of str to pandas.DataFrame
+        :func:`forward_target_efficiency` tables by a label whose first word names the model (``"MoE (...)"``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Indexed by ``model`` (the label's first word) and ``gamma``: ``B = 1`` (the smallest batch size's
+        efficiency), ``peak``, ``peak at B`` and ``B = 100`` (the largest batch size's).
+    """
+    rows = []
+    for name, table in tables.items():
+        for gamma, part in table.groupby("gamma"):
+            part = part.set_index("batch_size")["efficiency"]
+            rows.append({"model": name.split(" ")[0], "gamma": gamma, "B = 1": part.iloc[0], "peak": part.max(),
+                         "peak at B": part.idxmax(), "B = 100": part.iloc[-1]})
+    return pd.DataFrame(rows).set_index(["model", "gamma"])
+
+
+def mean_activated_experts(forward: pd.DataFrame, tokens: int) -> pd.Series:
+    """Mean activated experts per batch size over a forward study's passes of ``tokens`` new tokens per sequence
+    (the rows' ``activated_experts``: the distinct experts per MoE layer of a forward)."""
+    return forward[forward["tokens"] == tokens].groupby("batch_size")["activated_experts"].mean()
+
+
 EQ4_TERMS = ("tokens_per_round", "verify", "draft", "reject")
 """Eq. 4's terms (:class:`moesd.theory.speedup.SpeedupTerms`), in the order of the tables."""
 
