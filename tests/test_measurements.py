@@ -15,10 +15,11 @@ from moesd.measure.studies import (
     check_rows,
     load,
     provenance,
+    sidecar_summary,
     summarize,
 )
 from moesd.measure.analysis import (efficiency_landmarks, fitting_frame, forward_speedup, forward_target_efficiency,
-                                    mean_activated_experts)
+                                    mean_activated_experts, pass_time_ratio)
 from moesd.measure.routing_study import predicted_peak_change
 
 
@@ -297,3 +298,19 @@ def test_mean_activated_experts_average_the_passes_of_one_width():
 def test_predicted_peak_change_compares_the_two_peaks_wherever_they_lie():
     table = pd.DataFrame({"uniform": [0.5, 0.9, 0.6], "popularity": [0.95, 0.7, 0.5]})
     assert predicted_peak_change(table) == pytest.approx(0.05)
+
+
+def test_pass_time_ratio_is_taken_within_each_repeat():
+    # the draft's pass left out; the ratio within each repeat, then the median
+    rows = pd.DataFrame({"run": [0, 0, 1, 1, 0], "role": ["target"] * 4 + ["draft"], "batch_size": [1] * 5,
+                         "tokens": [1, 5, 1, 5, 5], "seconds": [1.0, 3.0, 2.0, 6.0, 100.0]})
+    assert pass_time_ratio(rows, 5) == 3.0
+    assert pass_time_ratio(rows.assign(seconds=[1.0, 2.0, 2.0, 8.0, 1.0]), 5) == 3.0  # median of 2 and 4
+
+
+def test_sidecar_summary_reads_every_setting_the_table_shows():
+    _, meta = load("e2e")
+    summary = sidecar_summary(meta)
+    assert summary["timed rounds"] == meta["settings"]["rounds"] and summary["rows"] == meta["rows"]
+    assert summary["target / draft"] == f"{meta['settings']['target']} / {meta['settings']['draft']}"
+    assert sidecar_summary({**meta, "load_average": None})["load average at start (1 min)"] is None

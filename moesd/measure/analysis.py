@@ -125,6 +125,14 @@ def mean_activated_experts(forward: pd.DataFrame, tokens: int) -> pd.Series:
     return forward[forward["tokens"] == tokens].groupby("batch_size")["activated_experts"].mean()
 
 
+def pass_time_ratio(forward: pd.DataFrame, tokens: int, batch_size: int = 1, role: str = "target") -> float:
+    """``T(B, tokens) / T(B, 1)`` of a forward study: the ratio within each repeat (``run``), then the median over
+    repeats (as :func:`forward_target_efficiency` takes it, inverted)."""
+    rows = forward[(forward["role"] == role) & (forward["batch_size"] == batch_size)]
+    passes = rows.pivot_table(index="run", columns="tokens", values="seconds")
+    return float((passes[tokens] / passes[1]).median())
+
+
 EQ4_TERMS = ("tokens_per_round", "verify", "draft", "reject")
 """Eq. 4's terms (:class:`moesd.theory.speedup.SpeedupTerms`), in the order of the tables."""
 
