@@ -22,7 +22,7 @@ from moesd.predictor.kernels import Efficiency, grouped_gemm_roofline, sampling_
 from moesd.predictor.layout import kv_cache_bytes, weights_per_gpu
 from moesd.predictor.memory import memory_fit, rows_that_fit
 from moesd.predictor.models import resolve_model
-from moesd.predictor.predict import one_layer_draft_setup, predict_fitting, predict_sd, speedup_shape
+from moesd.predictor.predict import best_speedup, one_layer_draft_setup, predict_fitting, predict_sd, speedup_shape
 from moesd.predictor.recommend import recommend
 from moesd.predictor.setup import Setup
 from moesd.theory.roofline import HARDWARE, REFUSED_HARDWARE
@@ -380,6 +380,7 @@ def test_speedup_shape_reads_the_best_gamma_curve_by_hand():
     assert (shape.peak, shape.peak_at, shape.peak_gamma) == (2.0, 4, 3)
     assert (shape.band_low, shape.band_high) == (4, 8)  # 1.2 < 2 / sqrt(2) <= 1.5; 0.9 <= 1 ends it
     assert speedup_shape(frame.assign(speedup=frame["speedup"] / 3)).band_low is None  # SD pays nowhere
+    assert best_speedup(frame).to_dict() == {1: 1.5, 2: 1.2, 4: 2.0, 8: 1.5, 16: 0.9}
 
 
 def test_a_one_layer_draft_on_the_target_s_gpus_predicted_where_it_fits():

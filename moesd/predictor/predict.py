@@ -363,6 +363,12 @@ def best_gamma(frame: pd.DataFrame, by=("batch_size",)) -> pd.DataFrame:
     return frame.loc[frame.groupby(by)["speedup"].idxmax()].reset_index(drop=True)
 
 
+def best_speedup(frame: pd.DataFrame) -> pd.Series:
+    """The best speedup over gamma at each batch size of a :func:`predict_sd` frame (:func:`best_gamma`), indexed by
+    batch size."""
+    return best_gamma(frame).set_index("batch_size")["speedup"]
+
+
 def batch_range(frame: pd.DataFrame, fraction=2 ** -0.5) -> tuple[int | None, int | None, float, int]:
     """The run of batch sizes around the peak where the best speedup over gamma stays at or above ``fraction``
     of its peak (the paper's x / sqrt(2) band) and above 1 (SD pays).
