@@ -392,3 +392,12 @@ def test_a_one_layer_draft_on_the_target_s_gpus_predicted_where_it_fits():
     columns = narration.shape_columns(speedup_shape(frame), 4)
     assert columns["B that fit"].startswith(f"{frame['batch_size'].nunique()} of 4, up to ")
     assert columns["peak speedup"] == frame["speedup"].max()
+
+
+def test_a_step_s_table_is_its_frame_in_ms_gb_and_gflop():
+    step = step_time("qwen2-57b-a14b", "H800", 1, 32, context=256, tp=2)
+    frame, table = step.frame(), step.table()
+    assert list(table.columns) == ["ms", "GB per GPU", "GFLOP per GPU"] and list(table.index) == list(frame.index)
+    np.testing.assert_allclose(table["ms"].sum(), 1e3 * step.total)
+    np.testing.assert_allclose(table[["GB per GPU", "GFLOP per GPU"]].to_numpy() * 1e9,
+                               frame[["bytes", "flops"]].to_numpy())
