@@ -2764,6 +2764,16 @@ MODEL_CHECKS = [
 
 
 OPTIONS = [
+    # a trained router's popularity that cannot price the target
+    cli("predict with a --routing-source that is not shipped", _predict_argv("--routing-source", "olmoe/nothing"),
+        "--routing-source: no shipped routing source is named 'olmoe/nothing'; the sources are olmoe/arxiv",
+        stops=_PREDICTING),
+    cli("predict with a --routing-source of another expert count (64 for 128)",
+        _predict_argv("--routing-source", "olmoe/github"),
+        "--routing-source: olmoe/github routes over 64 experts and qwen3-30b-a3b has 128 experts", stops=_PREDICTING),
+    cli("predict of a dense target with a --routing-source",
+        ["predict", "--target", "opt-30b", "--draft", "opt-350m", "--hardware", "H100", "--tp", "2",
+         "--routing-source", "olmoe/github"], "--routing-source: opt-30b is dense", stops=_PREDICTING),
     # an empty path wrote nothing and succeeded (--plot ""), or failed far from the flag
     cli("predict with an empty --plot (wrote nothing, succeeded)", _predict_argv("--plot", ""),
         "--plot is '': give a path", stops=_PREDICTING),

@@ -78,3 +78,69 @@ def test_data_folder_says_what_is_missing(tmp_path, monkeypatch):
         chapter.data_folder()
     (tmp_path / "paper").mkdir()
     assert chapter.data_folder() == tmp_path
+
+
+def test_paragraph_words_counts_prose_only(tmp_path):
+    path = _notebook(tmp_path, [
+        nbformat.v4.new_markdown_cell("# A title of five words\n\none two three\nfour five\n\n| a | b |\n|---|---|\n"
+                                      "| c | d |\n\n$$\nx = y + z\n$$\n\n* item one\n* item two words\n"
+                                      "  continued here"),
+        nbformat.v4.new_markdown_cell("```{admonition} Answer\n:class: dropdown\ninside the block\n```\nafter"),
+        nbformat.v4.new_markdown_cell("a {term}`draft <draft model (a glossary term)>` and {term}`SD`"),
+    ])
+    assert chapter.paragraph_words(path) == [5, 2, 5, 3, 1, 4]  # a role's target is not read
+    assert chapter.long_paragraphs(path, limit=4) == [5, 5]
+    with pytest.raises(ValueError, match="not a notebook"):
+        chapter.paragraph_words(tmp_path / "absent.ipynb")
+
+
+def test_numbers_on_this_page_reads_another_pages_glue(tmp_path):
+    code = nbformat.v4.new_code_cell("glue('minutes', 12)")
+    code.outputs = [_glued_output("minutes", 12)]
+    _notebook(tmp_path, [code], name="intro.ipynb")
+    path = _notebook(tmp_path, [nbformat.v4.new_markdown_cell(
+        "Read for {glue:text}`intro.ipynb::minutes:d` minutes, not {glue:text}`absent.ipynb::minutes:d`.")])
+    table = chapter.numbers_on_this_page(path)
+    assert list(table["key"]) == ["intro.ipynb::minutes", "absent.ipynb::minutes"]  # the format spec left out
+    assert list(table["value"]) == ["12", "(run that page's cells)"]
+
+
+def test_student_track_covers_the_chapters_in_two_weeks():
+    from pathlib import Path
+
+    book = Path(__file__).resolve().parents[1] / "book"
+    track = chapter.student_track(book)
+    assert set(track["stem"]) == {p.stem for p in book.glob("*.ipynb")}  # every chapter is placed or skipped
+    days = [d for d in track["day"] if d != ""]
+    assert days == sorted(days) and set(days) == set(range(1, 11))
+    assert set(track["week"]) == {1, 2, "optional"}
+    for row in track.itertuples():
+        assert row.minutes == chapter.reading_minutes(book / f"{row.stem}.ipynb") > 0
+        assert 0 < track.loc[row.Index, "track minutes"] <= row.minutes
+        assert (track.loc[row.Index, "track minutes"] < row.minutes) <= bool(row.skip)
+        assert row.week == ("optional" if row.day == "" else 1 + (row.day - 1) // 5)
+    with pytest.raises(ValueError, match="not a notebook"):
+        chapter.student_track(book / "absent")
+
+
+def test_reading_time_leaves_out_skipped_sections_and_their_subsections(tmp_path):
+    five = "one two three four five"
+    path = _notebook(tmp_path, [
+        nbformat.v4.new_markdown_cell(f"# Title\n\n{five}\n\n## Audit detail\n\n{five}\n\n### Deeper\n\n{five}"),
+        nbformat.v4.new_code_cell("x = 1\ny = 2"),  # inside the skipped section
+        nbformat.v4.new_markdown_cell(f"```bash\n# not a heading\n```\n{five}\n## Kept\n\n{five}"),
+        nbformat.v4.new_code_cell("z = 3"),
+    ])
+    whole = chapter.reading_time(path)
+    assert (whole.words, whole.code_lines) == (5 * 5 + 2 + 3 + 2 + 4 + 2, 3)  # a fenced comment: prose
+    kept = chapter.reading_time(path, skip=("Audit",))
+    assert (kept.words, kept.code_lines) == (2 + 5 + 2 + 5, 1)  # the title, its text, the Kept heading and text
+
+
+def test_student_track_refuses_a_section_that_is_not_there(monkeypatch):
+    from pathlib import Path
+
+    book = Path(__file__).resolve().parents[1] / "book"
+    monkeypatch.setattr(chapter, "STUDENT_TRACK", ((1, "intro", ("No such section",)),))
+    with pytest.raises(ValueError, match="no section titled"):
+        chapter.student_track(book)

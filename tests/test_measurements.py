@@ -20,7 +20,7 @@ from moesd.measure.studies import (
 )
 from moesd.measure.analysis import (efficiency_landmarks, fitting_frame, forward_speedup, forward_target_efficiency,
                                     mean_activated_experts, pass_time_ratio)
-from moesd.measure.routing_study import predicted_peak_change
+from moesd.paper.routing_study import predicted_peak_change
 
 
 def test_shipped_studies_load_with_provenance():

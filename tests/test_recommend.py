@@ -3,6 +3,7 @@
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from moesd._checks import UsageError
@@ -185,3 +186,20 @@ def test_the_host_cost_decides_where_sd_turns_on_at_the_margin(qwen3):
     decided, settled = qwen3.advice[1], qwen3.advice[0]
     assert decided.host_decides and set(decided.on_at_other_host) < set(decided.on)
     assert not settled.host_decides and len(settled.on) == len(settled.on_at_other_host) == 0
+
+
+def test_recommend_prices_a_shipped_router_by_name_as_its_popularity():
+    """``routing="olmoe/github"`` reaches every prediction recommend makes, as the same popularity passed as an array
+    does, and a skewed router changes the speedups (fewer experts per decode step) while uniform leaves them."""
+    from moesd.predictor.models import resolve_model
+    from moesd.routing import sources
+
+    setup = Setup("qwen2-57b-a14b", "qwen2-0.5b", "H100", tp=2)
+    layers = resolve_model("qwen2-57b-a14b").moe_layers
+    by_name = recommend(setup, [1, 8, 32], [3], "alpha", [0.8], routing="olmoe/github").frame
+    by_array = recommend(setup, [1, 8, 32], [3], "alpha", [0.8],
+                         routing=sources.popularity("olmoe/github", layers)).frame
+    uniform = recommend(setup, [1, 8, 32], [3], "alpha", [0.8]).frame
+    pd.testing.assert_frame_equal(by_name, by_array)
+    assert not np.allclose(by_name["speedup"], uniform["speedup"])
+    assert (by_name["t_target_1"] <= uniform["t_target_1"] * (1 + 1e-12)).all()

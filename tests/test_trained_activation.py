@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from moesd import narration  # noqa: E402
-from moesd.measure.routing_study import (compare_routings, efficiency_summary, mean_difference,  # noqa: E402
+from moesd.paper.routing_study import (compare_routings, efficiency_summary, mean_difference,  # noqa: E402
                                         predicted_efficiency)
 from moesd.measure.studies import load  # noqa: E402
 from moesd.predictor.forward import step_time  # noqa: E402
@@ -80,7 +80,7 @@ def test_batch_activation_skips_layers_with_too_few_sequences():
 
 
 def test_the_shipped_data_are_judged_and_name_what_they_cannot_show():
-    inputs = activation.fig1_inputs()
+    inputs = fig1.fig1_inputs()
     assert inputs["sequences_per_layer"] == 2 and not inputs["decode"]
     judged = fig1.judge_fig1(**inputs)
     assert judged.status in (HOLDS, FAILS, fig1.PARTLY) and judged.strict_status in (HOLDS, FAILS, fig1.PARTLY)

@@ -26,13 +26,12 @@ LAYERS = (
     ("engine", ("moesd.engine",)),
     ("studies", ("moesd.measure",)),
     ("analysis", ("moesd.model", "moesd.predictor", "moesd.paper")),
-    ("presentation", ("moesd.narration", "moesd.plots", "moesd.cli", "moesd.chapter", "moesd.lab")),
+    ("presentation", ("moesd.narration", "moesd.plots", "moesd.chapter", "moesd.lab", "moesd.cli")),
     ("package surface", ("moesd",)),
 )
 """The concepts bottom to top, each with the modules it holds (a package holds its submodules)."""
 
 KNOWN = {
-    ("moesd.measure.analysis", "moesd.model.algorithm1"): "issue 40 point 4: Algorithm 1 apart from the studies",
     ("moesd.measure.analysis", "moesd.model.bounds"): "issue 40 point 4 (was algorithm1.parameter_bounds)",
     ("moesd.measure.analysis", "moesd.predictor.layout"): "issue 40 point 4",
     ("moesd.measure.regime", "moesd.model.calibrate"): "issue 40 point 4",
@@ -41,10 +40,6 @@ KNOWN = {
     ("moesd.measure.sweeps", "moesd.predictor.predict"): "issue 40 point 4: model checks in one place",
     ("moesd.measure.sweeps", "moesd.paper.tables"): "issue 40 point 5: model dimensions as one table",
     ("moesd.routing.vllm_capture", "moesd.measure.vllm_engine"): "issue 40 point 4",
-    ("moesd.measure.routing_study", "moesd.model.calibrate"): "came with issue 38's popularity-routed studies",
-    ("moesd.measure.routing_study", "moesd.paper.curves"): "came with issue 38's popularity-routed studies",
-    ("moesd.measure.routing_study", "moesd.predictor.forward"): "came with issue 38's popularity-routed studies",
-    ("moesd.routing.activation", "moesd.paper.fig1"): "came with issue 38's Fig. 1 on trained routers",
     ("moesd.paper.sparsity_verdicts", "moesd.narration"): "issue 40 point 2: verdicts' sentences",
     ("moesd.paper.verdicts", "moesd.narration"): "issue 40 point 2: verdicts' sentences",
 }

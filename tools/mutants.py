@@ -14,7 +14,7 @@ Each *mutant* is the module with one small change, made on its syntax tree (:mod
 * a ``round``, ``clip`` or ``abs`` call replaced by its first argument.
 
 Docstrings, f-strings and ``raise`` statements (the error messages) are left alone. Each mutant is
-written into a copy of the repository (``moesd/``, ``tests/``, ``data/`` and the pytest settings) and the
+written into a copy of the repository (``moesd/``, ``tests/``, ``data/``, ``tools/`` and the pytest settings) and the
 unit tests that import the module run there (``pytest -x -m "not integration"``) with a time cap: a
 test that fails *kills* the mutant; a mutant that runs past the cap counts as killed too (a loop that no
 longer ends) and is listed apart. A surviving mutant is either a gap in the tests or *equivalent*
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
+import os
 import random
 import re
 import shutil
@@ -222,7 +223,7 @@ def _loads_torch(path: Path) -> bool:
 
 
 def _copy_repository(into: Path) -> None:
-    for folder in ("moesd", "tests", "data"):
+    for folder in ("moesd", "tests", "data", "tools"):
         shutil.copytree(ROOT / folder, into / folder, ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
     for name in ("pytest.ini", "pyproject.toml"):
         shutil.copy(ROOT / name, into / name)
@@ -232,7 +233,7 @@ def run_tests(copy_root: Path, tests: list[Path], timeout: float) -> str:
     """``"passed"``, ``"failed"`` or ``"timeout"`` for the unit tests among ``tests`` in a copy of the repository."""
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-m", "not integration", "-p", "no:cacheprovider",
                *[str(copy_root / "tests" / path.name) for path in tests]]
-    environment = {"PYTHONPATH": str(copy_root), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    environment = {**os.environ, "PYTHONPATH": str(copy_root), "OMP_NUM_THREADS": "1"}
     try:
         result = subprocess.run(command, cwd=copy_root, env=environment, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:

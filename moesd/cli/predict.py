@@ -135,7 +135,25 @@ def _predict_options(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, 
                       sd_step_seconds=None if sd_ms is None else sd_ms * 1e-3, sd_step_gamma=sd_gamma)
         check_grid(setup, batch, gammas, **{column: values}, **({"alpha_decay": args.alpha_decay}
                                                                    if column == "alpha" else {}))
+    if args.routing_source is not None:
+        _check_routing_source(args.routing_source, setup)
     return batch, gammas, column, values, setup
+
+
+def _check_routing_source(name: str, setup: Setup) -> None:
+    """Refuse a ``--routing-source`` that is not shipped, or whose router has another expert count than the target."""
+    from moesd.routing import sources
+
+    if name not in sources.names():
+        raise UsageError(f"--routing-source: no shipped routing source is named {name!r}; the sources are "
+                         f"{', '.join(sources.names())}")
+    experts, target = sources.info(name).num_experts, setup.target
+    if not target.num_experts:
+        raise UsageError(f"--routing-source: {target.name} is dense: it routes no tokens to experts")
+    if experts != target.num_experts:
+        raise UsageError(f"--routing-source: {name} routes over {experts} experts and {target.name} has "
+                         f"{target.num_experts} experts; pick a source of {target.num_experts} experts "
+                         "or leave the option out (uniform routing, Eq. 8)")
 
 
 def _measured_round(text: str) -> tuple[float, int]:
@@ -180,7 +198,7 @@ def run(args: argparse.Namespace) -> None:
         if path and not Path(path).resolve().parent.is_dir():
             raise UsageError(f"{flag}: folder {Path(path).resolve().parent} does not exist")
     new_files({"--csv": args.csv, "--plot": plot}, args.overwrite)
-    answer = recommend(setup, batch, gammas, column, values, alpha_decay=args.alpha_decay)
+    answer = recommend(setup, batch, gammas, column, values, alpha_decay=args.alpha_decay, routing=args.routing_source)
     if args.csv:
         columns = {"target": args.target, "draft": args.draft, "hardware": answer.hardware.name, "tp": setup.tp,
                    "ep": setup.ep, "dp_attention": args.dp_attention, "draft_tp": answer.draft_tp, "dtype": args.dtype,
@@ -188,10 +206,13 @@ def run(args: argparse.Namespace) -> None:
                    "temperature": args.temperature, "draft_topk": args.draft_topk,
                    "verify_tokens": args.verify_tokens or "gamma+1",
                    "engine_profile": setup.engine.name if setup.engine is not None else "", "step_ms": args.step_ms,
-                   "sd_step_ms": args.sd_step_ms or "", "host_ms": args.host_ms}
+                   "sd_step_ms": args.sd_step_ms or "", "host_ms": args.host_ms,
+                   "routing_source": args.routing_source or "uniform"}
         with atomic_write(args.csv, "w") as file:  # the setup first, so files of several runs can be told apart
             pd.concat([pd.DataFrame(columns, index=answer.frame.index), answer.frame], axis=1).to_csv(file, index=False)
     print(narration.predict_setup(setup, args.target, args.draft, answer.advice[0].other_host_ms))
+    if args.routing_source is not None:
+        print(narration.routing_source_line(args.routing_source))
     for line in narration.predict_notes(answer, setup) + narration.memory_lines(answer, batch):
         print(line)
     print(narration.band_line(answer, SD_MARGIN))
@@ -251,6 +272,9 @@ def add_parser(commands) -> None:
                          "gamma (then a longer draft looks better wherever verification is memory-bound)")
     predict.add_argument("--batch", default="1-256", help="batch sizes, e.g. 1-256 or 1,8,64 (default 1-256)")
     predict.add_argument("--context", type=int, default=1024, help="tokens in each KV cache (default 1024)")
+    predict.add_argument("--routing-source", help="price the target's experts under a trained router's per-layer "
+                         "popularity: a shipped source <model>/<domain>, e.g. olmoe/github (its expert count must be "
+                         "the target's; default: uniform routing, Eq. 8)")
     predict.add_argument("--dtype", default="bf16", help="weight dtype: bf16, fp8, mxfp8, fp32, or w4a8, w4a16, "
                          "mxfp4, nvfp4 (4-bit routed experts, the rest bf16 or fp8; default bf16)")
     predict.add_argument("--kv-dtype", choices=list(KV_DTYPES), help="the KV cache's dtype: fp8 halves the bytes "

@@ -20,7 +20,7 @@ from moesd.narration.details import (FEWER_THAN_TWO_SETTINGS, NO_COMMON_GAMMA, N
                                      no_study, table3_details, table3_too_few)
 from moesd.narration.predictor import (STEP_NOTE, acceptance_label, advice_report, band_line, batch_runs,
                                        engine_range, memory_lines, peak_edge_phrase, predict_notes, predict_setup,
-                                       sd_legend, shape_columns, where_sd_pays)
+                                       routing_source_line, sd_legend, shape_columns, where_sd_pays)
 from moesd.narration.routing import (fig1_sentence, fig1_summary, popularity_peak_sentence)
 
 __all__ = ['FEWER_THAN_TWO_SETTINGS', 'NO_COMMON_GAMMA', 'NO_ROBUSTNESS', 'STEP_NOTE', 'TOLERANCE_PHRASE',
@@ -28,5 +28,6 @@ __all__ = ['FEWER_THAN_TWO_SETTINGS', 'NO_COMMON_GAMMA', 'NO_ROBUSTNESS', 'STEP_
            'fall_phrase', 'fig1_sentence', 'fig1_summary', 'fig2_details', 'fig3_details', 'fig4_details',
            'fig5_details', 'fig6_details', 'join', 'judged_from', 'memory_lines', 'no_common_pass', 'no_study',
            'noise_phrase', 'number', 'parts_phrase', 'peak_edge_phrase', 'plain_reading',
-           'popularity_peak_sentence', 'predict_notes', 'predict_setup', 'reading', 'sd_legend', 'shape_columns',
-           'shape_phrase', 'shapes_phrase', 'span', 'status_verb', 'table3_details', 'table3_too_few', 'verdict', 'where_sd_pays']
+           'popularity_peak_sentence', 'predict_notes', 'predict_setup', 'reading', 'routing_source_line',
+           'sd_legend', 'shape_columns', 'shape_phrase', 'shapes_phrase', 'span', 'status_verb', 'table3_details',
+           'table3_too_few', 'verdict', 'where_sd_pays']

@@ -88,6 +88,17 @@ def advice_report(advice, margin: float, length: str | None = None) -> str:
             + table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
 
 
+def routing_source_line(name: str) -> str:
+    """The line ``moesd predict`` prints for ``--routing-source``: whose routing prices the experts, under what
+    licence."""
+    from moesd.routing import sources
+
+    info = sources.info(name)
+    return (f"routing: the experts of each MoE layer are priced under {name}'s per-layer popularity ({info.checkpoint}, "
+            f"{info.licence}; recorded layers mapped onto the target's in turn), tokens drawn independently; default "
+            "uniform routing (Eq. 8)")
+
+
 def predict_setup(setup, target: str, draft: str, other_host_ms: float) -> str:
     """The first line of ``moesd predict``: the deployment (a :class:`moesd.predictor.setup.Setup`, its models as
     ``target`` and ``draft`` name them) and what the model prices (the draft's dtype, a tree's candidates and verified

@@ -63,6 +63,7 @@ import numpy as np
 import pandas as pd
 
 from moesd.paper.criteria import FAILS, HOLDS, PARTLY_HOLDS, UNTESTABLE
+from moesd.routing import activation, sources
 from moesd.paper.curves import NOISE_Z
 
 PARTLY = PARTLY_HOLDS
@@ -249,3 +250,18 @@ def judge_fig1(curves: pd.DataFrame, windows: pd.DataFrame | None = None, sequen
     untestable = tuple((row.part, row.reason) for row in parts.itertuples() if row.material == UNTESTABLE)
     return Fig1Judgement(status=combine(judged["material"]), strict_status=combine(judged["strict"]), parts=parts,
                          layers=layers, sequences=sequences, untestable=untestable)
+
+
+def fig1_inputs() -> dict:
+    """The shipped trained-routing data as the keyword arguments of :func:`judge_fig1`.
+
+    Curves of every count source over :data:`moesd.routing.activation.TOKENS`; windows of the sources with per-token sequences
+    (Switch-base-128) at the criterion's window lengths; the fewest sequences any of their layers has; the
+    checkpoints recorded. No source decoded.
+    """
+    traces = sources.token_traces("specmoe-switch")
+    windows = activation.window_activation(traces, "switch-base-128/mixed", WINDOW_TOKENS)
+    return {"curves": activation.popularity_curves(), "windows": windows,
+            "sequences_per_layer": min(len(np.unique(trace.sequence)) for trace in traces.values()),
+            "checkpoints": tuple(sorted({sources.info(name).checkpoint for name in sources.names()})),
+            "decode": False}

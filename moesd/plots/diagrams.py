@@ -56,7 +56,7 @@ def sd_round_timeline(gamma: int = 4, accepted: int = 2, t_draft: float = 0.12, 
         _box(ax_time, i * t_draft, lane["draft"], t_draft, 0.7, DRAFT, f"$d_{i + 1}$")
     start = gamma * t_draft
     _box(ax_time, start, lane["target"], t_verify, 0.7, TARGET,
-         f"verify $\\gamma+1$ = {gamma + 1} positions: $T_T(B,\\gamma)$")
+         f"verify $\\gamma+1$ = {gamma + 1} positions: $T_T(B,\\gamma+1)$")
     _box(ax_time, start + t_verify, lane["target"], t_reject, 0.7, REJECT, "")
     ax_time.annotate("rejection\nsampling $T_{reject}$", xy=(sd_end - t_reject / 2, lane["target"] + 0.7),
                      xytext=(sd_end - t_reject / 2, lane["draft"] + 0.35), ha="center", va="center", fontsize=8,
@@ -65,7 +65,7 @@ def sd_round_timeline(gamma: int = 4, accepted: int = 2, t_draft: float = 0.12, 
         _box(ax_time, i, lane["AR"], 1.0, 0.7, PALETTE[3], "$T_T(B,1)$")
     ax_time.annotate("", xy=(0, 0.75), xytext=(sd_end, 0.75),
                      arrowprops={"arrowstyle": "<->", "color": "0.3"})
-    ax_time.text(sd_end / 2, 0.6, "one SD round: $\\gamma\\,T_D(B,1) + T_T(B,\\gamma) + T_{reject}$",
+    ax_time.text(sd_end / 2, 0.6, "one SD round: $\\gamma\\,T_D(B,1) + T_T(B,\\gamma+1) + T_{reject}$",
                  ha="center", va="top", fontsize=8)
     ax_time.set_yticks([lane["draft"] + 0.35, lane["target"] + 0.35, lane["AR"] + 0.35],
                        [f"draft: $\\gamma$ = {gamma} steps\n$T_D(B,1)$ each", "target",

@@ -122,7 +122,7 @@ def denominator_terms(terms: pd.DataFrame, title: str = "") -> plt.Figure:
     terms = terms.sort_index()
     batch = terms.index.to_numpy(dtype=float)
     figure, ax = plt.subplots(figsize=(6.4, 3.8))
-    names = {"verify": r"verification $T_T(B,\gamma)/T_T(B,1)$", "draft": r"draft $\gamma T_D(B,1)/T_T(B,1)$",
+    names = {"verify": r"verification $T_T(B,\gamma+1)/T_T(B,1)$", "draft": r"draft $\gamma T_D(B,1)/T_T(B,1)$",
              "reject": r"rejection $T_{reject}/T_T(B,1)$"}
     ax.stackplot(batch, *(terms[name].to_numpy() for name in names), labels=list(names.values()),
                  colors=PALETTE[:3], alpha=0.8)

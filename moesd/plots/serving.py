@@ -14,7 +14,7 @@ def tree_efficiency(frame: pd.DataFrame) -> plt.Figure:
     Parameters
     ----------
     frame : pandas.DataFrame
-        :func:`moesd.model.predict.predict_sd` rows with two more columns: ``target`` (the panel) and
+        :func:`moesd.predictor.predict.predict_sd` rows with two more columns: ``target`` (the panel) and
         ``verified`` (tokens per sequence in the verification pass, the line).
     """
     targets = list(dict.fromkeys(frame["target"]))

@@ -28,7 +28,7 @@ def plot_fig2(e2e: pd.DataFrame) -> plt.Figure:
         handles += twin.plot(part["batch_size"], part["target_efficiency"], "s--", color=colour, ms=3, alpha=0.8,
                              label=rf"target efficiency, $\gamma = {gamma}$")
     ax.set(xlabel="batch size $B$", ylabel=r"speedup $T_{AR} / T_{SD}$ (solid)", ylim=(0, None))
-    twin.set(ylabel=r"target efficiency $T_T(B,1) / T_T(B,\gamma)$ (dashed)", ylim=(0, 1.05))
+    twin.set(ylabel=r"target efficiency $T_T(B,1) / T_T(B,\gamma+1)$ (dashed)", ylim=(0, 1.05))
     twin.spines["right"].set_visible(True)
     twin.grid(False)
     order = handles[0::2] + handles[1::2]

@@ -51,7 +51,7 @@ def speedup_against_efficiency(sigma: float = 0.90, gamma: int = 4, draft_costs=
     ax.axhline(1.0, color="0.5", lw=1, ls="--", label="no gain")
     if reference is not None:
         ax.axhline(reference[0], color="0.3", lw=1, ls=":", label=reference[1])
-    ax.set(xlabel="target efficiency $T_T(B,1)/T_T(B,\\gamma)$", ylabel="speedup (Eq. 4)",
+    ax.set(xlabel="target efficiency $T_T(B,1)/T_T(B,\\gamma+1)$", ylabel="speedup (Eq. 4)",
            title=f"Speedup at $\\sigma$ = {sigma:g}, $\\gamma$ = {gamma}")
     ax.legend()
     return figure

@@ -109,10 +109,10 @@ def routing_efficiency(comparison, predicted: pd.DataFrame) -> plt.Figure:
 
     Parameters
     ----------
-    comparison : moesd.measure.routing_study.RoutingComparison
+    comparison : moesd.paper.routing_study.RoutingComparison
         Measured means and standard errors per batch size.
     predicted : pandas.DataFrame
-        :func:`moesd.measure.routing_study.predicted_efficiency` rows at the comparison's gamma.
+        :func:`moesd.paper.routing_study.predicted_efficiency` rows at the comparison's gamma.
     """
     table = comparison.table
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 5.4), sharex=True, height_ratios=(2, 1))

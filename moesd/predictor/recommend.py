@@ -271,7 +271,7 @@ def _advice(column: str, value: float, rows: pd.DataFrame, other: pd.DataFrame, 
 
 
 def recommend(setup: Setup, batch_sizes, gammas, column: str, values, *, other_host_ms: float | None = None,
-              alpha_decay: float = 1.0) -> Recommendation:
+              alpha_decay: float = 1.0, routing=None) -> Recommendation:
     """Where SD pays for the deployment ``setup``, over batch sizes and draft lengths.
 
     Parameters
@@ -293,6 +293,10 @@ def recommend(setup: Setup, batch_sizes, gammas, column: str, values, *, other_h
         As :func:`~moesd.predictor.predict.predict_sd` takes it (with ``column="alpha"``). With a profile the advice
         is also recomputed at both ends of its costs' ranges (``Recommendation.engine_ends``) where some batch size
         fits.
+    routing : optional
+        As :func:`~moesd.predictor.predict.predict_sd` takes it: ``None`` (uniform, Eq. 8), per-expert or per-layer
+        popularity, a trace, or a shipped trained-routing source by name (``"olmoe/github"``,
+        :func:`moesd.routing.sources.names`).
 
     Returns
     -------
@@ -314,7 +318,7 @@ def recommend(setup: Setup, batch_sizes, gammas, column: str, values, *, other_h
     band = error_band_of(setup)
 
     def predict(batch, at=setup):
-        frame = predict_sd(at, batch, gammas, **decay, **{column: values})
+        frame = predict_sd(at, batch, gammas, **decay, **{column: values}, routing=routing)
         low, high = band.interval(frame["speedup"])
         return frame.assign(speedup_low=low, speedup_high=high)
 

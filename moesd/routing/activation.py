@@ -7,7 +7,6 @@
 * :func:`window_activation` and :func:`batch_activation`: measured distinct experts of per-token sequences
   over windows of consecutive tokens and over batches of sequences (:mod:`moesd.routing.unions`), beside both
   predictions;
-* :func:`fig1_inputs`: the shipped data in the form :func:`moesd.paper.fig1.judge_fig1` judges.
 """
 
 from __future__ import annotations
@@ -198,20 +197,3 @@ def window_curves(traces: dict, t=None) -> pd.DataFrame:
             rows += [{"layer": int(layer), "sequence": int(s), "t": int(tokens), "measured": float(m)}
                      for s, m in means.items()]
     return pd.DataFrame(rows)
-
-
-def fig1_inputs() -> dict:
-    """The shipped trained-routing data as the keyword arguments of :func:`moesd.paper.fig1.judge_fig1`.
-
-    Curves of every count source over :data:`TOKENS`; windows of the sources with per-token sequences
-    (Switch-base-128) at the criterion's window lengths; the fewest sequences any of their layers has; the
-    checkpoints recorded. No source decoded.
-    """
-    from moesd.paper.fig1 import WINDOW_TOKENS
-
-    traces = sources.token_traces("specmoe-switch")
-    windows = window_activation(traces, "switch-base-128/mixed", WINDOW_TOKENS)
-    return {"curves": popularity_curves(), "windows": windows,
-            "sequences_per_layer": min(len(np.unique(trace.sequence)) for trace in traces.values()),
-            "checkpoints": tuple(sorted({sources.info(name).checkpoint for name in sources.names()})),
-            "decode": False}
