@@ -13,7 +13,8 @@ from moesd.theory.experts import (
     tokens_per_expert,
     tokens_per_expert_derivative,
 )
-from moesd.theory.roofline import HARDWARE, G, Hardware, ridge_point
+from moesd.theory.growth import G
+from moesd.theory.roofline import HARDWARE, Hardware, ridge_point
 from moesd.theory.speedup import (
     alpha_from_sigma,
     expected_tokens_per_round,

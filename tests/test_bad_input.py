@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 from moesd import cli as moesd_cli
 from moesd.measure import analysis
 from moesd.measure import studies as measurements
-from moesd.measure import presets, sweep_checks, sweeps
+from moesd.measure import presets, sweep_checks, sweep_memory, sweeps
 from moesd.model import diagnostics, fit
 from moesd.predictor import forward, memory, predict
 from moesd.predictor import recommend as _recommend  # noqa: F401 (bound to the real predict_sd before any patch)
@@ -53,7 +53,7 @@ from moesd.model.measurements import check_measurements, from_sweep
 from moesd.paper import predictor_check as predict_paper
 from moesd.paper import tables as paper
 from moesd.routing import importers, traces, unions, vllm_logs
-from moesd.theory import experts, roofline, speedup
+from moesd.theory import experts, growth, roofline, speedup
 from moesd._checks import UsageError
 from moesd._files import npz_arrays
 from moesd.routing.prompts import load_prompts
@@ -348,14 +348,14 @@ ROOFLINE = [
          "d_model must be a single number here, got shape (2,)"),
     Case("roofline", "search on an unknown device", lambda: roofline.compute_bound_tokens("nope", 4096, 14336),
          ValueError, "hardware must be one of"),
-    Case("roofline", "G at negative tokens", lambda: roofline.G(-1, 10, 1.5), ValueError,
+    Case("growth", "G at negative tokens", lambda: growth.G(-1, 10, 1.5), ValueError,
          "t must be a number >= 0, got -1"),
-    Case("roofline", "G with its transition at 0", lambda: roofline.G(1, 0, 1.5), ValueError,
+    Case("growth", "G with its transition at 0", lambda: growth.G(1, 0, 1.5), ValueError,
          "lam_rp must be a number > 0, got 0"),
-    Case("roofline", "G shrinking", lambda: roofline.G(1, 10, 0.9), ValueError, "s must be a number >= 1, got 0.9"),
-    Case("roofline", "G with NaN base", lambda: roofline.G(1, 10, np.nan), ValueError,
+    Case("growth", "G shrinking", lambda: growth.G(1, 10, 0.9), ValueError, "s must be a number >= 1, got 0.9"),
+    Case("growth", "G with NaN base", lambda: growth.G(1, 10, np.nan), ValueError,
          "s must be a number >= 1, got NaN"),
-    Case("roofline", "G beyond float64", lambda: roofline.G(1e300, 500, 2.0), ValueError,
+    Case("growth", "G beyond float64", lambda: growth.G(1e300, 500, 2.0), ValueError,
          "t, lam_rp and s must keep G within float64"),
     Case("roofline", "intensity over zero traffic", lambda: roofline.arithmetic_intensity(1, 0), ValueError,
          "traffic must be a number > 0, got 0"),
@@ -1608,10 +1608,10 @@ RESULT_FILES = [
         "e2e.json' does not exist; ", integration=True, stops=SWEEPING),
     # sweeps too large for memory or for the model's positions, checked before the models are built
     Case("bench", "a KV cache larger than memory",
-         lambda: sweeps.check_memory(_sweep(batch_sizes=(1_000_000,), context=10_000), 64e9, "cpu"), ValueError,
+         lambda: sweep_memory.check_memory(_sweep(batch_sizes=(1_000_000,), context=10_000), 64e9, "cpu"), ValueError,
          "the sweep needs at least"),
     Case("bench", "a KV cache larger than memory names the estimate",
-         lambda: sweeps.check_memory(_sweep(batch_sizes=(1_000_000,), context=10_000), 64e9, "cpu"), ValueError,
+         lambda: sweep_memory.check_memory(_sweep(batch_sizes=(1_000_000,), context=10_000), 64e9, "cpu"), ValueError,
          "of KV cache for 10016000000 cached tokens), more than the 64 GB of cpu"),
     Case("bench", "positions beyond the model's",
          lambda: _sweep(target="opt-30b", draft="opt-350m", top_ks=None, context=3000), ValueError,
@@ -3009,7 +3009,7 @@ def test_fixed_cases_give_the_right_answer():
     assert roofline.compute_bound_tokens("H200", 3584, 2560) == roofline.compute_bound_tokens(h200, 3584, 2560)
     alpha = speedup.alpha_from_sigma(0.5, 100_000)  # hung in a Python loop over gamma
     assert speedup.sigma(alpha, 100_000) == pytest.approx(0.5, rel=1e-9)
-    assert roofline.G(1, 2000, 2.0) == 2.0  # s**lam_rp overflows but G(1) = s does not
+    assert growth.G(1, 2000, 2.0) == 2.0  # s**lam_rp overflows but G(1) = s does not
 
 
 def test_a_save_refused_leaves_the_special_file_as_it_was(tmp_path):
@@ -3104,7 +3104,7 @@ def test_roofline_efficiency_is_finite(device, batch, gamma, d_model, d_ff, e_an
 
 @given(st.floats(0, 1e9), st.floats(0, 512, exclude_min=True), st.floats(1, 2))
 def test_g_is_finite(t, lam_rp, s):
-    _finite(roofline.G(t, lam_rp, s))
+    _finite(growth.G(t, lam_rp, s))
 
 
 # Property: the command line's numbers parse exactly or are refused naming the flag -----------------
@@ -3233,7 +3233,7 @@ def test_roofline_is_finite_or_refused_over_the_whole_domain(t, d_model, d_ff, E
     _finite_or_refused(lambda: roofline.ffn_cost(t, d_model, d_ff, E, min(K, E), matrices, width))
     _finite_or_refused(lambda: roofline.arithmetic_intensity(t, traffic))
     _finite_or_refused(lambda: roofline.time_floor(t, traffic, device))
-    _finite_or_refused(lambda: roofline.G(t, traffic, s))
+    _finite_or_refused(lambda: growth.G(t, traffic, s))
 
 
 # Property: resumes keep only this sweep's rows -----------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 
 from moesd._checks import UsageError
 from moesd.architecture import read_config
+from moesd import narration
 from moesd.predictor.band import BANDS, band_variant, load_bands
 from moesd.predictor.drafters import (DRAFTERS, MEDUSA_HEADS, eagle3_head, eagle_head, medusa_heads, mtp_head,
                                       resolve_draft)
@@ -19,9 +20,9 @@ from moesd.predictor.engine import ALIASES, ENGINES, GPU_KERNELS, RECORDS, _frac
 from moesd.predictor.forward import step_time
 from moesd.predictor.kernels import Efficiency, grouped_gemm_roofline, sampling_time
 from moesd.predictor.layout import kv_cache_bytes, weights_per_gpu
-from moesd.predictor.memory import memory_fit
+from moesd.predictor.memory import memory_fit, rows_that_fit
 from moesd.predictor.models import resolve_model
-from moesd.predictor.predict import predict_sd
+from moesd.predictor.predict import best_speedup, one_layer_draft_setup, predict_fitting, predict_sd, speedup_shape
 from moesd.predictor.recommend import recommend
 from moesd.predictor.setup import Setup
 from moesd.theory.roofline import HARDWARE, REFUSED_HARDWARE
@@ -358,3 +359,45 @@ def test_every_family_predicts_with_every_drafter_on_the_new_gpus(target):
                 setup = Setup(target, draft, hardware, tp=8, dtype=dtype, kv_dtype="fp8")
                 frame = predict_sd(setup, [1, 64], 2, 0.6)
                 assert (frame["speedup"] > 0).all() and np.isfinite(frame["speedup"]).all(), (hardware, draft)
+
+
+def test_rows_that_fit_keep_exactly_the_batch_sizes_memory_fit_admits():
+    setup = Setup("qwen3-30b-a3b", "qwen3-0.6b", "H100", dtype="bf16", context=32768)
+    frame = predict_sd(setup, [1, 64, 1024, 4096], [2, 3], 0.7)
+    kept = rows_that_fit(frame, setup)
+    fits = memory_fit(setup, [1, 64, 1024, 4096], 32768).set_index("batch_size")["fits"]
+    assert set(kept["batch_size"]) == set(fits.index[fits])
+    assert 0 < len(kept) < len(frame) and list(kept.index) == sorted(kept.index)  # some cut, the order kept
+
+
+def test_speedup_shape_reads_the_best_gamma_curve_by_hand():
+    # best over gamma: 1.5 at B = 1, 1.2 at 2 (a dip), 2.0 at 4 (the peak, gamma 3), 1.5 at 8, 0.9 at 16
+    frame = pd.DataFrame({"batch_size": [1, 1, 2, 2, 4, 4, 8, 8, 16, 16], "gamma": [2, 3] * 5,
+                          "speedup": [1.5, 1.4, 1.2, 1.1, 1.9, 2.0, 1.5, 1.4, 0.9, 0.8]})
+    shape = speedup_shape(frame)
+    assert (shape.batch_sizes, shape.largest_batch_size, shape.at_one) == (5, 16, 1.5)
+    assert (shape.lowest_before_peak, shape.lowest_before_peak_at) == (1.2, 2)
+    assert (shape.peak, shape.peak_at, shape.peak_gamma) == (2.0, 4, 3)
+    assert (shape.band_low, shape.band_high) == (4, 8)  # 1.2 < 2 / sqrt(2) <= 1.5; 0.9 <= 1 ends it
+    assert speedup_shape(frame.assign(speedup=frame["speedup"] / 3)).band_low is None  # SD pays nowhere
+    assert best_speedup(frame).to_dict() == {1: 1.5, 2: 1.2, 4: 2.0, 8: 1.5, 16: 0.9}
+
+
+def test_a_one_layer_draft_on_the_target_s_gpus_predicted_where_it_fits():
+    setup = one_layer_draft_setup("qwen3-30b-a3b", "H100", 1, "bf16", context=32768)
+    assert (setup.tp, setup.draft_tp, setup.shared, setup.context) == (1, 1, True, 32768)
+    assert setup.draft.num_layers == 1 and setup.draft.num_experts == setup.target.num_experts
+    frame = predict_fitting(setup, [1, 64, 1024, 4096], [2, 3], 0.7)
+    assert frame.equals(rows_that_fit(predict_sd(setup, [1, 64, 1024, 4096], [2, 3], alpha=0.7), setup))
+    columns = narration.shape_columns(speedup_shape(frame), 4)
+    assert columns["B that fit"].startswith(f"{frame['batch_size'].nunique()} of 4, up to ")
+    assert columns["peak speedup"] == frame["speedup"].max()
+
+
+def test_a_step_s_table_is_its_frame_in_ms_gb_and_gflop():
+    step = step_time("qwen2-57b-a14b", "H800", 1, 32, context=256, tp=2)
+    frame, table = step.frame(), step.table()
+    assert list(table.columns) == ["ms", "GB per GPU", "GFLOP per GPU"] and list(table.index) == list(frame.index)
+    np.testing.assert_allclose(table["ms"].sum(), 1e3 * step.total)
+    np.testing.assert_allclose(table[["GB per GPU", "GFLOP per GPU"]].to_numpy() * 1e9,
+                               frame[["bytes", "flops"]].to_numpy())

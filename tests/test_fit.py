@@ -7,13 +7,15 @@ import pytest
 from scipy.optimize import least_squares
 
 from moesd.model.algorithm1 import (PARAMETERS, TIME_PARAMETERS, SpeedupInputs, SpeedupParams, compute_speedup,
-                                    parameter_bounds, stage_times, target_time)
-from moesd.model.diagnostics import (best_model_variant, compare_stage_times, held_out_errors, model_variant_errors,
-                                     residual_table, robustness_study)
+                                    stage_times, target_time)
+from moesd.model.bounds import parameter_bounds
+from moesd.model.diagnostics import (best_model_variant, compare_stage_times, decode_step_ratio, fitted_stage_times,
+                                     held_out_errors, model_variant_errors, residual_table, rms, robustness_study)
 from moesd.model.fit import SOLVERS, FitResult, fit_speedup_model
 from moesd.model.measurements import from_sweep, mean_over_repeats
-from moesd.model.samples import PAPER_CURVES, PAPER_STRIDES, spread_sample, stride_coverage, stride_sample
-from moesd.theory.roofline import G, unchecked_G
+from moesd.model.samples import (PAPER_CURVES, PAPER_STRIDES, missing_batch_sizes, spread_sample, stride_coverage,
+                                 stride_sample)
+from moesd.theory.growth import G, unchecked_G
 
 BATCH_SIZES = (1, 2, 4, *range(8, 61, 4), 80, 100)
 TRUE = dict(bias=1e-2, k1=2e-4, k2=2e-4, k3=5e-4, draft_bias=6e-4, draft_k=2e-5, reject_bias=2e-4, reject_k=2e-6,
@@ -636,3 +638,23 @@ def test_printed_variant_ceiling_against_the_papers_peak():
     assert printed_variant_ceiling([0.9, 1.0], [1, 3]).tolist() == pytest.approx([0.9, 2.0])
     with pytest.raises(ValueError, match="gamma"):
         printed_variant_ceiling(0.9, 0)
+
+
+def test_fitted_stage_times_and_the_decode_ratio_of_the_hand_fit():
+    """HAND at B = 2, gamma = 3, K = 2, E = 4 (s = 1, G = 1): ar = 2, draft = 0.4, reject = 0.07
+    (test_hand_worked_values); a measured decode step of 3 s is 1.5 of the fitted one."""
+    lower, upper = parameter_bounds()
+    result = FitResult(SpeedupParams(**HAND), "eq4", 100.0, 0.0, np.zeros(0), 0.0, pd.DataFrame(), "gamma",
+                       lower, upper, 1, "hand-made", 0, 0)
+    points = pd.DataFrame({"batch_size": [2, 2], "gamma": [3, 3], "num_experts_per_tok": [2, 2],
+                           "t_target_1": [3.0, 2.0]})
+    times = fitted_stage_times(result, points, 4, 100.0)
+    np.testing.assert_allclose(times["ar"], [2.0, 2.0])
+    np.testing.assert_allclose(times["draft"], [0.4, 0.4])
+    np.testing.assert_allclose(decode_step_ratio(result, points, 4, 100.0), [1.5, 1.0])
+
+
+def test_rms_and_the_batch_sizes_a_sample_leaves_out():
+    assert rms([3.0, -4.0]) == pytest.approx(12.5 ** 0.5) and rms(np.array([2.0])) == 2.0
+    assert missing_batch_sizes("1 4 16 100", [1, 2, 4, 8, 16, 100]) == [2, 8]
+    assert missing_batch_sizes("1 10", [1, 10]) == [] and missing_batch_sizes("10", [1]) == [1]  # whole numbers

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from moesd.routing.importers import from_arrays, from_layer_csv, from_token_jsonl
+from moesd.routing.importers import from_arrays, from_layer_csv, from_token_jsonl, imported_with_warnings
 from moesd.routing.traces import MISSING
 from moesd.routing.unions import window_union
 from moesd.routing.vllm_logs import from_vllm_moe_log, from_vllm_routed_experts, save_vllm_routed_experts
@@ -349,3 +349,13 @@ def test_importers_take_their_path_by_keyword_and_warn_at_the_callers_line(tmp_p
         with pytest.raises(ValueError, match="layer1.jsonl:2: 3 experts per token where .*layer0.jsonl:2 has 2"):
             from_vllm_moe_log([tmp_path / "layer0.jsonl", tmp_path / "layer1.jsonl"], num_experts=4, ragged="keep")
     assert record[0].filename == __file__
+
+
+def test_imported_with_warnings_returns_the_trace_and_the_messages_in_order(tmp_path):
+    path = tmp_path / "routes.csv"
+    path.write_text("layer_id,expert_ids\n0,1 2\n0,1 3\n1,1 2\n")  # layer 0 lists a second token
+    trace, messages = imported_with_warnings(from_layer_csv, path, num_experts=4)
+    assert trace.experts.shape == (1, 2, 2) and len(messages) == 1 and "different numbers of tokens" in messages[0]
+    clean = tmp_path / "clean.csv"
+    clean.write_text("layer_id,expert_ids\n0,1 2\n1,1 3\n")
+    assert imported_with_warnings(from_layer_csv, clean, num_experts=4)[1] == []

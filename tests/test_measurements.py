@@ -15,9 +15,12 @@ from moesd.measure.studies import (
     check_rows,
     load,
     provenance,
+    sidecar_summary,
     summarize,
 )
-from moesd.measure.analysis import fitting_frame, forward_speedup, forward_target_efficiency
+from moesd.measure.analysis import (efficiency_landmarks, fitting_frame, forward_speedup, forward_target_efficiency,
+                                    mean_activated_experts, pass_time_ratio)
+from moesd.paper.routing_study import predicted_peak_change
 
 
 def test_shipped_studies_load_with_provenance():
@@ -275,3 +278,39 @@ def test_a_cut_last_line_is_dropped_by_every_reader(tmp_path):
     (tmp_path / "e2e.csv").write_text("run,speedup\n0,1.5\n1,1.4")
     with pytest.warns(MeasurementWarning, match="e2e.csv: dropped line 3, cut mid-line"):
         assert read_rows(tmp_path / "e2e.csv")["run"].tolist() == [0]
+
+
+def test_efficiency_landmarks_read_each_curve_by_hand():
+    curve = pd.DataFrame({"batch_size": [1, 8, 100] * 2, "gamma": [2] * 3 + [4] * 3,
+                          "efficiency": [0.5, 0.9, 0.7, 0.4, 0.8, 0.3]})
+    table = efficiency_landmarks({"MoE (a model)": curve, "dense (another)": curve.assign(efficiency=1.0)})
+    assert list(table.index) == [("MoE", 2), ("MoE", 4), ("dense", 2), ("dense", 4)]
+    assert table.loc[("MoE", 2)].tolist() == [0.5, 0.9, 8, 0.7] and table.loc[("MoE", 4), "B = 100"] == 0.3
+    assert table.loc[("dense", 4), "peak at B"] == 1  # a flat curve peaks at its first batch size
+
+
+def test_mean_activated_experts_average_the_passes_of_one_width():
+    rows = pd.DataFrame({"batch_size": [1, 1, 8, 1], "tokens": [1, 1, 1, 5], "activated_experts": [8, 10, 40, 30]})
+    assert mean_activated_experts(rows, 1).to_dict() == {1: 9.0, 8: 40.0}
+    assert mean_activated_experts(rows, 5).to_dict() == {1: 30.0}
+
+
+def test_predicted_peak_change_compares_the_two_peaks_wherever_they_lie():
+    table = pd.DataFrame({"uniform": [0.5, 0.9, 0.6], "popularity": [0.95, 0.7, 0.5]})
+    assert predicted_peak_change(table) == pytest.approx(0.05)
+
+
+def test_pass_time_ratio_is_taken_within_each_repeat():
+    # the draft's pass left out; the ratio within each repeat, then the median
+    rows = pd.DataFrame({"run": [0, 0, 1, 1, 0], "role": ["target"] * 4 + ["draft"], "batch_size": [1] * 5,
+                         "tokens": [1, 5, 1, 5, 5], "seconds": [1.0, 3.0, 2.0, 6.0, 100.0]})
+    assert pass_time_ratio(rows, 5) == 3.0
+    assert pass_time_ratio(rows.assign(seconds=[1.0, 2.0, 2.0, 8.0, 1.0]), 5) == 3.0  # median of 2 and 4
+
+
+def test_sidecar_summary_reads_every_setting_the_table_shows():
+    _, meta = load("e2e")
+    summary = sidecar_summary(meta)
+    assert summary["timed rounds"] == meta["settings"]["rounds"] and summary["rows"] == meta["rows"]
+    assert summary["target / draft"] == f"{meta['settings']['target']} / {meta['settings']['draft']}"
+    assert sidecar_summary({**meta, "load_average": None})["load average at start (1 min)"] is None

@@ -48,6 +48,11 @@ def test_numbers_for_prose():
     assert narration.number(2.345) == "2.35" and narration.number(24.0, whole=True) == "24"
     assert narration.span([1.0, 1.004]) == "1.00" and narration.span([0.5, 2]) == "0.50-2.00"
     assert narration.span([-1.0, 2.0]) == "-1.00 to 2.00"
+    assert narration.batch_runs([1, 4, 8], [1, 2, 4, 8]) == "B = 1, 4-8"
+    assert narration.batch_runs([], [1, 2]) == "no batch size"
+    assert narration.span(np.array([3.24, 4.46]), digits=1) == "3.2-4.5"
+    assert narration.span([16.0, 16.4], digits=0) == "16"  # both ends read the same
+    assert narration.number(0.555, digits=1) == "0.6" and narration.number(2.4, whole=True, digits=3) == "2"
     assert narration.judged_from("claim", None) == "claim" and narration.judged_from("claim", 4).endswith("B = 4")
 
 

@@ -5,10 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from moesd.plots.measuring_sd import (expert_cost_fit, expert_read_seconds, plot_regime_gemm,
-                                      plot_step_against_experts, protocol_checks, regime_steps,
-                                      sigma_standard_error, step_against_experts,
-                                      streaming_shares, study_durations)
+from moesd.measure.checks import (expert_cost_fit, expert_read_seconds, protocol_checks, regime_steps,
+                                  sigma_standard_error, step_against_experts, streaming_shares, study_durations)
+from moesd.plots.measuring_sd import plot_regime_gemm, plot_step_against_experts
 from moesd.measure.regime import RegimeCheck, study_sidecar
 
 
@@ -169,7 +168,7 @@ def test_study_durations_run_from_one_start_to_the_next():
 
 
 def test_doubling_tokens_find_where_a_product_s_time_first_doubles():
-    from moesd.plots.measuring_sd import doubling_tokens
+    from moesd.measure.checks import doubling_tokens
 
     gemm = pd.DataFrame([{"projection": "p", "dtype": "float32", "tokens": m, "median_seconds": s}
                          for m, s in ((1, 1.0), (2, 2.5), (4, 2.0), (8, 3.0))]
@@ -181,7 +180,7 @@ def test_doubling_tokens_find_where_a_product_s_time_first_doubles():
 
 
 def test_an_expert_s_products_are_gate_up_twice_and_down():
-    from moesd.plots.measuring_sd import expert_products_seconds
+    from moesd.measure.checks import expert_products_seconds
 
     gemm = pd.DataFrame([{"projection": f"m expert {p}", "dtype": d, "tokens": m, "median_seconds": s * m * f}
                          for p, s in (("gate/up", 1.0), ("down", 0.5)) for d, f in (("float32", 2), ("bfloat16", 1))

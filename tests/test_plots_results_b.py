@@ -12,7 +12,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from moesd.measure.analysis import eq4_terms
-from moesd.plots.more_settings import denominator_terms, moe_vs_dense, rise_split, settings_runs  # noqa: E402
+from moesd.measure.analysis import rise_split  # noqa: E402
+from moesd.plots.more_settings import denominator_terms, moe_vs_dense, settings_runs  # noqa: E402
 from moesd.plots.sparsity_and_model import sparsity_panels, speedup_model_diagram  # noqa: E402
 
 BATCH = np.array([1, 2, 4, 8, 16, 32, 64])

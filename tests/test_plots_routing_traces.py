@@ -11,7 +11,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from moesd.theory.experts import expected_active_experts  # noqa: E402
-from moesd.plots.routing_traces import activation_curves, correlated_trace, label, verification_load  # noqa: E402
+from moesd.plots.routing_traces import activation_curves, label, verification_load  # noqa: E402
+from moesd.routing.traces import correlated_trace  # noqa: E402
 from moesd.routing.unions import adjacent_overlap, popularity  # noqa: E402
 
 

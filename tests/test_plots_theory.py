@@ -11,6 +11,8 @@ import pytest  # noqa: E402
 
 import moesd  # noqa: E402
 from moesd.plots import diagrams, theory  # noqa: E402
+from moesd.engine.exact import goodness_of_fit  # noqa: E402
+from moesd.theory.experts import uniform_routing  # noqa: E402
 from moesd.theory.roofline import HARDWARE  # noqa: E402
 
 
@@ -40,15 +42,15 @@ def assert_no_text_cut(figure):
 
 
 def test_uniform_routing_picks_k_distinct_experts():
-    routes = diagrams.uniform_routing(50, E=16, K=3, seed=1)
+    routes = uniform_routing(50, E=16, K=3, seed=1)
     assert routes.shape == (50, 3)
     assert all(len(set(row)) == 3 for row in routes)
     assert routes.min() >= 0 and routes.max() < 16
-    assert np.array_equal(routes, diagrams.uniform_routing(50, E=16, K=3, seed=1))
+    assert np.array_equal(routes, uniform_routing(50, E=16, K=3, seed=1))
 
 
 def test_uniform_routing_activates_what_eq8_expects():
-    draws = [len(np.unique(diagrams.uniform_routing(9, E=16, K=2, seed=s))) for s in range(400)]
+    draws = [len(np.unique(uniform_routing(9, E=16, K=2, seed=s))) for s in range(400)]
     expected = moesd.expected_active_experts(9, 16, 2)
     assert abs(np.mean(draws) - expected) < 4 * np.std(draws) / np.sqrt(len(draws))
 
@@ -71,7 +73,7 @@ def test_sd_timeline_refuses_more_accepted_than_drafted():
 
 def test_routing_diagram_counts_match_its_draw_and_cut_no_text():
     figure = diagrams.routing_diagram(batch_size=3, gamma=2, E=16, K=2, seed=0)
-    verify = diagrams.uniform_routing(9, 16, 2, seed=0)
+    verify = uniform_routing(9, 16, 2, seed=0)
     decode = verify.reshape(3, 3, 2)[:, 0, :]
     titles = [ax.get_title() for ax in figure.axes]
     assert f"{len(np.unique(decode))} of 16 experts loaded" in titles[0]
@@ -141,12 +143,12 @@ def test_efficiency_bounds_plots_every_row():
 def test_goodness_of_fit_of_exact_and_wrong_samples():
     probabilities = np.array([0.5, 0.25, 0.125, 0.125])
     exact = np.repeat(np.arange(4), (probabilities * 800).astype(int))  # counts exactly as expected
-    fit = theory.goodness_of_fit(exact, probabilities)
+    fit = goodness_of_fit(exact, probabilities)
     assert fit["samples"] == 800 and fit["dof"] == 3
     assert fit["chi_square"] == pytest.approx(0) and fit["p_value"] == pytest.approx(1)
     assert fit["total_variation"] == pytest.approx(0)
     wrong = np.repeat(np.arange(4), 200)  # uniform counts against a skewed distribution
-    fit = theory.goodness_of_fit(wrong, probabilities)
+    fit = goodness_of_fit(wrong, probabilities)
     assert fit["p_value"] < 1e-6
     assert fit["total_variation"] == pytest.approx(0.25)  # |0.25 - 0.5| + |0.25 - 0.25| + 2 |0.25 - 0.125|, halved
 
@@ -155,11 +157,11 @@ def test_goodness_of_fit_pools_rare_cells():
     """Cells expecting fewer than five tokens are pooled into one: here the last three, so two cells remain."""
     probabilities = np.array([0.97, 0.01, 0.01, 0.01])
     samples = np.r_[np.zeros(97, int), [1, 2, 3]]
-    fit = theory.goodness_of_fit(samples, probabilities)
+    fit = goodness_of_fit(samples, probabilities)
     assert fit["dof"] == 1 and fit["p_value"] == pytest.approx(1)
 
 
 @pytest.mark.parametrize("samples, probabilities", [([], [0.5, 0.5]), ([0, 2], [0.5, 0.5]), ([-1], [1.0])])
 def test_goodness_of_fit_refuses_bad_samples(samples, probabilities):
     with pytest.raises(ValueError, match="samples"):
-        theory.goodness_of_fit(np.array(samples, dtype=int), probabilities)
+        goodness_of_fit(np.array(samples, dtype=int), probabilities)

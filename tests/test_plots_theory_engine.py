@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from moesd.plots.theory import second_token_distribution  # noqa: E402
+from moesd.engine.exact import second_token_distribution  # noqa: E402
 
 
 class Bigram(torch.nn.Module):

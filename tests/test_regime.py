@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from moesd._checks import UsageError
 from moesd.measure.regime import (RegimeCheck, StreamingShare, measured_streaming_share, step_bytes, streaming_share,
-                          study_sidecar)
+                                  study_sidecar, target_step_seconds)
 from moesd.zoo import depth_scaled_vocab, get_model
 
 
@@ -69,6 +70,16 @@ def test_measured_streaming_share_reads_the_smallest_batch_of_a_result_file():
     assert share["bytes"] == pytest.approx(step_bytes(values, top_k=8))
     assert step_bytes(values, top_k=1) < step_bytes(values, top_k=8)
     assert measured_streaming_share(e2e, {"settings": values["settings"]}) is None  # no measured roofline
+
+
+def test_the_target_step_is_the_median_of_its_repeats_at_that_batch_and_width():
+    rows = pd.DataFrame({"role": ["target"] * 4 + ["draft"], "batch_size": [1, 1, 1, 2, 1],
+                         "tokens": [1, 1, 1, 1, 1], "seconds": [0.3, 0.1, 0.2, 9.0, 5.0]})
+    assert target_step_seconds(rows) == 0.2  # the draft's and B = 2's forwards left out
+    assert target_step_seconds(rows, batch_size=2) == 9.0
+    with pytest.raises(UsageError) as error:
+        target_step_seconds(rows, tokens=5)
+    assert error.value.argument == "batch_size"
 
 
 def test_the_design_picks_the_dtype_that_streams_most():

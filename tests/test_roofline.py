@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from moesd.predictor.kernels import Efficiency, rejection_time
 from moesd.theory.experts import tokens_per_expert
+from moesd.theory.growth import G
 from moesd.theory.roofline import (
     HARDWARE,
-    G,
     Hardware,
     arithmetic_intensity,
     compute_bound_tokens,

@@ -354,6 +354,11 @@ def test_round_source_is_the_round_that_runs():
         assert clock not in listing
     assert listing.strip() in inspect.cleandoc(inspect.getsource(SpeculativeDecoder)) or all(
         line.strip() in inspect.getsource(SpeculativeDecoder) for line in lines)
+    from moesd.engine import sd
+
+    for stage in (sd.draft, sd.verify, sd.keep_accepted):  # a stage's listing: its definition, whole
+        listing = round_source(stage)
+        assert listing == inspect.getsource(stage) and listing.startswith(f"def {stage.__name__}(")
 
 
 def test_a_round_reads_no_clock(monkeypatch):

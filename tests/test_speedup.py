@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from moesd.theory.acceptance import rounds_to_generate
 from moesd.theory.speedup import (
     alpha_from_sigma,
     expected_tokens_per_round,
@@ -165,3 +166,15 @@ def test_eq4_at_times_near_the_float_maximum_does_not_overflow():
     with pytest.raises(ValueError, match="speedup_terms: sigma = 0.5, gamma = 2, t_target_1 = 1e-300, t_target_gamma "
                                          "= 1e[+]300, t_draft = 1, t_reject = 0 make a result a float64 cannot hold"):
         speedup_terms(0.5, 2, 1e-300, 1e300, 1.0)
+
+
+def test_rounds_to_generate_lie_between_full_and_no_acceptance():
+    rng = np.random.default_rng(0)
+    none = rounds_to_generate(0.0, 4, 16, 3, 5, rng)  # nothing accepted: one token a round
+    assert none.shape == (5, 3) and (none == 16).all()
+    nearly = rounds_to_generate(1 - 1e-12, 4, 16, 3, 5, rng)  # every draft accepted: gamma + 1 tokens a round
+    assert (nearly == 4).all()  # ceil(16 / 5)
+    some = rounds_to_generate(0.7, 4, 16, 8, 400, rng)
+    assert 4 <= some.min() and some.max() <= 16
+    expected = 16 / (1 + sum(0.7 ** i for i in range(1, 5)))  # tokens over the expected tokens per round
+    assert abs(some.mean() - expected) < 1.0  # rounds end in a partly used round: about half a round more

@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from moesd._checks import UsageError
-from moesd.measure.presets import layers_that_fit, preset_settings, proportional_draft_layers
-from moesd.measure.sweeps import SweepConfig, cached_tokens, gpu_label
+from moesd.measure.presets import (DERIVED, PAIRS, PRESETS, PRESETS_TABLE, layers_that_fit, load_presets, preset,
+                                   preset_settings, proportional_draft_layers, with_overrides)
+from moesd.measure.sweeps import STUDIES
+from moesd.measure.sweep_memory import cached_tokens
+from moesd.measure.sweeps import SweepConfig, gpu_label
 from moesd.zoo import get_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,7 +214,7 @@ def test_the_cpu_preset_s_derived_shape_follows_the_target_and_its_layers():
 
 def test_memory_of_a_local_checkpoint_is_its_own_shape(tmp_path):
     """A pretrained sweep of local folders is sized by their config.json, not by the zoo's full model."""
-    from moesd.measure.sweeps import memory_needed
+    from moesd.measure.sweep_memory import memory_needed
 
     folders = {}
     for role, name in (("target", "qwen3-30b-a3b"), ("draft", "qwen3-0.6b")):
@@ -225,3 +228,40 @@ def test_memory_of_a_local_checkpoint_is_its_own_shape(tmp_path):
     local = memory_needed(SweepConfig(**settings, **folders))["weights"]
     zoo = memory_needed(SweepConfig(**settings))["weights"]
     assert local < zoo / 100
+
+
+def test_every_preset_of_the_table_is_a_valid_sweep_of_a_paper_pair():
+    assert set(PRESETS) == {"cpu", "gpu"} and PAIRS == {"qwen2-57b-a14b": "qwen2-0.5b", "opt-30b": "opt-350m"}
+    for name, studies in PRESETS.items():
+        assert set(studies) == set(STUDIES)
+        for study in STUDIES:
+            settings = preset_settings(study, name)
+            config = SweepConfig(**settings)
+            assert config == preset(study, name) and config.study == study
+            assert PAIRS[config.target] == config.draft
+            assert (config.target == "opt-30b") == (study in ("dense", "dense_forward"))
+            assert not any(isinstance(value, (list, str)) and key in DERIVED for key, value in settings.items())
+            if name == "cpu":  # real widths cut in depth only, the draft and vocabulary derived from the cut
+                assert config.layers == 1 and config.width == 1.0 and config.device == "cpu"
+                assert config.draft_layers == proportional_draft_layers(config.target, config.draft, 1)
+            else:  # the real shapes
+                assert config.layers is None and config.device == "cuda" and config.context == 64
+
+
+def test_overrides_of_the_cpu_preset_rederive_what_the_table_leaves_derived():
+    given = {"layers": 2}
+    settings = with_overrides("e2e", "cpu", given)
+    assert settings["draft_layers"] == proportional_draft_layers("qwen2-57b-a14b", "qwen2-0.5b", 2)
+    assert with_overrides("e2e", "gpu", given) == {**preset_settings("e2e", "gpu"), **given}  # nothing derived
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda text: text.replace("[cpu.settings]", "[cpu.other]"), "must have the studies"),
+    (lambda text: text.replace("context = 8", "contxt = 8", 1), "contxt"),
+    (lambda text: text.replace('\nvocab_size = "depth-scaled"', '\nvocab_size = "scaled"', 1), "vocab_size"),
+])
+def test_a_preset_table_with_a_missing_study_or_a_wrong_setting_is_refused(tmp_path, change, match):
+    path = tmp_path / "presets.toml"
+    path.write_text(change(PRESETS_TABLE.read_text()))
+    with pytest.raises(ValueError, match=match):
+        load_presets(path)

@@ -1,4 +1,5 @@
-"""tools/layers.py (the import graph's layers, no arrow back up) and tools/mutants.py (the mutation check)."""
+"""tools/layers.py (the import graph's layers, no arrow back up), tools/mutants.py (the mutation check) and
+tools/sizes.py (no module over 500 lines, no function over 80 code lines)."""
 
 import importlib.util
 import subprocess
@@ -20,6 +21,7 @@ def _load(name):
 
 layers = _load("layers")
 mutants = _load("mutants")
+sizes = _load("sizes")
 
 
 def test_the_package_has_no_new_arrow_back_up_and_no_new_circle():
@@ -120,3 +122,44 @@ def test_relevant_tests_put_the_module_s_own_first_and_leave_torch_files_out():
     found = [path.name for path in mutants.relevant_tests(_TOOLS.parent / "moesd" / "theory" / "experts.py")]
     assert found[0] == "test_experts.py" and "test_boundaries.py" in found
     assert "test_sd.py" not in found and "test_hardware.py" not in found  # they import torch at the top
+
+
+SIZED = '''"""Module docstring."""
+
+
+def f(x):
+    """A docstring
+    of three lines
+    that does not count."""
+    # a comment that does not count
+
+    y = (x +
+         1)
+    return y
+
+
+class C:
+    def g(self):
+        def inner():
+            return 1
+        return inner()
+'''
+
+
+def test_code_lines_leave_out_docstrings_comments_and_blank_lines():
+    found = {name: size for name, _, size in sizes.function_sizes(SIZED)}
+    assert found == {"f": 3, "C.g": 3, "C.g.inner": 1}
+
+
+def test_a_long_module_and_a_long_function_are_offenders(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(81))
+    (tmp_path / "long.py").write_text("def long():\n" + body + "\n" + "\n" * 430)
+    (tmp_path / "short.py").write_text("def short():\n" + body.replace("x80 = 80", "") + "\n")
+    modules, functions = sizes.offenders([tmp_path])
+    assert [(path.name, n) for path, n in modules] == [("long.py", 512)]
+    assert [(path.name, name, n) for path, name, _, n in functions] == [("long.py", "long", 81)]
+
+
+def test_the_package_and_tools_keep_to_the_size_limits():
+    modules, functions = sizes.offenders()
+    assert not modules and not functions, (modules, functions)

@@ -14,6 +14,7 @@ from moesd.routing.unions import (
     batch_union,
     effective_experts,
     expert_masks,
+    mean_union_per_layer,
     popularity,
     random_union,
     verify_union,
@@ -65,6 +66,14 @@ def test_window_union_matches_sets(t):
     frame = window_union(trace, t)
     got = sorted(frame[["layer", "sequence", "start", "union"]].itertuples(index=False, name=None))
     assert got == reference_windows(trace, t)
+
+
+def test_mean_union_per_layer_averages_the_reference_windows_of_each_layer():
+    trace = random_trace(3, E=130, K=6)
+    means = mean_union_per_layer(window_union(trace, 4))
+    windows = reference_windows(trace, 4)
+    expected = [np.mean([u for layer, _, _, u in windows if layer == each]) for each in sorted(trace.layers)]
+    np.testing.assert_allclose(means, expected)
 
 
 @pytest.mark.parametrize("t", [1, 2, 4, 7])

@@ -62,7 +62,8 @@ sys.path.insert(0, str(ROOT))
 
 from moesd.measure.studies import measurements_dir  # noqa: E402
 from moesd.measure.presets import layers_that_fit, preset_settings, proportional_draft_layers  # noqa: E402
-from moesd.measure.sweeps import STUDIES, SweepConfig, cached_tokens, gpu_label  # noqa: E402
+from moesd.measure.sweep_memory import cached_tokens  # noqa: E402
+from moesd.measure.sweeps import STUDIES, SweepConfig, gpu_label  # noqa: E402
 
 MOESD = [sys.executable, "-c", "import sys; from moesd.cli import main; sys.exit(main(sys.argv[1:]))"]
 """The moesd command, from the repository (nothing is installed on the device machine)."""

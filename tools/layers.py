@@ -32,9 +32,10 @@ LAYERS = (
 """The concepts bottom to top, each with the modules it holds (a package holds its submodules)."""
 
 KNOWN = {
-    ("moesd.measure.analysis", "moesd.model.algorithm1"): "issue 40 point 4: Algorithm 1 apart from the studies",
+    ("moesd.measure.analysis", "moesd.model.bounds"): "issue 40 point 4 (was algorithm1.parameter_bounds)",
     ("moesd.measure.analysis", "moesd.predictor.layout"): "issue 40 point 4",
     ("moesd.measure.regime", "moesd.model.calibrate"): "issue 40 point 4",
+    ("moesd.measure.checks", "moesd.model.calibrate"): "issue 40 point 4 (moved from plots.measuring_sd)",
     ("moesd.measure.regime", "moesd.predictor.forward"): "issue 40 point 4",
     ("moesd.measure.sweeps", "moesd.predictor.predict"): "issue 40 point 4: model checks in one place",
     ("moesd.measure.sweeps", "moesd.paper.tables"): "issue 40 point 5: model dimensions as one table",

@@ -12,8 +12,9 @@ here imports them. Importing this package imports no torch.
 """
 
 
-def round_source() -> str:
-    """The source of one round of the engine, :meth:`moesd.engine.sd.SpeculativeDecoder.round`, dedented.
+def round_source(stage=None) -> str:
+    """The source of one round of the engine, :meth:`moesd.engine.sd.SpeculativeDecoder.round`, dedented; or, given
+    one of the functions the round calls (``stage``, e.g. :func:`moesd.engine.sd.draft`), that function's.
 
     Read from the package with :mod:`inspect`, so that a chapter shows the code that runs and cannot drift
     from it.
@@ -23,4 +24,4 @@ def round_source() -> str:
 
     from moesd.engine.sd import SpeculativeDecoder
 
-    return textwrap.dedent(inspect.getsource(SpeculativeDecoder.round))
+    return textwrap.dedent(inspect.getsource(SpeculativeDecoder.round if stage is None else stage))

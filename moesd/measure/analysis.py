@@ -96,6 +96,43 @@ def forward_target_efficiency(forward: pd.DataFrame, gammas=(2, 3, 4), role: str
     return pd.concat(parts).reset_index()
 
 
+def efficiency_landmarks(tables: dict) -> pd.DataFrame:
+    """The landmarks of target-efficiency curves: at the smallest batch size, the peak and where, at the largest.
+
+    Parameters
+    ----------
+    tables : dict of str to pandas.DataFrame
+        :func:`forward_target_efficiency` tables by a label whose first word names the model (``"MoE (...)"``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Indexed by ``model`` (the label's first word) and ``gamma``: ``B = 1`` (the smallest batch size's
+        efficiency), ``peak``, ``peak at B`` and ``B = 100`` (the largest batch size's).
+    """
+    rows = []
+    for name, table in tables.items():
+        for gamma, part in table.groupby("gamma"):
+            part = part.set_index("batch_size")["efficiency"]
+            rows.append({"model": name.split(" ")[0], "gamma": gamma, "B = 1": part.iloc[0], "peak": part.max(),
+                         "peak at B": part.idxmax(), "B = 100": part.iloc[-1]})
+    return pd.DataFrame(rows).set_index(["model", "gamma"])
+
+
+def mean_activated_experts(forward: pd.DataFrame, tokens: int) -> pd.Series:
+    """Mean activated experts per batch size over a forward study's passes of ``tokens`` new tokens per sequence
+    (the rows' ``activated_experts``: the distinct experts per MoE layer of a forward)."""
+    return forward[forward["tokens"] == tokens].groupby("batch_size")["activated_experts"].mean()
+
+
+def pass_time_ratio(forward: pd.DataFrame, tokens: int, batch_size: int = 1, role: str = "target") -> float:
+    """``T(B, tokens) / T(B, 1)`` of a forward study: the ratio within each repeat (``run``), then the median over
+    repeats (as :func:`forward_target_efficiency` takes it, inverted)."""
+    rows = forward[(forward["role"] == role) & (forward["batch_size"] == batch_size)]
+    passes = rows.pivot_table(index="run", columns="tokens", values="seconds")
+    return float((passes[tokens] / passes[1]).median())
+
+
 EQ4_TERMS = ("tokens_per_round", "verify", "draft", "reject")
 """Eq. 4's terms (:class:`moesd.theory.speedup.SpeedupTerms`), in the order of the tables."""
 
@@ -270,14 +307,14 @@ def appendix_c2_bounds(rows: pd.DataFrame, sidecar: dict) -> tuple[np.ndarray, n
     ``tensor_parallel_size`` and ``draft_tensor_parallel_size``; files without them, as
     :mod:`moesd.measure.bench` writes on one device, ran on one); ``reject_bias`` and ``reject_k`` lie below
     the largest measured rejection time (``rows["t_reject"]``, seconds). See
-    :func:`moesd.model.algorithm1.parameter_bounds`.
+    :func:`moesd.model.bounds.parameter_bounds`.
 
     Returns
     -------
     (numpy.ndarray, numpy.ndarray)
         ``(lower, upper)`` in :data:`moesd.model.algorithm1.PARAMETERS` order (seconds for the time-like ones).
     """
-    from moesd.model.algorithm1 import parameter_bounds
+    from moesd.model.bounds import parameter_bounds
     from moesd.zoo import get_model
 
     settings = sidecar.get("settings", {})
@@ -294,3 +331,42 @@ def appendix_c2_bounds(rows: pd.DataFrame, sidecar: dict) -> tuple[np.ndarray, n
                             width=settings.get("width") or 1.0, vocab_size=settings.get("vocab_size"),
                             tp=sidecar.get("tensor_parallel_size") or 1,
                             draft_tp=sidecar.get("draft_tensor_parallel_size") or 1)
+
+
+def rise_split(terms: pd.DataFrame) -> pd.DataFrame:
+    """How Eq. 4's terms change from the smallest batch size to the peak of the mean speedup.
+
+    A rise of the speedup is a larger ``tokens_per_round`` or a smaller denominator (a round's cost
+    in decode steps); the denominator's fall is the sum of the falls of its terms, so each term's
+    *share* of it says where the rise comes from (shares sum to 1; a term that grew has a negative
+    share).
+
+    Parameters
+    ----------
+    terms : pandas.DataFrame
+        :func:`moesd.measure.analysis.eq4_terms` indexed by ``batch_size`` alone or by a group and ``batch_size`` (last level).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group (one row, index ``"all"``, without a group): ``first_batch_size``,
+        ``peak_batch_size``, ``speedup_first``, ``speedup_peak``, ``yield_change`` (relative change of
+        ``tokens_per_round``), ``denominator_fall`` (decode steps) and ``verify_share``,
+        ``draft_share``, ``reject_share`` (dimensionless).
+    """
+    groups = (terms.groupby(level=list(range(terms.index.nlevels - 1))) if terms.index.nlevels > 1
+              else [("all", terms)])
+    rows = {}
+    for key, part in groups:
+        part = part.droplevel(list(range(part.index.nlevels - 1))) if part.index.nlevels > 1 else part
+        part = part.sort_index()
+        first, peak = part.iloc[0], part.loc[part["speedup"].idxmax()]
+        fall = first["denominator"] - peak["denominator"]
+        rows[key[0] if isinstance(key, tuple) and len(key) == 1 else key] = {
+            "first_batch_size": part.index[0], "peak_batch_size": part["speedup"].idxmax(),
+            "speedup_first": first["speedup"], "speedup_peak": peak["speedup"],
+            "yield_change": peak["tokens_per_round"] / first["tokens_per_round"] - 1,
+            "denominator_fall": fall,
+            **{f"{name}_share": (first[name] - peak[name]) / fall if fall else float("nan")
+               for name in ("verify", "draft", "reject")}}
+    return pd.DataFrame.from_dict(rows, orient="index")

@@ -4,61 +4,79 @@
 measures with: ``"cpu"``, the paper's regime on a 2-core CPU (real widths cut in depth only), and
 ``"gpu"``, the real shapes on one CUDA device. :func:`layers_that_fit` and
 :func:`proportional_draft_layers` cut a target too large for a device, and its draft in the same
-proportion. Pure Python: settings are checked by :class:`moesd.measure.sweeps.SweepConfig` without
-importing torch; what a preset costs is estimated by :func:`moesd.measure.sweeps.estimate_seconds`.
+proportion. The presets are data, ``records/presets.toml`` (:data:`PRESETS`). Pure Python: settings are
+checked by :class:`moesd.measure.sweeps.SweepConfig` without importing torch; what a preset costs is estimated by :func:`moesd.measure.sweeps.estimate_seconds`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import tomllib
+from pathlib import Path
+
 from moesd._checks import UsageError, as_array
-from moesd.measure.sweeps import FORWARD_STUDIES, STUDIES, SweepConfig, checked_model, whole_number
+from moesd.measure.sweeps import STUDIES, SweepConfig, checked_model, whole_number
 
-PAIRS = {"qwen2-57b-a14b": "qwen2-0.5b", "opt-30b": "opt-350m"}
-"""The paper's target and draft pairs (MoE and dense), as the presets measure them."""
+PRESETS_TABLE = Path(__file__).resolve().parents[1] / "records" / "presets.toml"
+"""The data table of the presets: one table per preset and study, and the paper's pairs."""
 
-GPU_BATCH_SIZES = (1, 4, 8, 16, 24, 32, 48, 60, 80, 100)
-"""Batch sizes of the GPU preset's end-to-end studies: 10 of the paper's 19, spread over 1-100."""
+DERIVED = {"draft_layers": "proportional", "vocab_size": "depth-scaled"}
+"""Settings a preset table may leave to be derived from its target and layers, with the word that says so."""
 
-CPU_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 100)
-"""Batch sizes of the CPU preset's end-to-end studies: 10 of the paper's 19, dense where the MoE's rise and
-fall happen on this CPU (its ridge is a few tens of tokens per expert), and the largest."""
+
+def load_presets(path=None) -> tuple[dict, dict]:
+    """The presets of a table (default :data:`PRESETS_TABLE`): ``{preset: {study: settings}}``, and the pairs.
+
+    Arrays become tuples, as :class:`SweepConfig` keeps them; the derived settings (:data:`DERIVED`) keep their
+    word until :func:`preset_settings` resolves them.
+
+    Raises
+    ------
+    ValueError
+        A preset without every study of :data:`STUDIES`, a setting :class:`SweepConfig` does not have, or a
+        derived setting with another word.
+    """
+    path = Path(path) if path is not None else PRESETS_TABLE
+    with open(path, "rb") as file:
+        table = tomllib.load(file)
+    pairs = table.pop("pairs")
+    fields = {field.name for field in dataclasses.fields(SweepConfig)} - {"study"}
+    presets = {}
+    for name, studies in table.items():
+        if set(studies) != set(STUDIES):
+            raise ValueError(f"{path}: preset {name!r} must have the studies {', '.join(STUDIES)}")
+        for study, settings in studies.items():
+            unknown = sorted(set(settings) - fields)
+            wrong = [key for key, word in DERIVED.items() if isinstance(settings.get(key), str)
+                     and settings[key] != word]
+            if unknown or wrong:
+                raise ValueError(f"{path}: [{name}.{study}] has unknown or mis-derived setting(s) {unknown + wrong}")
+        presets[name] = {study: {"study": study, **{key: tuple(value) if isinstance(value, list) else value
+                                                     for key, value in settings.items()}}
+                         for study, settings in studies.items()}
+    return presets, pairs
+
+
+PRESETS, PAIRS = load_presets()
+"""The project's presets by name and study (``records/presets.toml``), and the paper's target and draft pairs (MoE
+and dense), as the presets measure them."""
 
 
 def preset_settings(study: str, name: str = "cpu") -> dict:
-    """The keyword arguments of :func:`preset` (for callers that change some before building a config)."""
-    if name not in ("cpu", "gpu"):
-        raise UsageError(f"preset must be 'cpu' or 'gpu', got {name!r}")
+    """The keyword arguments of :func:`preset` (for callers that change some before building a config): the row of
+    :data:`PRESETS`, its derived settings (:data:`DERIVED`) computed from its target and layers."""
+    if name not in PRESETS:
+        raise UsageError(f"preset must be {' or '.join(repr(n) for n in PRESETS)}, got {name!r}")
     if study not in STUDIES:
         raise UsageError(f"study must be one of {', '.join(STUDIES)}, got {study!r}")
-    dense = study in ("dense", "dense_forward")
-    target = "opt-30b" if dense else "qwen2-57b-a14b"
-    settings = dict(study=study, target=target, draft=PAIRS[target], gammas=(2, 3, 4))
-    if study == "sparsity":
-        settings.update(top_ks=(1, 2, 4, 8, 16, 32), gammas=(2, 4))
-    if study == "settings":
-        settings.update(gammas=(4,), batch_sizes=(1, 8, 24, 48, 100))
-    if name == "gpu":
-        settings.update(dtype="bfloat16", device="cuda", context=64, repeats=5)
-        if study not in FORWARD_STUDIES:
-            settings.update(batch_sizes=GPU_BATCH_SIZES, rounds=8, warmup_rounds=1,
-                            repeats={"sparsity": 1}.get(study, 2))
-        if study == "sparsity":
-            settings.update(top_ks=(1, 2, 4, 8), batch_sizes=(1, 8, 24, 48, 100))
-        if study == "settings":
-            settings.update(batch_sizes=(1, 8, 24, 48, 100))
-        return settings
-    from moesd.zoo import depth_scaled_vocab
+    settings = dict(PRESETS[name][study])
+    if settings.get("draft_layers") == DERIVED["draft_layers"]:
+        settings["draft_layers"] = proportional_draft_layers(settings["target"], settings["draft"],
+                                                             settings["layers"])
+    if settings.get("vocab_size") == DERIVED["vocab_size"]:
+        from moesd.zoo import depth_scaled_vocab
 
-    settings.update(layers=1, draft_layers=proportional_draft_layers(target, PAIRS[target], 1), width=1.0,
-                    vocab_size=depth_scaled_vocab(target, 1), dtype="bfloat16", device="cpu", repeats=5)
-    if study in FORWARD_STUDIES:
-        settings.update(context=8)
-    else:
-        settings.update(context=4, rounds=5, warmup_rounds=1, batch_sizes=CPU_BATCH_SIZES)
-    if study == "sparsity":
-        settings.update(top_ks=(1, 2, 4, 8), batch_sizes=(1, 4, 8, 16, 32, 100), rounds=3, context=2)
-    if study == "settings":
-        settings.update(batch_sizes=(1, 8, 24, 48, 100), rounds=4, context=2)
+        settings["vocab_size"] = depth_scaled_vocab(settings["target"], settings["layers"])
     return settings
 
 
@@ -85,7 +103,8 @@ def with_overrides(study: str, name: str, given: dict) -> dict:
         if "width" not in given:
             settings["width"] = 1.0
         return settings
-    if name == "cpu" and ({"target", "layers", "draft"} & set(given)):
+    derives = any(PRESETS[name][study].get(key) == word for key, word in DERIVED.items())
+    if derives and ({"target", "layers", "draft"} & set(given)):
         try:
             target = checked_model(settings["target"], "target")
             checked_model(settings["draft"], "draft")
@@ -115,7 +134,7 @@ def preset(study: str, name: str = "cpu") -> SweepConfig:
 
     * ``forward``, ``dense_forward``: the paper's 19 batch sizes, s = 1 ... 5 over an 8-token cache
       (6.4 and 4.6 minutes).
-    * ``e2e``, ``dense``: :data:`CPU_BATCH_SIZES` x gamma 2, 3, 4, 5 timed rounds after one warm-up
+    * ``e2e``, ``dense``: B = 1, 2, 4, 8, 12, 16, 24, 32, 48, 100 x gamma 2, 3, 4, 5 timed rounds after one warm-up
       round, 4-token prompts (12.6 and 8.5 minutes).
     * ``sparsity``: K = 1, 2, 4, 8 x gamma 2, 4 x B = 1, 4, 8, 16, 32, 100, 3 timed rounds, 2-token
       prompts (11.3 minutes).
@@ -127,8 +146,8 @@ def preset(study: str, name: str = "cpu") -> SweepConfig:
     115 GB: it fits one H200; pass ``layers`` for a smaller GPU) and 64-token prompts, for one
     10-minute call of a 15-minute GPU lease (``tools/gpu_run.py``): the forward studies over the
     paper's 19 batch sizes with 5 repeats (on an H200 about 90 s each as CUDA graph replays, 70 s
-    eagerly); the end-to-end studies over :data:`GPU_BATCH_SIZES` (10 of the paper's, spread over
-    1-100) with 8 timed rounds after one warm-up round and 2 repeats; the sparsity study at K = 1, 2,
+    eagerly); the end-to-end studies over B = 1, 4, 8, 16, 24, 32, 48, 60, 80, 100 (10 of the paper's,
+    spread over 1-100) with 8 timed rounds after one warm-up round and 2 repeats; the sparsity study at K = 1, 2,
     4, 8 and gamma 2, 4 over B = 1, 8, 24, 48, 100, one repeat. The engine runs eagerly: on the H200
     a point of the end-to-end study took about 22 s with 24 rounds (so 5 of 20 points fit the 140 s
     its stage had), about 8 s with these 8.
@@ -157,7 +176,7 @@ def layers_that_fit(target: str, draft: str, memory_bytes: float, bytes_per_para
         Share of ``memory_bytes`` that weights and caches may take, in (0, 1].
     cached_tokens : int
         Token positions each model's KV cache holds at once, summed over sequences
-        (:func:`moesd.measure.sweeps.cached_tokens` of the sweep); 0 counts the weights only.
+        (:func:`moesd.measure.sweep_memory.cached_tokens` of the sweep); 0 counts the weights only.
 
     Returns
     -------

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from moesd._checks import UsageError
 from moesd.model.calibrate import measured_shapes
 from moesd.measure.analysis import measuring_hardware
 from moesd.predictor.forward import step_time
@@ -424,3 +425,20 @@ def measured_streaming_share(rows: pd.DataFrame, sidecar: dict) -> dict | None:
     except (ValueError, KeyError):
         return None
     return {**share.as_dict(), "batch_size": smallest, "top_k": top_k}
+
+
+def target_step_seconds(forward: pd.DataFrame, batch_size: int = 1, tokens: int = 1) -> float:
+    """The target's step in a forward study: the median time of its forwards of ``tokens`` new tokens per sequence
+    at ``batch_size`` sequences, over the study's repeats (seconds; ``T_T(B, tokens)``).
+
+    Raises
+    ------
+    UsageError
+        Where the study holds no such forward.
+    """
+    rows = forward[(forward["role"] == "target") & (forward["batch_size"] == batch_size)
+                   & (forward["tokens"] == tokens)]
+    if rows.empty:
+        raise UsageError(f"the forward study holds no target forward of {tokens} token(s) at B = {batch_size}",
+                         "batch_size")
+    return float(rows["seconds"].median())

@@ -36,7 +36,8 @@ from moesd._files import atomic_write
 from moesd.measure.hardware import cpu_name, device_memory_bytes, measured_roofline
 from moesd.measure.studies import NULLABLE_COLUMNS, measurements_dir, read_rows, read_sidecar, repeated_points
 from moesd.measure.sweep_checks import check_pretrained
-from moesd.measure.sweeps import FORWARD_STUDIES, SweepConfig, check_memory, gpu_label, routing_provenance
+from moesd.measure.sweep_memory import check_memory
+from moesd.measure.sweeps import FORWARD_STUDIES, SweepConfig, gpu_label, routing_provenance
 from moesd.theory.speedup import alpha_from_sigma
 from moesd.zoo import default_experts_implementation, get_model
 
@@ -124,8 +125,8 @@ def device_label(device: str) -> str:
 def check_sweep(config: SweepConfig, out_dir=None, overwrite: bool = False) -> Path:
     """The result file a sweep will write, after every check that needs no model.
 
-    The device must be here and hold the models' weights and KV caches (:func:`~moesd.measure.sweeps.check_memory`),
-    pretrained models loadable (:func:`~moesd.measure.sweep_checks.check_pretrained`), the folder (default
+    The device must be here and hold the models' weights and KV caches
+    (:func:`~moesd.measure.sweep_memory.check_memory`), pretrained models loadable (:func:`~moesd.measure.sweep_checks.check_pretrained`), the folder (default
     ``$MOESD_DATA/measurements/<device>``) writable, and an existing result file (or the partial file of a
     sweep replacing it) resumable (see :func:`writing_file`) unless ``overwrite``.
 

@@ -279,3 +279,24 @@ def provenance(sidecar: dict) -> str:
         layers = settings.get("layers") or "all"
         shape += f" shape ({layers} layer{'' if layers == 1 else 's'}, widths x {settings.get('width', 1):g})"
     return f"{sidecar.get('device')}, {sidecar.get('weights')} weights, {shape}, {accept}; moesd.measure.bench"
+
+
+def sidecar_summary(sidecar: dict) -> dict:
+    """What a study's sidecar says about how it was measured, one entry per setting, for a table of studies.
+
+    Returns
+    -------
+    dict
+        Device, torch threads, dtype, weights, acceptance mode, protocol, routing, the pair and its layers,
+        width, vocabulary, context, timed rounds, repeats, the 1-minute load average at the start, rows and
+        whether the study is complete (None where the sidecar has no such setting).
+    """
+    s = sidecar["settings"]
+    return {"device": sidecar["device"], "torch threads": sidecar["cpu_threads"], "dtype": s["dtype"],
+            "weights": sidecar["weights"], "acceptance": sidecar["acceptance"]["mode"],
+            "protocol": sidecar["protocol"], "routing": s.get("routing"),
+            "target / draft": f"{s['target']} / {s['draft']}",
+            "layers (target / draft)": f"{s['layers']} / {s['draft_layers']}", "width": s["width"],
+            "vocabulary": s.get("vocab_size"), "context": s["context"], "timed rounds": s["rounds"],
+            "repeats": s["repeats"], "load average at start (1 min)": (sidecar.get("load_average") or [None])[0],
+            "rows": sidecar["rows"], "complete": sidecar["complete"]}

@@ -267,3 +267,31 @@ def best_model_variant(errors: pd.DataFrame, metric: str = "mse") -> dict:
     (verify_tokens, variant), value = ranked.index[0], float(ranked.iloc[0])
     return {"verify_tokens": verify_tokens, "variant": variant, "metric": metric, "value": value,
             "runner_up_value": float(ranked.iloc[1]) if len(ranked) > 1 else float("nan")}
+
+
+def rms(values) -> float:
+    """Root mean square of some values (residuals, standard errors), in their unit."""
+    return float((np.asarray(values, dtype=float) ** 2).mean() ** 0.5)
+
+
+def fitted_stage_times(result: FitResult, points: pd.DataFrame, num_experts: int, rp: float) -> dict:
+    """A fit's Algorithm 1 stage times (seconds, :func:`~moesd.model.algorithm1.stage_times`) at measured points.
+
+    Parameters
+    ----------
+    result : FitResult
+    points : pandas.DataFrame
+        A result file's rows: ``batch_size``, ``gamma``, ``num_experts_per_tok``.
+    num_experts : int
+        E of the target.
+    rp : float
+        The ridge point in tokens the fit used.
+    """
+    return stage_times(result.parameters, points["batch_size"].to_numpy(float), points["gamma"].to_numpy(float),
+                       points["num_experts_per_tok"].to_numpy(float), float(num_experts), rp)
+
+
+def decode_step_ratio(result: FitResult, points: pd.DataFrame, num_experts: int, rp: float) -> np.ndarray:
+    """Measured over fitted decode step (``t_target_1 / ar_time``) at each of ``points`` (as
+    :func:`fitted_stage_times` takes them): how far a speedup fit's absolute scale lies from the measured one."""
+    return points["t_target_1"].to_numpy() / fitted_stage_times(result, points, num_experts, rp)["ar"]

@@ -28,8 +28,8 @@ import pandas as pd
 from scipy.optimize import Bounds, OptimizeResult, least_squares, minimize
 
 from moesd._checks import UsageError, as_array
-from moesd.model.algorithm1 import (PARAMETERS, TIME_PARAMETERS, VARIANTS, VERIFY_TOKENS, SpeedupParams, as_params,
-                                    parameter_bounds)
+from moesd.model.algorithm1 import PARAMETERS, TIME_PARAMETERS, VARIANTS, VERIFY_TOKENS, SpeedupParams, as_params
+from moesd.model.bounds import parameter_bounds
 from moesd.model.measurements import COLUMNS, check_measurements, speedup_inputs
 from moesd.model.samples import spread_sample, stride_sample
 
@@ -147,7 +147,7 @@ def initial_guess(bias: float, lower: np.ndarray, upper: np.ndarray) -> np.ndarr
         it, ``lam`` at 0.6 and ``s`` at 1.01.
     lower, upper : numpy.ndarray
         Bounds in :data:`~moesd.model.algorithm1.PARAMETERS` order (as
-        :func:`~moesd.model.algorithm1.parameter_bounds` returns them).
+        :func:`~moesd.model.bounds.parameter_bounds` returns them).
 
     Returns
     -------

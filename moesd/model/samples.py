@@ -115,3 +115,12 @@ def stride_points(batch_sizes, curves: int, strides=PAPER_STRIDES) -> pd.Series:
         stride = int(as_array("stride", stride, low=1, whole=True))
         points[stride] = " ".join(rows[::stride])
     return pd.Series(points, name="points").rename_axis("stride")
+
+
+def missing_batch_sizes(sample_batch_sizes: str, grid) -> list:
+    """The batch sizes of ``grid`` a sample leaves out, in the grid's order.
+
+    ``sample_batch_sizes`` is a sample's ``batch_sizes`` as a robustness table writes it (whole numbers separated
+    by spaces, :func:`moesd.model.diagnostics.robustness_study`).
+    """
+    return [b for b in grid if str(b) not in sample_batch_sizes.split()]

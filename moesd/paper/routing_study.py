@@ -147,3 +147,9 @@ def predicted_efficiency(forward: pd.DataFrame, sidecar: dict, popularity, gamma
         rows.append(pd.DataFrame({"batch_size": batch, "gamma": gamma, "uniform": uniform, "popularity": popular,
                                   "difference": popular - uniform}))
     return pd.concat(rows, ignore_index=True)
+
+
+def predicted_peak_change(prediction: pd.DataFrame) -> float:
+    """The change of the peak target efficiency from uniform to popularity routing in a
+    :func:`predicted_efficiency` table (of one gamma): the popularity peak less the uniform one."""
+    return float(prediction["popularity"].max() - prediction["uniform"].max())

@@ -12,6 +12,7 @@ import numpy as np
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from moesd.plots import PALETTE
+from moesd.theory.experts import uniform_routing
 
 DRAFT, TARGET, REJECT, ACCEPTED, REJECTED, BONUS = (PALETTE[0], PALETTE[1], PALETTE[6], PALETTE[4],
                                                     "0.75", PALETTE[2])
@@ -91,18 +92,6 @@ def sd_round_timeline(gamma: int = 4, accepted: int = 2, t_draft: float = 0.12, 
     ax_tokens.axis("off")
     figure.tight_layout()
     return figure
-
-
-def uniform_routing(tokens: int, E: int, K: int, seed: int = 0) -> np.ndarray:
-    """Experts picked by each token under uniform routing: ``K`` distinct of ``E`` per token.
-
-    Returns
-    -------
-    numpy.ndarray
-        Shape ``(tokens, K)``, expert indices.
-    """
-    rng = np.random.default_rng(seed)
-    return np.stack([rng.choice(E, size=K, replace=False) for _ in range(tokens)]) if tokens else np.empty((0, K), int)
 
 
 def _routing_panel(ax, routes: np.ndarray, E: int, sequences: int, per_sequence: int, title: str):

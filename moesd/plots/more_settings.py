@@ -109,47 +109,6 @@ def moe_vs_dense(moe: pd.DataFrame, dense: pd.DataFrame, flagged: pd.DataFrame |
     return figure
 
 
-
-
-def rise_split(terms: pd.DataFrame) -> pd.DataFrame:
-    """How Eq. 4's terms change from the smallest batch size to the peak of the mean speedup.
-
-    A rise of the speedup is a larger ``tokens_per_round`` or a smaller denominator (a round's cost
-    in decode steps); the denominator's fall is the sum of the falls of its terms, so each term's
-    *share* of it says where the rise comes from (shares sum to 1; a term that grew has a negative
-    share).
-
-    Parameters
-    ----------
-    terms : pandas.DataFrame
-        :func:`moesd.measure.analysis.eq4_terms` indexed by ``batch_size`` alone or by a group and ``batch_size`` (last level).
-
-    Returns
-    -------
-    pandas.DataFrame
-        One row per group (one row, index ``"all"``, without a group): ``first_batch_size``,
-        ``peak_batch_size``, ``speedup_first``, ``speedup_peak``, ``yield_change`` (relative change of
-        ``tokens_per_round``), ``denominator_fall`` (decode steps) and ``verify_share``,
-        ``draft_share``, ``reject_share`` (dimensionless).
-    """
-    groups = (terms.groupby(level=list(range(terms.index.nlevels - 1))) if terms.index.nlevels > 1
-              else [("all", terms)])
-    rows = {}
-    for key, part in groups:
-        part = part.droplevel(list(range(part.index.nlevels - 1))) if part.index.nlevels > 1 else part
-        part = part.sort_index()
-        first, peak = part.iloc[0], part.loc[part["speedup"].idxmax()]
-        fall = first["denominator"] - peak["denominator"]
-        rows[key[0] if isinstance(key, tuple) and len(key) == 1 else key] = {
-            "first_batch_size": part.index[0], "peak_batch_size": part["speedup"].idxmax(),
-            "speedup_first": first["speedup"], "speedup_peak": peak["speedup"],
-            "yield_change": peak["tokens_per_round"] / first["tokens_per_round"] - 1,
-            "denominator_fall": fall,
-            **{f"{name}_share": (first[name] - peak[name]) / fall if fall else float("nan")
-               for name in ("verify", "draft", "reject")}}
-    return pd.DataFrame.from_dict(rows, orient="index")
-
-
 def denominator_terms(terms: pd.DataFrame, title: str = "") -> plt.Figure:
     """Eq. 4's denominator against batch size: the verification, draft and rejection terms stacked.
 

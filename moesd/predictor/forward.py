@@ -69,6 +69,12 @@ class StepTime:
                              "bytes": {k: float(v) for k, v in self.bytes.items()},
                              "flops": {k: float(v) for k, v in self.flops.items()}})
 
+    def table(self) -> pd.DataFrame:
+        """:meth:`frame` in the units a reader compares: ``ms``, ``GB per GPU`` and ``GFLOP per GPU``."""
+        frame = self.frame()
+        return pd.DataFrame({"ms": 1e3 * frame["seconds"], "GB per GPU": frame["bytes"] / 1e9,
+                             "GFLOP per GPU": frame["flops"] / 1e9})
+
 
 def _kv_cache(arch: Architecture, B, tokens, context, kv_share: float, tp: int, value_bytes: float, state_bytes: int,
               bandwidth: float, flops_rate: float):

@@ -84,3 +84,10 @@ def memory_fit(setup: Setup, batch_size, context=None) -> pd.DataFrame:
     return pd.DataFrame({"batch_size": B.ravel(), "context": context.ravel(), "target_bytes": np.ravel(target_bytes),
                          "draft_bytes": np.ravel(draft_bytes), "fits": np.ravel(fits)}
                         ).astype({"batch_size": int, "context": int})
+
+
+def rows_that_fit(frame: pd.DataFrame, setup: Setup) -> pd.DataFrame:
+    """The rows of a :func:`moesd.predictor.predict.predict_sd` frame whose batch size and context fit the setup's
+    target and draft in memory (:func:`memory_fit`; a draft on the target's GPUs shares them), in their order."""
+    fit = memory_fit(setup, frame["batch_size"], frame["context"])
+    return frame[fit["fits"].to_numpy()]

@@ -363,6 +363,12 @@ def best_gamma(frame: pd.DataFrame, by=("batch_size",)) -> pd.DataFrame:
     return frame.loc[frame.groupby(by)["speedup"].idxmax()].reset_index(drop=True)
 
 
+def best_speedup(frame: pd.DataFrame) -> pd.Series:
+    """The best speedup over gamma at each batch size of a :func:`predict_sd` frame (:func:`best_gamma`), indexed by
+    batch size."""
+    return best_gamma(frame).set_index("batch_size")["speedup"]
+
+
 def batch_range(frame: pd.DataFrame, fraction=2 ** -0.5) -> tuple[int | None, int | None, float, int]:
     """The run of batch sizes around the peak where the best speedup over gamma stays at or above ``fraction``
     of its peak (the paper's x / sqrt(2) band) and above 1 (SD pays).
@@ -387,3 +393,62 @@ def batch_range(frame: pd.DataFrame, fraction=2 ** -0.5) -> tuple[int | None, in
     low = below[below < at].max() + 1 if (below < at).any() else 0
     high = below[below > at].min() - 1 if (below > at).any() else len(best) - 1
     return int(sizes.iloc[low]), int(sizes.iloc[high]), peak, int(sizes.iloc[at])
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedupShape:
+    """The shape of the best speedup over gamma against batch size, of a :func:`predict_sd` frame.
+
+    Attributes
+    ----------
+    batch_sizes : int
+        Batch sizes in the frame; ``largest_batch_size`` the largest of them.
+    at_one : float
+        Best speedup at the smallest batch size.
+    lowest_before_peak, lowest_before_peak_at : float, int
+        The lowest best speedup at or before the peak, and its batch size (a dip when below ``at_one``).
+    peak, peak_at, peak_gamma : float, int, int
+        The peak best speedup, its batch size and its gamma.
+    band_low, band_high : int or None
+        :func:`batch_range`'s run around the peak at or above peak / sqrt(2) and above 1 (None: SD pays nowhere).
+    """
+
+    batch_sizes: int
+    largest_batch_size: int
+    at_one: float
+    lowest_before_peak: float
+    lowest_before_peak_at: int
+    peak: float
+    peak_at: int
+    peak_gamma: int
+    band_low: int | None
+    band_high: int | None
+
+
+def speedup_shape(frame: pd.DataFrame) -> SpeedupShape:
+    """The :class:`SpeedupShape` of a :func:`predict_sd` frame (its best gamma per batch size)."""
+    low, high, peak, at = batch_range(frame)
+    best = best_gamma(frame).set_index("batch_size")
+    before = best.loc[:at, "speedup"]
+    return SpeedupShape(len(best), int(best.index.max()), float(best["speedup"].iloc[0]), float(before.min()),
+                        int(before.idxmin()), peak, at, int(best.loc[at, "gamma"]), low, high)
+
+
+def one_layer_draft_setup(model, hardware, tp: int, dtype: str, **deployment) -> Setup:
+    """A deployment of ``model`` with a one-layer draft of its own shape (the size of an MTP module:
+    :func:`moesd.predictor.models.one_layer_draft`) on the target's own ``tp`` GPUs (``shared``): SD as engines
+    deploy it today.
+
+    ``deployment`` passes on to :class:`~moesd.predictor.setup.Setup` (``context``, ``ep``, ...).
+    """
+    from moesd.predictor.models import one_layer_draft
+
+    return Setup(model, one_layer_draft(model), hardware, tp=tp, draft_tp=tp, shared=True, dtype=dtype, **deployment)
+
+
+def predict_fitting(setup: Setup, batch_size, gamma, alpha, routing=None) -> pd.DataFrame:
+    """:func:`predict_sd` at acceptance rate ``alpha`` over ``batch_size`` x ``gamma``, only the rows whose batch size
+    and context fit the setup's GPUs in memory (:func:`moesd.predictor.memory.rows_that_fit`)."""
+    from moesd.predictor.memory import rows_that_fit
+
+    return rows_that_fit(predict_sd(setup, batch_size, gamma, alpha=alpha, routing=routing), setup)

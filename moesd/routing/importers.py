@@ -300,3 +300,12 @@ def from_arrays(arrays: Sequence, num_experts=None, layers=None, prompt_tokens=N
     return RoutingTrace(experts, infer_num_experts(num_experts, int(experts.max(initial=0)), "arrays"),
                         sequence=np.repeat(sequence_ids, lengths), position=position, phase=phase,
                         weights=stacked, layers=layers, meta={"source": "arrays", **(meta or {})})
+
+
+def imported_with_warnings(reader, *args, **kwargs) -> tuple[RoutingTrace, list[str]]:
+    """Run an importer (``reader(*args, **kwargs)``) and return its trace with the messages of every warning it
+    gave, in order, instead of showing them (for a page that prints what an importer says about a file)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trace = reader(*args, **kwargs)
+    return trace, [str(warning.message) for warning in caught]

@@ -319,3 +319,52 @@ def missing_entries(trace: RoutingTrace) -> np.ndarray | None:
         missing = trace.experts[..., 0] == MISSING
         return missing if missing.any() else None
     return cached(trace, "missing", build)
+
+
+def correlated_trace(sequences: int, length: int, num_experts: int, top_k: int, reuse: float,
+                     seed: int = 0) -> RoutingTrace:
+    """A synthetic one-layer trace whose consecutive tokens share experts, with uniform popularity.
+
+    The first token of each sequence picks ``top_k`` of ``num_experts`` experts uniformly. Every later
+    token keeps each expert of the token before it with probability ``reuse`` and draws the rest of its
+    ``top_k`` uniformly from the experts it has not kept. Every expert is equally popular (the process is
+    symmetric in the experts), so the trace isolates the correlation of consecutive tokens from
+    popularity: ``reuse = 0`` is Eq. 8's independent uniform routing, ``reuse = 1`` a sequence that never
+    changes its experts.
+
+    Parameters
+    ----------
+    sequences, length : int
+        Sequences and decode tokens per sequence (>= 1).
+    num_experts, top_k : int
+        ``E`` and ``K`` (1 <= K <= E).
+    reuse : float
+        Probability in [0, 1] that a token keeps one given expert of the token before it.
+    seed : int
+        Seed of the draw.
+
+    Returns
+    -------
+    RoutingTrace
+        ``sequences * length`` decode tokens of one layer.
+    """
+    if not 0 <= reuse <= 1:
+        raise ValueError(f"reuse must be in [0, 1], got {reuse!r}")
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k must be in [1, num_experts = {num_experts}], got {top_k!r}")
+    if sequences < 1 or length < 1:
+        raise ValueError(f"sequences and length must be >= 1, got {sequences!r} and {length!r}")
+    rng = np.random.default_rng(seed)
+    experts = np.empty((sequences, length, top_k), dtype=np.int64)
+    experts[:, 0] = np.argsort(rng.random((sequences, num_experts)), axis=1)[:, :top_k]
+    for step in range(1, length):
+        previous = experts[:, step - 1]
+        kept = rng.random(previous.shape) < reuse
+        # rank the experts: kept ones first, then the others in a random order
+        score = rng.random((sequences, num_experts)) + 1.0
+        np.put_along_axis(score, previous, np.where(kept, 0.0, np.take_along_axis(score, previous, 1)), axis=1)
+        experts[:, step] = np.argsort(score, axis=1)[:, :top_k]
+    return RoutingTrace(experts.reshape(sequences * length, 1, top_k), num_experts,
+                        sequence=np.repeat(np.arange(sequences), length),
+                        position=np.tile(np.arange(length), sequences),
+                        meta={"model_id": f"synthetic: reuse {reuse:g}", "weights": "none (synthetic)"})

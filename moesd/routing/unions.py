@@ -211,6 +211,12 @@ def window_union(trace: RoutingTrace, t: int) -> pd.DataFrame:
                        start=_sorted(trace, trace.position)[starts])
 
 
+def mean_union_per_layer(unions: pd.DataFrame) -> np.ndarray:
+    """The mean distinct experts per layer of a union table (:func:`window_union`, :func:`random_union`, ...), in
+    the order of the layers."""
+    return unions.groupby("layer")["union"].mean().to_numpy()
+
+
 def random_union(trace: RoutingTrace, t: int, samples: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Distinct experts activated by ``t`` tokens drawn at random from the whole trace.
 

@@ -71,6 +71,39 @@ def tokens_per_round(acceptance) -> np.ndarray:
     return 1.0 + np.cumprod(acceptance, axis=-1).sum(axis=-1)
 
 
+
+def rounds_to_generate(alpha: float, gamma: int, tokens: int, batch_size: int, draws: int,
+                       rng: np.random.Generator) -> np.ndarray:
+    """Rounds each sequence of a batch takes to emit ``tokens`` tokens, drawn under synthetic acceptance.
+
+    A round emits its accepted prefix, geometric (each draft accepted with probability ``alpha``) and capped at
+    ``gamma``, plus one token; a sequence is done in the round its total reaches ``tokens``.
+
+    Parameters
+    ----------
+    alpha : float
+        Per-token acceptance probability, in [0, 1).
+    gamma : int
+        Draft tokens per round (>= 1).
+    tokens : int
+        Tokens each sequence emits (>= 1).
+    batch_size, draws : int
+        Sequences per batch, and batches drawn.
+    rng : numpy.random.Generator
+        The draws' source (one ``geometric`` call of shape ``(draws, batch_size, tokens)``).
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(draws, batch_size)``: the rounds each sequence needs, between ``ceil(tokens / (gamma + 1))``
+        and ``tokens``.
+    """
+    alpha = float(as_array("alpha", alpha, low=0, high=1, high_open=True))
+    shape = (draws, batch_size, tokens)
+    emitted = np.minimum(rng.geometric(1 - alpha, shape) - 1, gamma) + 1
+    return (np.cumsum(emitted, axis=2) < tokens).sum(axis=2) + 1
+
+
 @finite_results
 def alpha_for_acceptance_length(length, gamma: int, decay=1.0) -> np.ndarray:
     """The first position's acceptance ``alpha`` at which a round of ``gamma`` drafts emits ``length`` tokens.

@@ -335,3 +335,15 @@ def _expected_busiest(E: int, parts: int) -> np.ndarray:
         at_most[:len(power)] = power[:E + 1]
         expected += 1.0 - at_most / total
     return expected
+
+
+def uniform_routing(tokens: int, E: int, K: int, seed: int = 0) -> np.ndarray:
+    """Experts picked by each token under uniform routing: ``K`` distinct of ``E`` per token.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(tokens, K)``, expert indices.
+    """
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.choice(E, size=K, replace=False) for _ in range(tokens)]) if tokens else np.empty((0, K), int)

@@ -1,0 +1,33 @@
+"""Every sentence the package writes about a result: the verdicts on the paper's claims and the
+predictor's recommendation.
+
+The criteria (:mod:`moesd.paper.criteria`), the claims (:mod:`moesd.paper.verdicts`) and the
+recommendation (:mod:`moesd.predictor.recommend`) compute statuses, numbers and parts; the words are
+written here only, in a module per topic: numbers and phrases (:mod:`~moesd.narration.phrases`), the
+verdicts' readings and plain sentences (:mod:`~moesd.narration.verdicts`), the details of each claim's
+sentence (:mod:`~moesd.narration.details`), the report ``moesd predict`` prints
+(:mod:`~moesd.narration.predictor`) and trained routing (:mod:`~moesd.narration.routing`). The names below
+are the package's API: ``from moesd import narration; narration.span(...)``. A wording change touches this
+package alone, and tests assert fields, not sentences.
+"""
+
+from moesd.narration.phrases import (fall_phrase, join, judged_from, noise_phrase, number, parts_phrase,
+                                     shape_phrase, shapes_phrase, span)
+from moesd.narration.verdicts import (TOLERANCE_PHRASE, WHY_READINGS_DIFFER, plain_reading, reading, status_verb,
+                                      verdict)
+from moesd.narration.details import (FEWER_THAN_TWO_SETTINGS, NO_COMMON_GAMMA, NO_ROBUSTNESS, fig2_details,
+                                     fig3_details, fig4_details, fig5_details, fig6_details, no_common_pass,
+                                     no_study, table3_details, table3_too_few)
+from moesd.narration.predictor import (STEP_NOTE, acceptance_label, advice_report, band_line, batch_runs,
+                                       engine_range, memory_lines, peak_edge_phrase, predict_notes, predict_setup,
+                                       routing_source_line, sd_legend, shape_columns, where_sd_pays)
+from moesd.narration.routing import (fig1_sentence, fig1_summary, popularity_peak_sentence)
+
+__all__ = ['FEWER_THAN_TWO_SETTINGS', 'NO_COMMON_GAMMA', 'NO_ROBUSTNESS', 'STEP_NOTE', 'TOLERANCE_PHRASE',
+           'WHY_READINGS_DIFFER', 'acceptance_label', 'advice_report', 'band_line', 'batch_runs', 'engine_range',
+           'fall_phrase', 'fig1_sentence', 'fig1_summary', 'fig2_details', 'fig3_details', 'fig4_details',
+           'fig5_details', 'fig6_details', 'join', 'judged_from', 'memory_lines', 'no_common_pass', 'no_study',
+           'noise_phrase', 'number', 'parts_phrase', 'peak_edge_phrase', 'plain_reading',
+           'popularity_peak_sentence', 'predict_notes', 'predict_setup', 'reading', 'routing_source_line',
+           'sd_legend', 'shape_columns', 'shape_phrase', 'shapes_phrase', 'span', 'status_verb', 'table3_details',
+           'table3_too_few', 'verdict', 'where_sd_pays']

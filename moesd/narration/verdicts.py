@@ -1,0 +1,169 @@
+"""The verdicts on the paper's claims in words: each reading's summary and sentence and the plain sentence
+of a :class:`~moesd.paper.criteria.Verdict`.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from moesd.narration.phrases import number, parts_phrase, span
+from moesd.paper.criteria import (FAILS, FLUCTUATION_TOLERANCE, HOLDS, PART_COLUMNS, PARTLY_HOLDS, UNTESTABLE, Reading,
+                                  Verdict)
+
+
+def _parts_frame(notes) -> pd.DataFrame:
+    parts = pd.DataFrame(list(notes), columns=list(PART_COLUMNS))
+    parts["detectable"] = parts["detectable"].astype(float)
+    return parts
+
+
+def reading(claim: str, statement: str, status: str, notes, details: str) -> Reading:
+    """One :class:`Reading`: its parts, a summary (the status and the parts not shown) and a sentence
+    ``claim (statement): status - details.``."""
+    parts = _parts_frame(notes)
+    phrase = parts_phrase(parts)
+    summary = f"{status}: {phrase}" if phrase else status if status == HOLDS else f"{status}: {details}"
+    return Reading(status, parts, summary, f"{claim} ({statement}): {status} - {details}.")
+
+
+def verdict(claim: str, statement: str, statuses: dict, numbers, notes: dict, details: str) -> Verdict:
+    """A :class:`Verdict` from both readings' statuses and notes (``(outcome, part, where, detectable, unit, role)``
+    tuples), its numbers (rows) and the details of its sentences; the plain sentence from :func:`plain_reading`."""
+    numbers = numbers if isinstance(numbers, pd.DataFrame) else pd.DataFrame(numbers)
+    material = reading(claim, statement, statuses["material"], notes["material"], details)
+    strict = reading(claim, statement, statuses["strict"], notes["strict"], details)
+    return Verdict(claim, material, strict, numbers, plain_reading(claim, material, strict, numbers, details))
+
+
+TOLERANCE_PHRASE = f"a quarter of the move it interrupts (FLUCTUATION_TOLERANCE = {FLUCTUATION_TOLERANCE:g})"
+
+WHY_READINGS_DIFFER = {
+    "Fig. 2": "on reversals smaller than the tolerance",
+    "Fig. 3": "on dips and bumps smaller than the tolerance",
+    "Fig. 4": "because it requires K = 1, 2 to fall at any context and leaves them out of the ordering",
+    "Fig. 5": "on the run-to-run spread of the speedups as measured, whose runs differ in acceptance",
+    "Fig. 6": "on the dense curve's early rise and the pairs' different acceptance",
+    "Table 3": "with coverage pooled over the curves",
+}
+"""Why a claim's strict reading can differ from its material one, for the plain sentence."""
+
+
+def status_verb(status: str) -> str:
+    """A status as the verb of a sentence: ``holds``, ``partly holds``, ``does not hold``, ``is inconclusive``,
+    ``is not testable here``."""
+    return status if status in (HOLDS, PARTLY_HOLDS, FAILS) else f"is {status}"
+
+
+def plain_reading(claim: str, material: Reading, strict: Reading, numbers: pd.DataFrame, details: str) -> str:
+    """One sentence a student reads: the material status in the paper's terms, what the data show, and where the
+    strict reading differs and why (the parts themselves are in the readings' summaries)."""
+    if material.status == UNTESTABLE and strict.status == UNTESTABLE:
+        return f"{claim} is not testable here: {details}."
+    shows = _PLAIN.get(claim, lambda numbers, material: "")(numbers, material)
+    text = f"{claim} {status_verb(material.status)} as the paper states it" + (f": {shows}" if shows else "")
+    if strict.status != material.status:
+        text += f"; read strictly it {status_verb(strict.status)}, {WHY_READINGS_DIFFER[claim]}"
+    return text + "."
+
+
+def _outcome(material: Reading, part: str) -> set:
+    return set(material.parts.loc[material.parts["part"] == part, "outcome"])
+
+
+def _last_judged(numbers: pd.DataFrame, key: str) -> dict | None:
+    """The row of the largest gamma (or the last row) that has ``key``."""
+    if key not in numbers:
+        return None
+    rows = numbers[numbers[key].notna()]
+    return None if rows.empty else rows.iloc[-1].to_dict()
+
+
+def _plain_fig2(numbers, material) -> str:
+    row = _last_judged(numbers, "first")
+    if row is None:
+        return ""
+    return (f"at gamma = {row['gamma']} the speedup rises from {number(row['first'])} to {number(row['peak'])} "
+            f"(B = {number(row['peak_batch_size'], True)}) and falls to {number(row['last'])}, target efficiency "
+            f"tracking it (rank correlation {row['rank_correlation']:.2f})")
+
+
+def _plain_fig3(numbers, material) -> str:
+    row = _last_judged(numbers, "moe_first")
+    if row is None:
+        return ""
+    text = (f"at gamma = {row['gamma']} the MoE's efficiency goes {number(row['moe_first'])} -> "
+            f"{number(row['moe_peak'])} (B = {number(row['moe_peak_batch_size'], True)}) -> {number(row['moe_last'])} "
+            f"while the dense model's goes {number(row['dense_first'])} -> {number(row['dense_last'])}")
+    judged = numbers[numbers["moe_first"].notna()]
+    dips = judged[~judged["moe_unimodal"].astype(bool)]
+    if len(dips):
+        dip = dips.loc[dips["moe_largest_reversal"].idxmax()]
+        text += (f"; the MoE's dip of {dip['moe_largest_reversal']:.3f} from B = "
+                 f"{number(dip['moe_largest_reversal_from'], True)} to {number(dip['moe_largest_reversal_to'], True)} "
+                 f"(gamma = {dip['gamma']}) is {number(dip['moe_largest_reversal_share'])} of the move it interrupts")
+        if dip["moe_largest_reversal_from"] == dip["first_batch_size"] and "predicted_first" in judged:
+            predicted = dip["predicted_first"] - dip["predicted_second"]
+            text += (f", and where a step is its bytes Eq. 8 predicts {'a dip' if predicted > 0 else 'no dip'} there "
+                     f"({dip['predicted_first']:.3f} -> {dip['predicted_second']:.3f})")
+    bumps = judged[judged["dense_rises_beyond_noise"].astype(bool)]
+    if len(bumps):
+        bump = bumps.loc[bumps["dense_largest_rise"].idxmax()]
+        text += (f"; the dense curve's largest bump, {bump['dense_largest_rise']:.3f} from B = "
+                 f"{number(bump['dense_largest_rise_from'], True)} to {number(bump['dense_largest_rise_to'], True)}, "
+                 f"is {number(bump['dense_largest_rise_share'])} of its fall")
+    return text
+
+
+def _plain_fig4(numbers, material) -> str:
+    if "role" not in numbers:
+        return ""
+    gamma = numbers["gamma"].max()
+    rows = numbers[numbers["gamma"] == gamma]
+    text = (f"at gamma = {gamma} the peaks lie at B = "
+            + ", ".join(f"{number(r.peak_batch_size, True)} (K = {r.K})" for r in rows.itertuples()))
+    if _outcome(material, "the wider range") == {UNTESTABLE}:
+        text += f"; whether the range widens cannot be seen on a grid that ends at B = {number(rows['largest_batch_size'].max(), True)}"
+    falls = rows[rows["role"] == "monotone"]
+    if len(falls) and "attention_context" in falls and falls["attention_context"].notna().all():
+        rising = falls[falls["fall"] < -falls["fall_margin"]]
+        ks = ", ".join(str(k) for k in sorted(falls["K"]))
+        if len(rising):
+            text += (f"; K = {', '.join(str(k) for k in sorted(rising['K']))} rise, as the paper's theory predicts "
+                     f"below their T_thres")
+        text += (f"; the paper explains K = {ks}'s fall by attention dominating a step, which by bytes needs "
+                 f"{span(falls['attention_context'] / 1e3, whole=True)} thousand tokens of context here, against "
+                 f"{number(falls['study_context'].max(), True)} measured")
+    return text
+
+
+def _plain_fig5(numbers, material) -> str:
+    if "normalised_rises_then_falls" not in numbers:
+        return ""
+    judged = numbers[numbers["normalised_rises_then_falls"].notna()]
+    return (f"{int(judged['normalised_rises_then_falls'].astype(bool).sum())} of {len(judged)} settings' "
+            f"acceptance-normalised speedups rise then fall, with typical run ranges of "
+            f"{span(judged['normalised_run_range'])} against rises of {span(judged['normalised_rise'])}")
+
+
+def _plain_fig6(numbers, material) -> str:
+    row = _last_judged(numbers, "normalised_above")
+    if row is None:
+        return ""
+    return (f"at gamma = {row['gamma']} the MoE's acceptance-normalised speedup is above the dense pair's beyond "
+            f"noise at {row['normalised_above']} of the {row['normalised_batch_sizes']} batch sizes past 16 and below it "
+            f"at {row['normalised_below']}, while the dense pair's falls from {number(row['normalised_dense_first'])} "
+            f"to {number(row['normalised_dense_last'])}")
+
+
+def _plain_table3(numbers, material) -> str:
+    if "coverage" not in numbers or "median_coverage" not in numbers.attrs:
+        return ""
+    judged = numbers[numbers["judged"]]
+    worst = judged.loc[judged["mse"].idxmax()]
+    return (f"the worst fit (m = {int(worst['m'])}) covers {number(worst['coverage'])} of its curves' batch-size "
+            f"ranges against a median of {number(numbers.attrs['median_coverage'])}, and coverage and error have a "
+            f"rank correlation of {numbers.attrs['coverage_correlation']:.2f}")
+
+
+_PLAIN = {"Fig. 2": _plain_fig2, "Fig. 3": _plain_fig3, "Fig. 4": _plain_fig4, "Fig. 5": _plain_fig5,
+          "Fig. 6": _plain_fig6, "Table 3": _plain_table3}
