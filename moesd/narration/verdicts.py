@@ -131,8 +131,8 @@ def _plain_fig4(numbers, material) -> str:
             text += (f"; K = {', '.join(str(k) for k in sorted(rising['K']))} rise, as the paper's theory predicts "
                      f"below their T_thres")
         text += (f"; the paper explains K = {ks}'s fall by attention dominating a step, which by bytes needs "
-                 f"{span(falls['attention_context'] / 1e3, whole=True)} thousand tokens of context here, against "
-                 f"{number(falls['study_context'].max(), True)} measured")
+                 f"{span(falls['attention_context'] / 1e3, whole=True)} thousand tokens of context here, against the "
+                 f"{number(falls['study_context'].max(), True)} tokens measured")
     return text
 
 
