@@ -73,6 +73,10 @@ BROWSER_FLAGS = (
 SETTLE = """
 const done = arguments[arguments.length - 1];
 (async () => {
+  // The driver can hand over a page whose body is not parsed yet (seen as "reading 'cloneNode'" of null).
+  for (let i = 0; (!document.body || document.readyState !== "complete") && i < 300; i++) {
+    await new Promise(r => setTimeout(r, 100));
+  }
   const hasMathJax = [...document.scripts].some(s => /mathjax/i.test(s.src));
   const ready = () => window.MathJax && MathJax.startup && MathJax.startup.promise;
   for (let i = 0; hasMathJax && !ready() && i < 300; i++) await new Promise(r => setTimeout(r, 100));
