@@ -8,12 +8,12 @@ for a ``moesd`` command line, which must exit with status 2 and print the fragme
 
 A call takes no argument, or one: a fresh temporary folder (``pathlib.Path``) for cases that need
 files. The property tests at the end check that no public theory function (experts, speedup,
-roofline) returns NaN or infinity for finite input inside its domain, and (issue 43) that each is finite or
+roofline) returns NaN or infinity for finite input inside its domain, and that each is finite or
 refused over its whole domain, that a resume keeps only its sweep's rows (and every shipped result file passes
 under its own settings), that sweeps are refused exactly when their rows or positions pass the bounds, and that
 output paths, nested JSON, seeds and a fitting frame's points are taken or refused in one line.
 
-The third round's rows (issue 43) are grouped by kind, one rule each in its one home: ``resume`` (the rows a
+The third round's rows are grouped by kind, one rule each in its one home: ``resume`` (the rows a
 resume keeps, moesd.measure.result_file), ``bounds`` (sizes before work), ``fit-domain`` (moesd.model.measurements),
 ``paths`` (moesd._checks.output_path), ``mid-sweep`` (a failed write), ``models`` (checks before a model is built
 or loaded), ``options`` (options with no effect) and ``raw`` (raw exceptions); a command line's rows are counted
@@ -1890,7 +1890,7 @@ TRACE_FILES = [
 ]
 
 
-# The third round of bad input (issue 43): one list per kind, each rule in its one home -------------------
+# The third round of bad input: one list per kind, each rule in its one home -------------------
 # Kinds: resume (rows a resume keeps), bounds (sizes before work), fit-domain, paths, mid-sweep (failed writes),
 # models (checks before a model is built or loaded), options (options with no effect), raw (raw exceptions).
 
@@ -2960,7 +2960,7 @@ CASES = (EXPERTS + SPEEDUP + ROOFLINE + PROMPTS + PAPER + CLI + TRACES + IMPORTE
          + _of_kind("resume", RESUMES) + _of_kind("bounds", BOUNDS) + _of_kind("fit-domain", FIT_DOMAIN)
          + _of_kind("paths", PATHS) + _of_kind("mid-sweep", MID_SWEEP) + _of_kind("models", MODEL_CHECKS)
          + _of_kind("options", OPTIONS) + _of_kind("raw", RAW))
-"""Every row of the table; the third round's rows (issue 43) are counted by kind: resume, bounds, fit-domain,
+"""Every row of the table; the third round's rows are counted by kind: resume, bounds, fit-domain,
 paths, mid-sweep, models, options and raw, a command line's rows as "<kind> cli"."""
 
 
@@ -3170,7 +3170,7 @@ def test_predict_numbers_parse_exactly_or_are_refused_naming_the_flag(option):
         assert type(got) is int and got == expected
 
 
-# Property: theory functions are finite or refused over their whole domain (issue 43) ---------------------------
+# Property: theory functions are finite or refused over their whole domain ---------------------------
 
 any_positive = st.floats(min_value=0, exclude_min=True, allow_infinity=False)  # subnormals to the float maximum
 any_nonnegative = st.floats(min_value=0, allow_infinity=False)

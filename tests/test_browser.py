@@ -1,4 +1,4 @@
-"""The built book as a reader sees it (issue 14): every page of ``_build/html`` loaded in headless
+"""The built book as a reader sees it: every page of ``_build/html`` loaded in headless
 Chromium with JavaScript on and every remote host blocked, as on a machine with no network.
 
 For each page: every equation is typeset by the bundled MathJax (each math element holds MathJax's
@@ -8,13 +8,13 @@ names one, an existing anchor. A full-page screenshot of each page is kept under
 ``_build/screenshots/`` for people to look at. A static check needs no browser: no page loads a
 script, style sheet or image from a remote host.
 
-Readability at a 1280 px window (issue 28), with every hidden solution, dropdown and hidden input
+Readability at a 1280 px window, with every hidden solution, dropdown and hidden input
 opened: no code block (a cell's source, its printed output, a code block of the text) is wider than
 the article column or scrolls sideways inside it, a table wider than the column scrolls inside its own
-box (issue 42) instead of running past it, and glued values (myst-nb's ``span.pasted-text``) are set in
+box instead of running past it, and glued values (myst-nb's ``span.pasted-text``) are set in
 the weight of the sentence around them, not in bold.
 
-What a student hits first (issue 42), read at 1280 px and at a 400 px phone: no Markdown table left as
+What a student hits first, read at 1280 px and at a 400 px phone: no Markdown table left as
 raw ``| a | b |`` text, no display equation clipped behind a scroll bar, no table header broken inside a
 word ("STREA M"), and, on the phone, nothing widening the page past the screen.
 

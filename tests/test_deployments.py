@@ -1,4 +1,4 @@
-"""The deployments people run in 2026 (issue 41): any model by its config.json, any drafter, today's GPUs and
+"""The deployments people run in 2026: any model by its config.json, any drafter, today's GPUs and
 dtypes, engine profiles by version, per-GPU kernels against their cited benchmarks, sampling, a measured SD round,
 and the error band calibrated on the validation table."""
 
@@ -33,7 +33,7 @@ FAMILIES = {"llama-4-scout": "llama4", "llama-4-maverick": "llama4", "qwen3-next
             "minimax-m2": "minimax_m2", "kimi-k2": "deepseek_v3", "deepseek-v3.1": "deepseek_v3",
             "deepseek-v3.2-exp": "deepseek_v32", "deepseek-r1": "deepseek_v3", "gpt-oss-20b": "gpt_oss",
             "gpt-oss-120b": "gpt_oss"}
-"""The families issue 41 names, each with a shipped config, and the model type it is read as."""
+"""The families the predictor must price, each with a shipped config, and the model type it is read as."""
 
 
 # ---- models by their config.json --------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ def test_token_jsonl_missing_field_and_bad_json(tmp_path):
 
 
 def test_ragged_mixtral_log_gives_the_window_unions_of_its_complete_tokens(tmp_path):
-    """Done-when check of issue 13: a per-token JSONL of a Mixtral-shaped model (32 layers, E = 8,
+    """A per-token JSONL of a Mixtral-shaped model (32 layers, E = 8,
     K = 2) whose last one or two tokens per sequence are logged in only some layers loads with a
     warning, and its window unions equal those of plain-Python sets over the complete tokens."""
     rng = np.random.default_rng(13)

@@ -32,16 +32,16 @@ LAYERS = (
 """The concepts bottom to top, each with the modules it holds (a package holds its submodules)."""
 
 KNOWN = {
-    ("moesd.measure.analysis", "moesd.model.bounds"): "issue 40 point 4 (was algorithm1.parameter_bounds)",
-    ("moesd.measure.analysis", "moesd.predictor.layout"): "issue 40 point 4",
-    ("moesd.measure.regime", "moesd.model.calibrate"): "issue 40 point 4",
-    ("moesd.measure.checks", "moesd.model.calibrate"): "issue 40 point 4 (moved from plots.measuring_sd)",
-    ("moesd.measure.regime", "moesd.predictor.forward"): "issue 40 point 4",
-    ("moesd.measure.sweeps", "moesd.predictor.predict"): "issue 40 point 4: model checks in one place",
-    ("moesd.measure.sweeps", "moesd.paper.tables"): "issue 40 point 5: model dimensions as one table",
-    ("moesd.routing.vllm_capture", "moesd.measure.vllm_engine"): "issue 40 point 4",
-    ("moesd.paper.sparsity_verdicts", "moesd.narration"): "issue 40 point 2: verdicts' sentences",
-    ("moesd.paper.verdicts", "moesd.narration"): "issue 40 point 2: verdicts' sentences",
+    ("moesd.measure.analysis", "moesd.model.bounds"): "Appendix C.2's bounds should sit below the studies",
+    ("moesd.measure.analysis", "moesd.predictor.layout"): "the predictor's step model should sit below the studies that use it",
+    ("moesd.measure.regime", "moesd.model.calibrate"): "the calibration should sit below the studies",
+    ("moesd.measure.checks", "moesd.model.calibrate"): "the calibration the checks read should move below the studies",
+    ("moesd.measure.regime", "moesd.predictor.forward"): "the predictor's step model should sit below the studies that use it",
+    ("moesd.measure.sweeps", "moesd.predictor.predict"): "model checks in one place before any model is built",
+    ("moesd.measure.sweeps", "moesd.paper.tables"): "model dimensions read from one table below the studies",
+    ("moesd.routing.vllm_capture", "moesd.measure.vllm_engine"): "vLLM's loader should sit below routing and the studies",
+    ("moesd.paper.sparsity_verdicts", "moesd.narration"): "verdicts should return numbers and leave their sentences to narration",
+    ("moesd.paper.verdicts", "moesd.narration"): "verdicts should return numbers and leave their sentences to narration",
 }
 """Arrows back up that were there when this check was written, each with the work that removes it."""
 

@@ -156,14 +156,18 @@ def _check_routing_source(name: str, setup: Setup) -> None:
                          "or leave the option out (uniform routing, Eq. 8)")
 
 
+def _at_gamma(text: str, flag: str, what: str, example: str) -> tuple[float, int]:
+    """``VALUE@GAMMA`` of ``flag`` as (value, gamma), refused as ``what`` with an ``example``."""
+    value, _, gamma = text.partition("@")
+    try:
+        return float(value), int(gamma)
+    except ValueError:
+        raise UsageError(f"{flag} must be {what}, such as {example}, got {text!r}") from None
+
+
 def _measured_round(text: str) -> tuple[float, int]:
     """``--sd-step-ms MS@GAMMA`` as (milliseconds, gamma)."""
-    ms, _, gamma = text.partition("@")
-    try:
-        ms, gamma = float(ms), int(gamma)
-    except ValueError:
-        raise UsageError(f"--sd-step-ms must be a round's milliseconds and the gamma it ran at, such as 31.5@3, "
-                         f"got {text!r}") from None
+    ms, gamma = _at_gamma(text, "--sd-step-ms", "a round's milliseconds and the gamma it ran at", "31.5@3")
     if not (math.isfinite(ms) and ms > 0 and 1 <= gamma <= 64):
         raise UsageError(f"--sd-step-ms must be a finite time > 0 at a gamma in [1, 64], got {text!r}")
     return ms, gamma
@@ -173,12 +177,7 @@ def _alpha_from_length(text: str, decay: float) -> np.ndarray:
     """``--acceptance-length L@g`` as the first position's acceptance alpha (one value)."""
     from moesd.theory.acceptance import alpha_for_acceptance_length
 
-    length, _, gamma = text.partition("@")
-    try:
-        length, gamma = float(length), int(gamma)
-    except ValueError:
-        raise UsageError(f"--acceptance-length must be tokens per round and the gamma measured, such as "
-                         f"2.4@3, got {text!r}") from None
+    length, gamma = _at_gamma(text, "--acceptance-length", "tokens per round and the gamma measured", "2.4@3")
     if not (math.isfinite(length) and 1 <= gamma <= 64):
         raise UsageError(f"--acceptance-length must be a finite length at a gamma in [1, 64], got {text!r}")
     try:
