@@ -295,18 +295,17 @@ STUDENT_TRACK: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (4, "routing_traces", ("Bring your own trace", "Capturing real routing on a GPU")),
     (5, "serving", ()),
     (6, "lab", ()),
-    (7, "measuring_sd", ("Does each number measure what its label says?", "Is the study in the paper's regime?")),
-    (8, "target_efficiency", ("Uniform against the model's own router", "What an eager engine measures instead",
-                              "The predictor against these steps", "Why width matters", "The predictor on this CPU",
-                              "A trained router's skew")),
-    (9, "sparsity_and_model", ("The noise, from the repeats", "What the fit can and cannot identify")),
+    (7, "measuring_sd", ()),
+    (8, "target_efficiency", ()),
+    (9, "sparsity_and_model", ()),
     (10, "where_sd_pays", ("Where the level gap comes from", "A host cost per forward pass",
                            "Against serving engines")),
     (0, "more_settings", ()),
     (0, "fitting_robustness", ()),
 )
 """The two-week student track: (study day, 1-10, or 0 for an optional chapter; chapter file stem; the titles, or
-title beginnings, of the sections a student skips: audit detail, or tools for one's own data)."""
+title beginnings, of the sections a student skips: audit detail, or tools for one's own data). The appendix pages
+(``book/appendix_*.ipynb``, the audit detail moved out of Part 2) are not on the track: a student skips them whole."""
 
 
 def student_track(book_dir="book") -> pd.DataFrame:
