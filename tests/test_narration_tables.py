@@ -51,11 +51,13 @@ def test_headers_carry_units_from_names_or_arguments():
 
 def test_text_and_html_hide_the_index_and_keep_the_values():
     frame = pd.DataFrame({"B": [1, 8], "speedup": [1.234, 2.5]}, index=[7, 9])
-    table = formatted(frame)
+    table = formatted(frame, index=False)
     assert repr(table).split("\n")[0].split() == ["B", "speedup"]
     html = table._repr_html_()
     assert "<td>1.23</td>" in html and "<td>2.50</td>" in html and "<td>7</td>" not in html
-    assert list(formatted(frame.set_index("B"), index=True).frame.columns) == ["B", "speedup"]
+    assert list(formatted(frame.set_index("B")).frame.columns) == ["B", "speedup"]
+    assert list(formatted(frame.reset_index(drop=True)).frame.columns) == ["B", "speedup"]
+    assert list(formatted(frame.set_index("B").T.rename_axis("row")).frame.columns) == ["row", "1", "8"]
 
 
 def test_bad_input():

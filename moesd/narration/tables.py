@@ -1,4 +1,4 @@
-"""Tables for a reader: rounded numbers, units in the header, no scientific notation, no index column.
+"""Tables for a reader: rounded numbers, units in the header, no scientific notation, no meaningless index.
 
 A chapter shows a data frame through :func:`formatted`; what it returns prints the same table as text (what nbval
 compares) and as HTML (what the book renders), both deterministic.
@@ -94,7 +94,7 @@ class Table:
 
 
 def formatted(frame: pd.DataFrame, digits: int | Mapping[str, int] = 3, names: Mapping[str, str] | None = None,
-              units: Mapping[str, str] | None = None, index: bool = False) -> Table:
+              units: Mapping[str, str] | None = None, index: bool | None = None) -> Table:
     """A data frame ready to show: each column rounded alike (:func:`decimals`, :func:`cell`), each header with its unit (:func:`header`).
 
     Parameters
@@ -108,8 +108,9 @@ def formatted(frame: pd.DataFrame, digits: int | Mapping[str, int] = 3, names: M
         Display names replacing the column names.
     units : mapping of column to str, optional
         Units for the header, replacing any unit the column's name ends with.
-    index : bool, default False
-        Whether the frame's index becomes the first column (named by the index's name).
+    index : bool, optional
+        Whether the frame's index becomes the first column(s), named by the index's names; by default it does
+        unless it is an unnamed range (0, 1, 2...), which tells a reader nothing.
 
     Returns
     -------
@@ -118,6 +119,8 @@ def formatted(frame: pd.DataFrame, digits: int | Mapping[str, int] = 3, names: M
     """
     if not isinstance(frame, pd.DataFrame):
         raise TypeError(f"formatted needs a pandas DataFrame, got {type(frame).__name__}")
+    if index is None:
+        index = not (isinstance(frame.index, pd.RangeIndex) and frame.index.name is None)
     if index:
         frame = frame.reset_index()
     per_column = digits if isinstance(digits, Mapping) else {}
