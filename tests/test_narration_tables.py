@@ -46,16 +46,18 @@ def test_headers_carry_units_from_names_or_arguments():
     assert header("tokens_per_batch") == "tokens per batch"
     assert header("step_ms", names={"step_ms": "B = 1 step"}) == "B = 1 step (ms)"
     assert header("width", units={"width": "tokens"}) == "width (tokens)"
-    assert header("_s") == " s"
+    assert header("_s") == "_s"
 
 
 def test_text_and_html_hide_the_index_and_keep_the_values():
     frame = pd.DataFrame({"B": [1, 8], "speedup": [1.234, 2.5]}, index=[7, 9])
-    table = formatted(frame)
+    table = formatted(frame, index=False)
     assert repr(table).split("\n")[0].split() == ["B", "speedup"]
     html = table._repr_html_()
     assert "<td>1.23</td>" in html and "<td>2.50</td>" in html and "<td>7</td>" not in html
-    assert list(formatted(frame.set_index("B"), index=True).frame.columns) == ["B", "speedup"]
+    assert list(formatted(frame.set_index("B")).frame.columns) == ["B", "speedup"]
+    assert list(formatted(frame.reset_index(drop=True)).frame.columns) == ["B", "speedup"]
+    assert list(formatted(frame.set_index("B").T.rename_axis("row")).frame.columns) == ["row", "1", "8"]
 
 
 def test_bad_input():
@@ -63,3 +65,18 @@ def test_bad_input():
         formatted([[1, 2]])
     with pytest.raises(ValueError, match="same header"):
         formatted(pd.DataFrame({"a_ms": [1.0], "a (ms)": [2.0]}))
+
+
+def test_only_snake_case_names_are_read_as_words():
+    assert header("T_AR") == "T_AR"
+    assert header("T_D(1, 1) / T_T(1, 1)") == "T_D(1, 1) / T_T(1, 1)"
+    assert header("t_exp") == "t exp"
+
+
+def test_row_numbers_are_hidden_and_labels_shown_under_a_blank_header():
+    frame = pd.DataFrame({"x": [1.5, 2.5, 3.5]})
+    assert list(formatted(frame.iloc[[0, 2]]).frame.columns) == ["x"]
+    labelled = formatted(frame.set_axis(["a", "b", "c"]))
+    assert list(labelled.frame.columns) == ["", "x"] and list(labelled.frame[""]) == ["a", "b", "c"]
+    two = frame.set_axis(pd.MultiIndex.from_tuples([("a", 1), ("a", 2), ("b", 1)]))
+    assert list(formatted(two).frame.columns) == ["", " ", "x"]

@@ -1,4 +1,4 @@
-"""Tables for a reader: rounded numbers, units in the header, no scientific notation, no index column.
+"""Tables for a reader: rounded numbers, units in the header, no scientific notation, no meaningless index.
 
 A chapter shows a data frame through :func:`formatted`; what it returns prints the same table as text (what nbval
 compares) and as HTML (what the book renders), both deterministic.
@@ -7,6 +7,7 @@ compares) and as HTML (what the book renders), both deterministic.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -67,17 +68,32 @@ def _is_number(value) -> bool:
     return isinstance(value, float | np.floating | int | np.integer) and not isinstance(value, bool | np.bool_)
 
 
-def header(column: str, names: Mapping[str, str] | None = None, units: Mapping[str, str] | None = None) -> str:
-    """A column's header: its display name (``names``, else the column with ``_`` as spaces and a unit ending of
-    :data:`UNIT_SUFFIXES` cut off) and its unit in parentheses (``units``, else the ending's unit)."""
+def header(column, names: Mapping | None = None, units: Mapping | None = None) -> str:
+    """A column's header: its display name and its unit in parentheses.
+
+    The name is ``names[column]`` if given; else a snake-case name (``step_ms``: lower case, digits and ``_``)
+    is read as words, a unit ending of :data:`UNIT_SUFFIXES` cut off (``step (ms)``); any other name (``T_AR``,
+    ``N(B), decode``) is kept as written. The unit is ``units[column]`` if given, else the ending's.
+    """
     names, units = names or {}, units or {}
     name, unit = str(column), units.get(column)
-    for suffix, suffix_unit in UNIT_SUFFIXES:
-        if name.lower().endswith(suffix) and len(name) > len(suffix):
-            name, unit = name[: -len(suffix)], unit or suffix_unit
-            break
-    name = names.get(column, name.replace("_", " "))
+    if SNAKE_CASE.fullmatch(name):
+        for suffix, suffix_unit in UNIT_SUFFIXES:
+            if name.endswith(suffix) and len(name) > len(suffix):
+                name, unit = name[: -len(suffix)], unit or suffix_unit
+                break
+        name = name.replace("_", " ")
+    name = names.get(column, name)
     return f"{name} ({unit})" if unit else name
+
+
+SNAKE_CASE = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*")
+"""Names read as words (``tokens_per_batch``); others are shown as written."""
+
+
+def _shows_index(index: pd.Index) -> bool:
+    """Whether a reader learns from an index: a named one, or unnamed labels that are not row numbers."""
+    return any(name is not None for name in index.names) or not pd.api.types.is_integer_dtype(index)
 
 
 class Table:
@@ -94,7 +110,7 @@ class Table:
 
 
 def formatted(frame: pd.DataFrame, digits: int | Mapping[str, int] = 3, names: Mapping[str, str] | None = None,
-              units: Mapping[str, str] | None = None, index: bool = False) -> Table:
+              units: Mapping[str, str] | None = None, index: bool | None = None) -> Table:
     """A data frame ready to show: each column rounded alike (:func:`decimals`, :func:`cell`), each header with its unit (:func:`header`).
 
     Parameters
@@ -108,8 +124,10 @@ def formatted(frame: pd.DataFrame, digits: int | Mapping[str, int] = 3, names: M
         Display names replacing the column names.
     units : mapping of column to str, optional
         Units for the header, replacing any unit the column's name ends with.
-    index : bool, default False
-        Whether the frame's index becomes the first column (named by the index's name).
+    index : bool, optional
+        Whether the frame's index becomes the first column(s), named by the index's names (an unnamed level:
+        a blank header); by default it does where it is named or holds labels, not where it holds unnamed
+        row numbers (0, 1, 2... or what is left of them after a filter), which tell a reader nothing.
 
     Returns
     -------
@@ -118,8 +136,11 @@ def formatted(frame: pd.DataFrame, digits: int | Mapping[str, int] = 3, names: M
     """
     if not isinstance(frame, pd.DataFrame):
         raise TypeError(f"formatted needs a pandas DataFrame, got {type(frame).__name__}")
+    if index is None:
+        index = _shows_index(frame.index)
     if index:
-        frame = frame.reset_index()
+        frame = frame.rename_axis([name if name is not None else " " * level
+                                   for level, name in enumerate(frame.index.names)]).reset_index()
     per_column = digits if isinstance(digits, Mapping) else {}
     headers = [header(column, names, units) for column in frame.columns]
     repeated = sorted({text for text in headers if headers.count(text) > 1})
