@@ -298,14 +298,17 @@ STUDENT_TRACK: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (7, "measuring_sd", ()),
     (8, "target_efficiency", ()),
     (9, "sparsity_and_model", ()),
-    (10, "where_sd_pays", ("Where the level gap comes from", "A host cost per forward pass",
-                           "Against serving engines")),
+    (10, "where_sd_pays", ()),
     (0, "more_settings", ()),
     (0, "fitting_robustness", ()),
 )
 """The two-week student track: (study day, 1-10, or 0 for an optional chapter; chapter file stem; the titles, or
-title beginnings, of the sections a student skips: audit detail, or tools for one's own data). The appendix pages
-(``book/appendix_*.ipynb``, the audit detail moved out of Part 2) are not on the track: a student skips them whole."""
+title beginnings, of the sections a student skips: audit detail, or tools for one's own data). Audit detail that
+left its chapter lives on appendix pages (``book/appendix_*.ipynb``, :data:`APPENDIX_PREFIX`), which the track
+skips whole and does not list."""
+
+APPENDIX_PREFIX = "appendix_"
+"""The file-name start of an appendix page: audit detail moved out of a chapter, not on the student track."""
 
 
 def student_track(book_dir="book") -> pd.DataFrame:

@@ -256,3 +256,23 @@ def test_eq8_bytes_make_k1_dip_then_rise_below_its_threshold():
     assert k1[1] < k1[0] and k1[2] > k1[1] and (k1 <= 1).all()
     k8 = v.memory_bound_efficiency(sidecar, [1, 8, 100], 4)
     assert k8[0] < k8[1]  # K = 8 rises from B = 1: its verification adds far more experts
+
+
+def test_table3_tests_gives_each_reading_its_numbers():
+    from scipy.stats import mannwhitneyu
+
+    table = with_points(paper_robustness())
+    per_curve, pooled = sv.poor_coverage_worst_fits(table), sv.poor_coverage_worst_fits(paper_robustness())
+    rows = sv.table3_tests({"per curve": per_curve, "pooled only": pooled}).set_index("study")
+    first = rows.loc["per curve"]
+    assert first["worst m"] == 12  # the paper's worst fit
+    assert first["worst coverage"] < first["median coverage"] == per_curve.numbers.attrs["median_coverage"]
+    assert first["rank correlation"] < 0 and first["rank p"] < 0.05
+    judged = per_curve.numbers[per_curve.numbers["judged"]]
+    poor, well = judged.loc[judged["poor"], "mse"], judged.loc[~judged["poor"], "mse"]
+    scatter = 1.4826 * (well - well.median()).abs().median()
+    assert first["excess / scatter"] == pytest.approx((poor.median() - well.median()) / scatter)
+    assert first["Mann-Whitney p"] == pytest.approx(mannwhitneyu(poor, well, alternative="greater").pvalue)
+    assert np.isnan(rows.loc["pooled only", ["worst coverage", "rank correlation", "rank p"]].astype(float)).all()
+    even = sv.poor_coverage_worst_fits(paper_robustness().query("m >= 19"))  # no poorly covering sample
+    assert np.isnan(sv.table3_tests({"even": even}).loc[0, ["excess / scatter", "Mann-Whitney p"]].astype(float)).all()

@@ -161,8 +161,8 @@ def engine_range(engine: str, recommendation, length: str | None = None) -> str:
 
 
 STEP_NOTE = ("note: a measured plain step (--step-ms, at --step-batch sequences) makes the prediction clearly more "
-             "accurate against published engine measurements: the book's chapter \"Where SD pays\", section "
-             "\"Against serving engines\", scores the profile with and without one")
+             "accurate against published engine measurements: the book's page \"Appendix: where SD pays, the "
+             "audit\", section \"Against serving engines\", scores the profile with and without one")
 """What ``moesd predict --engine-profile`` without ``--step-ms`` notes."""
 
 

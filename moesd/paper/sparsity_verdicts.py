@@ -257,3 +257,44 @@ def _per_curve_notes(table: pd.DataFrame, robustness: pd.DataFrame, design, wher
     return [note(worst_outcome, "the worst fit covering poorly", where, role=CLAIM),
             note(error_outcome, "the poorly covering samples' larger error", where,
                  spearman_detectable(len(used)), "rank correlation", role=CLAIM)]
+
+
+def table3_tests(verdicts) -> pd.DataFrame:
+    """The numbers behind Table 3's verdicts (:func:`poor_coverage_worst_fits`), one row per study.
+
+    Parameters
+    ----------
+    verdicts : mapping of str to Verdict
+        A label per study (``"this CPU"``, ``"paper"``...) and its Table 3 verdict.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per study: ``study``; ``worst m`` (the judged sample of largest MSE); the per-curve reading's
+        ``worst coverage`` (that sample's share of its curves' batch-size ranges), ``median coverage`` (of the judged
+        samples), ``rank correlation`` of coverage with MSE and its one-sided ``rank p``; the pooled reading's
+        ``excess / scatter`` (the poorly covering samples' median MSE over the others', in units of the others'
+        scatter, ``1.4826 * MAD``; the claim needs more than ``NOISE_Z``) and ``Mann-Whitney p`` (one-sided: the
+        poorly covering MSEs rank above the others). NaN where a study has no such number (no per-curve
+        coverage, fewer than one poorly or three evenly covering samples).
+    """
+    from scipy.stats import mannwhitneyu
+
+    rows = []
+    for label, verdict in verdicts.items():
+        numbers = verdict.numbers
+        judged_rows = numbers[numbers["judged"]]
+        worst = judged_rows.loc[judged_rows["mse"].idxmax()]
+        poor, well = judged_rows.loc[judged_rows["poor"], "mse"], judged_rows.loc[~judged_rows["poor"], "mse"]
+        excess = p_value = math.nan
+        if len(poor) >= 1 and len(well) >= 3:
+            scatter = 1.4826 * float((well - well.median()).abs().median())
+            excess = float(poor.median() - well.median()) / scatter if scatter > 0 else math.inf
+            p_value = float(mannwhitneyu(poor, well, alternative="greater").pvalue)
+        rows.append({"study": label, "worst m": int(worst["m"]),
+                     "worst coverage": float(worst["coverage"]) if "coverage" in numbers else math.nan,
+                     "median coverage": numbers.attrs.get("median_coverage", math.nan),
+                     "rank correlation": numbers.attrs.get("coverage_correlation", math.nan),
+                     "rank p": numbers.attrs.get("coverage_p_value", math.nan),
+                     "excess / scatter": excess, "Mann-Whitney p": p_value})
+    return pd.DataFrame(rows)
