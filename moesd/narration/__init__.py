@@ -6,7 +6,8 @@ recommendation (:mod:`moesd.predictor.recommend`) compute statuses, numbers and 
 written here only, in a module per topic: numbers and phrases (:mod:`~moesd.narration.phrases`), the
 verdicts' readings and plain sentences (:mod:`~moesd.narration.verdicts`), the details of each claim's
 sentence (:mod:`~moesd.narration.details`), the report ``moesd predict`` prints
-(:mod:`~moesd.narration.predictor`) and trained routing (:mod:`~moesd.narration.routing`). The names below
+(:mod:`~moesd.narration.predictor`), trained routing (:mod:`~moesd.narration.routing`) and the tables a
+chapter shows (:mod:`~moesd.narration.tables`). The names below
 are the package's API: ``from moesd import narration; narration.span(...)``. A wording change touches this
 package alone, and tests assert fields, not sentences.
 """
@@ -22,11 +23,12 @@ from moesd.narration.predictor import (STEP_NOTE, acceptance_label, advice_repor
                                        engine_range, memory_lines, peak_edge_phrase, predict_notes, predict_setup,
                                        routing_source_line, sd_legend, shape_columns, where_sd_pays)
 from moesd.narration.routing import (fig1_sentence, fig1_summary, popularity_peak_sentence)
+from moesd.narration.tables import Table, formatted
 
-__all__ = ['FEWER_THAN_TWO_SETTINGS', 'NO_COMMON_GAMMA', 'NO_ROBUSTNESS', 'STEP_NOTE', 'TOLERANCE_PHRASE',
+__all__ = ['FEWER_THAN_TWO_SETTINGS', 'NO_COMMON_GAMMA', 'NO_ROBUSTNESS', 'STEP_NOTE', 'TOLERANCE_PHRASE', 'Table',
            'WHY_READINGS_DIFFER', 'acceptance_label', 'advice_report', 'band_line', 'batch_runs', 'engine_range',
            'fall_phrase', 'fig1_sentence', 'fig1_summary', 'fig2_details', 'fig3_details', 'fig4_details',
-           'fig5_details', 'fig6_details', 'join', 'judged_from', 'memory_lines', 'no_common_pass', 'no_study',
+           'fig5_details', 'fig6_details', 'formatted', 'join', 'judged_from', 'memory_lines', 'no_common_pass', 'no_study',
            'noise_phrase', 'number', 'parts_phrase', 'peak_edge_phrase', 'plain_reading',
            'popularity_peak_sentence', 'predict_notes', 'predict_setup', 'reading', 'routing_source_line',
            'sd_legend', 'shape_columns', 'shape_phrase', 'shapes_phrase', 'span', 'status_verb', 'table3_details',
