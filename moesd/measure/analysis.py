@@ -1,7 +1,7 @@
 """What measured studies say: target efficiency and Eq. 4's terms from forward and end-to-end studies,
-the frame Algorithm 1 is fitted to, the ridge point of the machine that measured them and the bytes of the
-weights it read; and what a study's sidecar records of its measuring device and its
-models' shapes (:func:`measuring_hardware`, :func:`measured_device`, :func:`measured_shapes`).
+the frame Algorithm 1 is fitted to, and what a study's sidecar records: the measured roofline of the device
+(:func:`measuring_hardware`, :func:`measured_device`), its ridge point, the bytes per weight of the sweep's dtype
+and the shapes of the models the sweep built (:func:`measured_shapes`).
 
 Everything here takes studies as :func:`moesd.measure.studies.load` returns them (pure pandas and
 numpy, no torch).
@@ -328,8 +328,27 @@ def ridge_tokens_for(sidecar: dict) -> float:
     return ridge_point_for(sidecar) * bytes_per_weight(sidecar, "the ridge point in tokens") / 2
 
 
-def bytes_per_weight(sidecar: dict, purpose: str) -> int:
-    """Bytes per weight of a sweep's dtype (``settings.dtype``, else its roofline's), for ``purpose``."""
+def bytes_per_weight(sidecar: dict, purpose: str) -> float:
+    """Bytes per weight of a sweep's dtype (``settings.dtype``, else its roofline's).
+
+    Parameters
+    ----------
+    sidecar : dict
+        The sweep's sidecar.
+    purpose : str
+        What needs the bytes, for the error message.
+
+    Returns
+    -------
+    float
+        Bytes per weight (:data:`moesd.predictor.layout.DTYPE_BYTES`).
+
+    Raises
+    ------
+    ValueError
+        If the sidecar names no dtype, one moesd does not know, or two different ones for the sweep and its
+        roofline.
+    """
     from moesd.predictor.layout import DTYPE_BYTES, check_dtype
 
     dtypes = {check_dtype(dtype) for dtype in (sidecar.get("settings", {}).get("dtype"),
