@@ -60,9 +60,9 @@ def fit_table(memory_gb: float = 16.0, names=LAB_CANDIDATES) -> pd.DataFrame:
     Returns
     -------
     pandas.DataFrame
-        Indexed by ``model`` (hub id): ``total_B`` and ``active_B`` (parameters, billions, from
-        :meth:`moesd.zoo.ModelSpec.weight_counts`), ``E``, ``K``, ``bf16_GB`` (2 bytes a parameter),
-        ``left_GB`` (memory less the weights: what the system, the KV cache and activations share) and
+        Indexed by ``model`` (hub id): ``total_billions`` and ``active_billions`` (parameters, billions, from
+        :meth:`moesd.zoo.ModelSpec.weight_counts`), ``E``, ``K``, ``bf16_gb`` (2 bytes a parameter),
+        ``left_gb`` (memory less the weights: what the system, the KV cache and activations share) and
         ``fits`` (the weights alone take less than the memory).
     """
     if not memory_gb > 0:
@@ -72,9 +72,9 @@ def fit_table(memory_gb: float = 16.0, names=LAB_CANDIDATES) -> pd.DataFrame:
         spec = get_model(name)
         counts = spec.weight_counts()
         weights_gb = 2 * counts["total"] / 1e9
-        rows.append({"model": spec.hub_id, "total_B": counts["total"] / 1e9, "active_B": counts["active"] / 1e9,
-                     "E": spec.num_experts, "K": spec.top_k, "bf16_GB": weights_gb,
-                     "left_GB": memory_gb - weights_gb, "fits": weights_gb < memory_gb})
+        rows.append({"model": spec.hub_id, "total_billions": counts["total"] / 1e9, "active_billions": counts["active"] / 1e9,
+                     "E": spec.num_experts, "K": spec.top_k, "bf16_gb": weights_gb,
+                     "left_gb": memory_gb - weights_gb, "fits": weights_gb < memory_gb})
     return pd.DataFrame(rows).set_index("model")
 
 

@@ -106,12 +106,12 @@ def test_fit_table_counts_from_the_configs():
     table = lab.fit_table(16)
     olmoe = get_model("olmoe-1b-7b")
     row = table.loc[olmoe.hub_id]
-    assert row["total_B"] * 1e9 == pytest.approx(olmoe.weight_counts()["total"])
-    assert row["bf16_GB"] == pytest.approx(2 * row["total_B"])
-    assert row["left_GB"] == pytest.approx(16 - row["bf16_GB"])
+    assert row["total_billions"] * 1e9 == pytest.approx(olmoe.weight_counts()["total"])
+    assert row["bf16_gb"] == pytest.approx(2 * row["total_billions"])
+    assert row["left_gb"] == pytest.approx(16 - row["bf16_gb"])
     assert bool(row["fits"]) and not table.loc["Qwen/Qwen1.5-MoE-A2.7B-Chat", "fits"]
-    assert (table["fits"] == (table["bf16_GB"] < 16)).all()
-    assert list(table["total_B"]) == sorted(table["total_B"])
+    assert (table["fits"] == (table["bf16_gb"] < 16)).all()
+    assert list(table["total_billions"]) == sorted(table["total_billions"])
     with pytest.raises(ValueError, match="memory_gb"):
         lab.fit_table(0)
 

@@ -80,3 +80,9 @@ def test_row_numbers_are_hidden_and_labels_shown_under_a_blank_header():
     assert list(labelled.frame.columns) == ["", "x"] and list(labelled.frame[""]) == ["a", "b", "c"]
     two = frame.set_axis(pd.MultiIndex.from_tuples([("a", 1), ("a", 2), ("b", 1)]))
     assert list(formatted(two).frame.columns) == ["", " ", "x"]
+
+
+def test_columns_of_several_levels_join_their_names():
+    frame = pd.DataFrame([["Fig. 2", "holds"]],
+                         columns=pd.MultiIndex.from_tuples([("claim", ""), ("h200", "material")]))
+    assert list(formatted(frame).frame.columns) == ["claim", "h200, material"]
