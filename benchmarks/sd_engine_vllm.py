@@ -22,7 +22,8 @@ import torch
 from timing import interleaved_seconds, machine_state
 
 from moesd.engine.sd import SpeculativeDecoder
-from moesd.measure.vllm_engine import import_vllm, save_model, tiny_models
+from moesd.engine.vllm import import_vllm, save_model
+from moesd.measure.vllm_engine import tiny_models
 
 REPEATS, TOKENS, GAMMA, PROMPT, BATCHES = 7, 48, 3, 32, (1, 8, 32)
 

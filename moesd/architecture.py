@@ -92,9 +92,9 @@ class Architecture:
         DeepSeek Sparse Attention: the keys each query attends to (0: all), the indexer's cached values per token and
         FLOPs per query and key (it scores every cached token), and its weights per layer.
     mtp_layers : int
-        Multi-token-prediction modules the config declares (drafts of the target's own: :mod:`moesd.predictor.drafters`).
+        Multi-token-prediction modules the config declares (drafts of the target's own: :mod:`moesd.predictor.models`).
     drafter : str or None
-        The kind of draft head this is (:data:`moesd.predictor.drafters.DRAFTERS`: ``"mtp"``, ``"eagle"``,
+        The kind of draft head this is (:data:`moesd.predictor.models.DRAFTERS`: ``"mtp"``, ``"eagle"``,
         ``"eagle3"``, ``"medusa"``, ``"ngram"``); None for a model of its own.
     borrowed_params : int
         Weights it reads that its target holds (a head's shared embedding and LM head): counted in its passes, not in

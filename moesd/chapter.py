@@ -138,7 +138,7 @@ def data_folder() -> Path:
         Saying what to install or set when the folder is missing, e.g. for a chapter downloaded from the
         book and run with ``moesd`` installed from a wheel (which holds no ``data/``).
     """
-    from moesd.paper.tables import DATA_DIR
+    from moesd.paper_tables import DATA_DIR
 
     folder = Path(os.environ.get("MOESD_DATA", DATA_DIR))
     if not (folder / "paper").is_dir():

@@ -250,7 +250,7 @@ class ModelSpec:
 PAPER_DIMENSIONS = ("num_experts", "num_experts_per_tok", "num_shared_experts", "hidden_size", "moe_intermediate_size",
                     "shared_expert_intermediate_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                     "num_key_value_heads", "vocab_size")
-"""The dimensions ``moesd.paper.tables.paper_table("models")`` shows for each of the paper's models, read from the
+"""The dimensions ``moesd.paper_tables.paper_table("models")`` shows for each of the paper's models, read from the
 shipped records by :func:`paper_dimensions` (``data/paper/models.csv`` holds none of them)."""
 
 
@@ -354,7 +354,7 @@ def _spec(meta: dict, config: dict) -> ModelSpec:
 def mtp_spec(spec: ModelSpec) -> ModelSpec:
     """The multi-token-prediction module of ``spec`` as a one-layer record of its shape (MoE where its last layer is)
     that Transformers can build; the predictor prices it with its fusing projection
-    (:func:`moesd.predictor.drafters.mtp_head`)."""
+    (:func:`moesd.predictor.models.mtp_head`)."""
     keep = {"num_hidden_layers": 1, "first_k_dense_replace": 0, "num_nextn_predict_layers": 0}
     config = {**spec.config, **{key: value for key, value in keep.items() if key in spec.config or key == "num_hidden_layers"}}
     return ModelSpec(f"{spec.name}-mtp", spec.hub_id, spec.model_type, config,
@@ -377,7 +377,7 @@ for _meta, _config in _load("models"):
 class DraftHead:
     """A published EAGLE-3 draft head: the target it drafts for and its config's keys.
 
-    Its shape is :func:`moesd.predictor.drafters.eagle3_head` of its config (the head's checkpoint is not a Hugging
+    Its shape is :func:`moesd.predictor.models.eagle3_head` of its config (the head's checkpoint is not a Hugging
     Face model class, so it is priced, not built).
 
     Attributes

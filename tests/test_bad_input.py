@@ -51,7 +51,7 @@ from moesd.predictor.kernels import Efficiency
 from moesd.predictor.setup import Setup
 from moesd.model.measurements import check_measurements, from_sweep
 from moesd.paper import predictor_check as predict_paper
-from moesd.paper import tables as paper
+from moesd import paper_tables as paper
 from moesd.routing import importers, traces, unions, vllm_logs
 from moesd.theory import experts, growth, roofline, speedup
 from moesd._checks import UsageError

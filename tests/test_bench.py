@@ -389,7 +389,7 @@ def test_presets_keep_the_paper_settings():
 
 def test_paper_sigma_is_table_2s_greedy_humaneval_row_on_every_device():
     """PAPER_SIGMA against data/paper/tables_1_2.csv (transcribed from the paper, not from this code)."""
-    from moesd.paper.tables import paper_table
+    from moesd.paper_tables import paper_table
 
     table = paper_table("tables_1_2")
     rows = table[(table["table"] == 2) & (table["dataset"] == "humaneval") & (table["temperature"] == 0)]

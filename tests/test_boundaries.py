@@ -6,7 +6,9 @@ one operator or constant of the code it names is changed.
 * the clip after Newton's steps in ``alpha_from_sigma``, which keeps alpha in [0, 1] at the floor of sigma;
 * the 1e-12 tolerance of the Eq. 4 ceiling check in ``min_target_efficiency``;
 * ``any`` (not ``all``) over layers when ``random_union`` leaves out tokens with unlogged entries;
-* the ranges of acceptance by draft position, and the tolerance of the acceptance length's inversion.
+* the ranges of acceptance by draft position, and the tolerance of the acceptance length's inversion;
+* the first token count ``compute_bound_tokens`` searches (one token), and the zero latencies of a device record
+  that names no link (``Hardware``'s defaults).
 """
 
 import numpy as np
@@ -17,6 +19,7 @@ from moesd.routing.traces import MISSING, RoutingTrace
 from moesd.routing.unions import random_union
 from moesd.theory.acceptance import alpha_for_acceptance_length, position_acceptance, tokens_per_round
 from moesd.theory.experts import full_activation_threshold
+from moesd.theory.roofline import Hardware, compute_bound_tokens
 from moesd.theory.speedup import alpha_from_sigma, min_target_efficiency
 
 TAU = 0.95
@@ -118,3 +121,16 @@ def test_acceptance_length_is_inverted_up_to_every_draft_accepted_and_no_further
                                  ([2.0, 4.5], 3, "at most 4 tokens"), (2.0, 4097, "gamma")]:
         with pytest.raises(ValueError, match=match):
             alpha_for_acceptance_length(length, gamma, 0.9 if length == longest + 1e-9 else 1.0)
+
+
+def test_a_device_whose_ridge_point_one_token_reaches_is_compute_bound_from_one_token():
+    """A bf16 FFN does about 1 FLOP per byte at one token; a device with a ridge point of 0.1 FLOP per byte is
+    compute-bound there already, and the search says 1, not the next count."""
+    toy = Hardware("toy", peak_flops=1e12, memory_bandwidth=1e13, memory_bytes=1e9, source="test")
+    assert toy.ridge_point == pytest.approx(0.1)
+    assert compute_bound_tokens(toy, 1024, 4096) == 1
+
+
+def test_a_device_that_names_no_link_adds_no_latency():
+    toy = Hardware("toy", peak_flops=1e12, memory_bandwidth=1e12, memory_bytes=1e9, source="test")
+    assert toy.interconnect_latency == 0.0 and toy.internode_latency == 0.0

@@ -100,7 +100,7 @@ def test_fit_without_a_measured_roofline_needs_hardware(tmp_path, capsys):
 def test_fit_with_appendix_c2_bounds(tmp_path, capsys):
     """The paper's volume bounds make the fitted time-like parameters seconds within them."""
     from moesd.measure.studies import load, measurements_dir
-    from moesd.measure.analysis import appendix_c2_bounds
+    from moesd.model.bounds import appendix_c2_bounds
 
     path = measurements_dir() / "cpu" / "sparsity.csv"
     assert main(["fit", str(path), "--stride", "2", "--bounds", "appendix-c2"]) == 0

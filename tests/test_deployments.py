@@ -14,14 +14,13 @@ from moesd._checks import UsageError
 from moesd.architecture import read_config
 from moesd import narration
 from moesd.predictor.band import BANDS, band_variant, load_bands
-from moesd.predictor.drafters import (DRAFTERS, MEDUSA_HEADS, eagle3_head, eagle_head, medusa_heads, mtp_head,
-                                      resolve_draft)
 from moesd.predictor.engine import ALIASES, ENGINES, GPU_KERNELS, RECORDS, _fraction, engine_profile
 from moesd.predictor.forward import step_time
 from moesd.predictor.kernels import Efficiency, grouped_gemm_roofline, sampling_time
 from moesd.predictor.layout import kv_cache_bytes, weights_per_gpu
 from moesd.predictor.memory import memory_fit, rows_that_fit
-from moesd.predictor.models import resolve_model
+from moesd.predictor.models import (DRAFTERS, MEDUSA_HEADS, eagle3_head, eagle_head, medusa_heads, mtp_head,
+                                    resolve_draft, resolve_model)
 from moesd.predictor.predict import best_speedup, one_layer_draft_setup, predict_fitting, predict_sd, speedup_shape
 from moesd.predictor.recommend import recommend
 from moesd.predictor.setup import Setup

@@ -14,8 +14,7 @@ from moesd.predictor.engine import ENGINES, Cost, engine_profile
 from moesd.predictor.forward import step_time
 from moesd.predictor.kernels import Efficiency, achieved_rates, grouped_gemm_roofline
 from moesd.predictor.layout import DTYPE_BYTES, attention_dtype, ffn_dtype, weights_per_gpu
-from moesd.predictor.drafters import eagle3_head
-from moesd.predictor.models import resolve_model
+from moesd.predictor.models import eagle3_head, resolve_model
 from moesd.predictor.predict import predict_sd
 from moesd.predictor.setup import Setup
 from moesd.paper.engine_check import VARIANTS, check_engines, published_speedups

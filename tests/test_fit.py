@@ -564,7 +564,7 @@ def test_bad_arguments_raise(call, match):
 
 def test_stride_samples_cover_the_batch_sizes_of_table_3():
     """Sorting by K, gamma, B and taking df[::stride] reproduces the paper's coverage column."""
-    from moesd.paper.tables import paper_table
+    from moesd.paper_tables import paper_table
 
     frame, _ = synthetic()
     for row in paper_table("table_3").itertuples():

@@ -323,7 +323,7 @@ def test_save_and_read_vllm_routed_experts(tmp_path):
 
 
 def test_the_book_reads_the_same_excerpts():
-    from moesd.paper.tables import DATA_DIR
+    from moesd.paper_tables import DATA_DIR
 
     book = DATA_DIR / "traces" / "examples"
     ours = sorted(p.relative_to(EXCERPTS) for p in EXCERPTS.rglob("*") if p.is_file())

@@ -182,7 +182,8 @@ def test_summarize_and_the_read_side_need_no_torch():
 def test_appendix_c2_bounds_count_the_measured_models():
     """The volume bounds of the shipped sparsity study: the cut models' parameters over the measured bandwidth."""
     from moesd.measure.studies import load
-    from moesd.measure.analysis import appendix_c2_bounds, measuring_hardware
+    from moesd.measure.analysis import measuring_hardware
+    from moesd.model.bounds import appendix_c2_bounds
     from moesd.model.algorithm1 import PARAMETERS
     from moesd.zoo import get_model
 
@@ -205,7 +206,8 @@ def test_appendix_c2_bounds_count_the_measured_models():
 def test_appendix_c2_bounds_count_the_cut_vocabulary_and_the_dtype():
     """The real-width study cuts the vocabulary by the depth factor and runs bf16: the bias bound counts both."""
     from moesd.measure.studies import load
-    from moesd.measure.analysis import appendix_c2_bounds, measuring_hardware
+    from moesd.measure.analysis import measuring_hardware
+    from moesd.model.bounds import appendix_c2_bounds
     from moesd.model.algorithm1 import PARAMETERS
     from moesd.zoo import get_model
 
@@ -225,7 +227,8 @@ def test_appendix_c2_bounds_count_the_cut_vocabulary_and_the_dtype():
 def test_appendix_c2_bounds_count_target_and_draft_layers_apart():
     """The e2e study cuts the target to 4 layers and the draft to 3: each bound counts its own model's layers."""
     from moesd.measure.studies import load
-    from moesd.measure.analysis import appendix_c2_bounds, measuring_hardware
+    from moesd.measure.analysis import measuring_hardware
+    from moesd.model.bounds import appendix_c2_bounds
     from moesd.model.algorithm1 import PARAMETERS
     from moesd.zoo import get_model
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moesd.theory.experts import expected_active_experts
-from moesd.paper.tables import paper_table
+from moesd.paper_tables import paper_table
 from moesd.theory.speedup import alpha_from_sigma, sigma
 
 

@@ -10,15 +10,15 @@ import pandas as pd
 import pytest
 
 from moesd._checks import UsageError
-from moesd.model.calibrate import calibrate, measured_device
+from moesd.measure.analysis import measured_device
+from moesd.model.calibrate import calibrate
 from moesd.theory.experts import expected_active_experts, most_loaded_share
 from moesd.predictor.forward import COMPONENTS, step_time, zipf_popularity
 from moesd.predictor.kernels import Efficiency, expert_gemm_time, rejection_time
 from moesd.predictor.engine import engine_profile
 from moesd.predictor.layout import DTYPE_BYTES, tensor_parallel_sizes, weights_per_gpu
 from moesd.predictor.memory import memory_fit, memory_per_gpu
-from moesd.predictor.drafters import eagle3_head
-from moesd.predictor.models import one_layer_draft, resolve_model
+from moesd.predictor.models import eagle3_head, one_layer_draft, resolve_model
 from moesd.predictor.predict import batch_range, best_gamma, predict_sd
 from moesd.predictor.setup import Setup, check_pair
 from moesd.paper.predictor_check import PAPER_ORDERINGS, efficiency_to_match, ordering_scan, paper_orderings

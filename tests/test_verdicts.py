@@ -15,7 +15,7 @@ from moesd.paper import scorecard as sc
 from moesd.paper import verdicts as v
 from moesd.narration import no_common_pass
 from moesd.model.samples import stride_sample
-from moesd.paper.tables import paper_table
+from moesd.paper_tables import paper_table
 from moesd.theory.roofline import HARDWARE
 
 GRID = np.array([1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 80, 100], dtype=float)

@@ -25,8 +25,8 @@ from moesd.measure.protocol import random_ids  # noqa: E402
 from moesd.measure.sweeps import SweepConfig  # noqa: E402
 from moesd.engine.sd import SpeculativeDecoder  # noqa: E402
 from moesd.theory.speedup import sigma as eq5  # noqa: E402
-from moesd.measure.vllm_engine import (UNMEASURED_COLUMNS, check_config, save_model, synthetic_acceptance_rates,  # noqa: E402
-                               tiny_models)
+from moesd.engine.vllm import save_model  # noqa: E402
+from moesd.measure.vllm_engine import UNMEASURED_COLUMNS, check_config, synthetic_acceptance_rates, tiny_models  # noqa: E402
 
 def needs_vllm(test):
     """Mark a test that runs vLLM (deselected by make test) and skip it, saying why, where vLLM is missing."""

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from moesd.paper.tables import paper_table  # noqa: E402
+from moesd.paper_tables import paper_table  # noqa: E402
 from moesd.predictor.layout import resolve_model  # noqa: E402
 from moesd.zoo import DRAFT_HEADS, MODELS, get_model  # noqa: E402
 

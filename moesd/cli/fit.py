@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> None:
                          f"{(len(frame) - 1) // (len(PARAMETERS) - 1)}")
     bounds = None
     if args.bounds == "appendix-c2":
-        from moesd.measure.analysis import appendix_c2_bounds
+        from moesd.model.bounds import appendix_c2_bounds
 
         try:
             bounds = appendix_c2_bounds(rows, sidecar)
@@ -151,5 +151,5 @@ def add_parser(commands) -> None:
     fit.add_argument("--bounds", default="free", choices=["free", "appendix-c2"],
                      help="free: time-like parameters in [0, inf), reported relative to bias (default); appendix-c2: "
                           "the paper's volume bounds for the models and measured bandwidth of the sidecar, which "
-                          "make the parameters seconds (moesd.measure.analysis.appendix_c2_bounds)")
+                          "make the parameters seconds (moesd.model.bounds.appendix_c2_bounds)")
     fit.set_defaults(run=run, prints_only=True)

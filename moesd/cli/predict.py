@@ -12,9 +12,9 @@ import pandas as pd
 
 from moesd._checks import UsageError, new_files
 from moesd._files import atomic_write
-from moesd.predictor.drafters import DRAFTERS
 from moesd.predictor.engine import ALIASES, ENGINES
 from moesd.predictor.layout import KV_DTYPES
+from moesd.predictor.models import DRAFTERS
 from moesd.predictor.predict import check_grid
 from moesd.predictor.setup import Setup
 from moesd.theory.roofline import HARDWARE

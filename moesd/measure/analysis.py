@@ -1,6 +1,7 @@
 """What measured studies say: target efficiency and Eq. 4's terms from forward and end-to-end studies,
-the frame Algorithm 1 is fitted to, the ridge point of the machine that measured them, and Appendix C.2's
-bounds for the models a sweep built.
+the frame Algorithm 1 is fitted to, and what a study's sidecar records: the measured roofline of the device
+(:func:`measuring_hardware`, :func:`measured_device`), its ridge point, the bytes per weight of the sweep's dtype
+and the shapes of the models the sweep built (:func:`measured_shapes`).
 
 Everything here takes studies as :func:`moesd.measure.studies.load` returns them (pure pandas and
 numpy, no torch).
@@ -8,10 +9,13 @@ numpy, no torch).
 
 from __future__ import annotations
 
+import dataclasses
 
 import numpy as np
 import pandas as pd
 
+from moesd._checks import UsageError
+from moesd.architecture import Architecture
 from moesd.theory.roofline import Hardware
 
 
@@ -254,6 +258,48 @@ def measuring_hardware(sidecar: dict) -> Hardware:
     return Hardware.from_dict(record)
 
 
+def measured_shapes(sidecar: dict) -> tuple[Architecture, Architecture]:
+    """The target's and draft's shapes of a ``moesd sweep`` (scaled by its layers and width settings).
+
+    The draft shares the target's vocabulary, as :func:`moesd.measure.bench.build_models` builds it (the
+    sweep's ``vocab_size`` when it set one).
+    """
+    from moesd.zoo import get_model
+
+    settings = sidecar.get("settings", {})
+    missing = [k for k in ("target", "draft", "layers", "draft_layers", "width") if k not in settings]
+    if missing:
+        raise UsageError(f"sidecar: settings lack {', '.join(missing)}", "sidecar")
+    target_spec, draft_spec = get_model(settings["target"]), get_model(settings["draft"])
+    target = target_spec.architecture(settings["layers"], width=settings["width"])
+    if settings.get("vocab_size"):  # a vocabulary cut apart from the width (moesd.zoo.depth_scaled_vocab)
+        target = Architecture.from_config(target_spec.name, target_spec.model_type,
+                                          {**target_spec.config_dict(settings["layers"], width=settings["width"]),
+                                           "vocab_size": settings["vocab_size"]})
+    draft_config = {**draft_spec.config_dict(settings["draft_layers"], width=settings["width"]),
+                    "vocab_size": target.vocab_size}
+    return target, Architecture.from_config(draft_spec.name, draft_spec.model_type, draft_config)
+
+
+def measured_device(sidecar: dict) -> Hardware:
+    """The measured roofline of the device that ran a ``moesd sweep``, usable in the sweep's weight dtype.
+
+    :func:`measuring_hardware` reads the record from the sidecar; its GEMM peak
+    was measured in the sweep's dtype, so for a float32 sweep it is also the record's fp32 peak
+    (the record's ``peak_flops`` slot otherwise means bf16).
+
+    Raises
+    ------
+    ValueError
+        If the sidecar holds no measured roofline.
+    """
+    hardware = measuring_hardware(sidecar)
+    measured_dtype = sidecar.get("roofline_measurement", {}).get("settings", {}).get("dtype")
+    if measured_dtype == "float32" and hardware.fp32_flops is None:
+        hardware = dataclasses.replace(hardware, fp32_flops=hardware.peak_flops)
+    return hardware
+
+
 def ridge_point_for(sidecar: dict) -> float:
     """Ridge point (FLOP/byte) of the device that produced a result file, from its measured roofline."""
     return measuring_hardware(sidecar).ridge_point
@@ -279,11 +325,30 @@ def ridge_tokens_for(sidecar: dict) -> float:
         If the sidecar holds no measured roofline, names no dtype, a dtype moesd does not know, or
         two different dtypes for the sweep and its roofline.
     """
-    return ridge_point_for(sidecar) * _bytes_per_weight(sidecar, "the ridge point in tokens") / 2
+    return ridge_point_for(sidecar) * bytes_per_weight(sidecar, "the ridge point in tokens") / 2
 
 
-def _bytes_per_weight(sidecar: dict, purpose: str) -> int:
-    """Bytes per weight of a sweep's dtype (``settings.dtype``, else its roofline's), for ``purpose``."""
+def bytes_per_weight(sidecar: dict, purpose: str) -> float:
+    """Bytes per weight of a sweep's dtype (``settings.dtype``, else its roofline's).
+
+    Parameters
+    ----------
+    sidecar : dict
+        The sweep's sidecar.
+    purpose : str
+        What needs the bytes, for the error message.
+
+    Returns
+    -------
+    float
+        Bytes per weight (:data:`moesd.predictor.layout.DTYPE_BYTES`).
+
+    Raises
+    ------
+    ValueError
+        If the sidecar names no dtype, one moesd does not know, or two different ones for the sweep and its
+        roofline.
+    """
     from moesd.predictor.layout import DTYPE_BYTES, check_dtype
 
     dtypes = {check_dtype(dtype) for dtype in (sidecar.get("settings", {}).get("dtype"),
@@ -294,43 +359,6 @@ def _bytes_per_weight(sidecar: dict, purpose: str) -> int:
                                                  "roofline" if dtypes else "no dtype (settings.dtype)")
                          + f": {purpose} needs the bytes per weight")
     return DTYPE_BYTES[dtypes.pop()]
-
-
-def appendix_c2_bounds(rows: pd.DataFrame, sidecar: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Appendix C.2's bounds of Algorithm 1 for the models and machine of a result file.
-
-    ``bias``, ``k2`` and ``draft_bias`` lie between the time to read the dense parameters, one
-    expert of every MoE layer and the whole draft at the machine's measured bandwidth
-    (:func:`measuring_hardware`) and 5 times that, counting the parameters of the models as the sweep
-    built them (its layers, width and vocabulary, ``settings``) at the bytes of its dtype, each model's
-    volume split over its tensor-parallel GPUs as the sidecar records them (a vLLM file's
-    ``tensor_parallel_size`` and ``draft_tensor_parallel_size``; files without them, as
-    :mod:`moesd.measure.bench` writes on one device, ran on one); ``reject_bias`` and ``reject_k`` lie below
-    the largest measured rejection time (``rows["t_reject"]``, seconds). See
-    :func:`moesd.model.bounds.parameter_bounds`.
-
-    Returns
-    -------
-    (numpy.ndarray, numpy.ndarray)
-        ``(lower, upper)`` in :data:`moesd.model.algorithm1.PARAMETERS` order (seconds for the time-like ones).
-    """
-    from moesd.model.bounds import parameter_bounds
-    from moesd.zoo import get_model
-
-    settings = sidecar.get("settings", {})
-    missing = [f"settings.{key}" for key in ("target", "draft") if not settings.get(key)]
-    missing += ["a t_reject column"] if "t_reject" not in rows.columns else []
-    if missing:
-        raise ValueError(f"the bounds need the models and the rejection times; the file has no {', '.join(missing)}")
-    if settings.get("target_path") or settings.get("draft_path"):
-        raise ValueError("the bounds count the parameters of moesd.zoo's models; this file measured models "
-                         "loaded from a path")
-    return parameter_bounds(get_model(settings["target"]), measuring_hardware(sidecar), get_model(settings["draft"]),
-                            _bytes_per_weight(sidecar, "the volume bounds"), float(rows["t_reject"].max()),
-                            layers=settings.get("layers"), draft_layers=settings.get("draft_layers"),
-                            width=settings.get("width") or 1.0, vocab_size=settings.get("vocab_size"),
-                            tp=sidecar.get("tensor_parallel_size") or 1,
-                            draft_tp=sidecar.get("draft_tensor_parallel_size") or 1)
 
 
 def rise_split(terms: pd.DataFrame) -> pd.DataFrame:

@@ -199,8 +199,7 @@ def expert_read_seconds(sidecar: dict, rate: float | None = None) -> float:
     float
         Seconds (s).
     """
-    from moesd.model.calibrate import measured_shapes
-    from moesd.measure.analysis import measuring_hardware
+    from moesd.measure.analysis import measured_shapes, measuring_hardware
 
     target, _ = measured_shapes(sidecar)
     if not target.expert_params:

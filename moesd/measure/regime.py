@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from moesd._checks import UsageError
-from moesd.model.calibrate import measured_shapes
-from moesd.measure.analysis import measuring_hardware
+from moesd.measure.analysis import measured_shapes, measuring_hardware
 from moesd.predictor.forward import step_time
 
 _STEP_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}

@@ -66,7 +66,7 @@ def paper_workloads(gammas=(2, 3, 4)) -> tuple:
         ``{"dataset", "temperature", "sigma": {gamma: sigma}}`` for HumanEval and MT-bench at
         temperatures 0 and 1, read from ``data/paper/tables_1_2.csv``.
     """
-    from moesd.paper.tables import paper_table
+    from moesd.paper_tables import paper_table
 
     table = paper_table("tables_1_2")
     rows = table[(table["table"] == 1) & table["model"].str.startswith("Qwen2") & (table["device"] == "2xA800")]

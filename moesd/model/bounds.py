@@ -2,15 +2,18 @@
 
 A decode step cannot take less time than reading its weights at the hardware's peak bandwidth: the target's
 dense part, one expert of every MoE layer and the whole draft set lower bounds on ``bias``, ``k2`` and
-``draft_bias``, and five times those the upper bounds. Pure numpy: with a model, the parameters are counted
-through :mod:`moesd.zoo`, which imports torch only then.
+``draft_bias``, and five times those the upper bounds: :func:`parameter_bounds` for given models and hardware,
+:func:`appendix_c2_bounds` for the models and machine of a result file. Pure numpy and pandas: with a model, the
+parameters are counted through :mod:`moesd.zoo`, which imports torch only then.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from moesd._checks import UsageError, as_array
+from moesd.measure.analysis import bytes_per_weight, measuring_hardware
 from moesd.theory.roofline import hardware_record
 
 
@@ -118,3 +121,38 @@ def parameter_bounds(model=None, hardware=None, draft=None, bytes_per_parameter:
     if t_reject is not None:
         upper[6] = upper[7] = float(as_array("t_reject", t_reject, low=0, low_open=True))
     return lower, upper
+
+
+def appendix_c2_bounds(rows: pd.DataFrame, sidecar: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Appendix C.2's bounds of Algorithm 1 for the models and machine of a result file.
+
+    ``bias``, ``k2`` and ``draft_bias`` lie between the time to read the dense parameters, one
+    expert of every MoE layer and the whole draft at the machine's measured bandwidth
+    (:func:`moesd.measure.analysis.measuring_hardware`) and 5 times that, counting the parameters of the
+    models as the sweep built them (its layers, width and vocabulary, ``settings``) at the bytes of its dtype, each model's
+    volume split over its tensor-parallel GPUs as the sidecar records them (a vLLM file's
+    ``tensor_parallel_size`` and ``draft_tensor_parallel_size``; files without them, as
+    :mod:`moesd.measure.bench` writes on one device, ran on one); ``reject_bias`` and ``reject_k`` lie below
+    the largest measured rejection time (``rows["t_reject"]``, seconds). See :func:`parameter_bounds`.
+
+    Returns
+    -------
+    (numpy.ndarray, numpy.ndarray)
+        ``(lower, upper)`` in :data:`moesd.model.algorithm1.PARAMETERS` order (seconds for the time-like ones).
+    """
+    from moesd.zoo import get_model
+
+    settings = sidecar.get("settings", {})
+    missing = [f"settings.{key}" for key in ("target", "draft") if not settings.get(key)]
+    missing += ["a t_reject column"] if "t_reject" not in rows.columns else []
+    if missing:
+        raise ValueError(f"the bounds need the models and the rejection times; the file has no {', '.join(missing)}")
+    if settings.get("target_path") or settings.get("draft_path"):
+        raise ValueError("the bounds count the parameters of moesd.zoo's models; this file measured models "
+                         "loaded from a path")
+    return parameter_bounds(get_model(settings["target"]), measuring_hardware(sidecar), get_model(settings["draft"]),
+                            bytes_per_weight(sidecar, "the volume bounds"), float(rows["t_reject"].max()),
+                            layers=settings.get("layers"), draft_layers=settings.get("draft_layers"),
+                            width=settings.get("width") or 1.0, vocab_size=settings.get("vocab_size"),
+                            tp=sidecar.get("tensor_parallel_size") or 1,
+                            draft_tp=sidecar.get("draft_tensor_parallel_size") or 1)

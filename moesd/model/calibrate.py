@@ -2,8 +2,9 @@
 
 :func:`calibrate` fits the few efficiency and overhead parameters (:class:`moesd.predictor.kernels.Efficiency`) to the
 ``T(B, s)`` of a ``moesd sweep forward`` and reports the error on held-out batch sizes;
-:func:`measured_shapes` and :func:`measured_device` read the shapes and the roofline of that sweep from its
-sidecar. scipy is imported inside :func:`calibrate` only.
+the shapes and the roofline of that sweep are read from its sidecar
+(:func:`moesd.measure.analysis.measured_shapes`, :func:`moesd.measure.analysis.measured_device`). scipy is
+imported inside :func:`calibrate` only.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ import numpy as np
 import pandas as pd
 
 from moesd._checks import UsageError
-from moesd.measure.analysis import measuring_hardware
+from moesd.measure.analysis import measured_device, measured_shapes
 from moesd.predictor.forward import step_time
 from moesd.predictor.kernels import Efficiency
 from moesd.predictor.models import resolve_model
-from moesd.theory.roofline import Hardware, hardware_record
-from moesd.architecture import Architecture
-from moesd.zoo import get_model
+from moesd.theory.roofline import hardware_record
 
 
 @dataclass(frozen=True)
@@ -52,46 +51,6 @@ class Calibration:
     table: pd.DataFrame
 
 
-def measured_shapes(sidecar: dict) -> tuple[Architecture, Architecture]:
-    """The target's and draft's shapes of a ``moesd sweep`` (scaled by its layers and width settings).
-
-    The draft shares the target's vocabulary, as :func:`moesd.measure.bench.build_models` builds it (the
-    sweep's ``vocab_size`` when it set one).
-    """
-    settings = sidecar.get("settings", {})
-    missing = [k for k in ("target", "draft", "layers", "draft_layers", "width") if k not in settings]
-    if missing:
-        raise UsageError(f"sidecar: settings lack {', '.join(missing)}", "sidecar")
-    target_spec, draft_spec = get_model(settings["target"]), get_model(settings["draft"])
-    target = target_spec.architecture(settings["layers"], width=settings["width"])
-    if settings.get("vocab_size"):  # a vocabulary cut apart from the width (moesd.zoo.depth_scaled_vocab)
-        target = Architecture.from_config(target_spec.name, target_spec.model_type,
-                                          {**target_spec.config_dict(settings["layers"], width=settings["width"]),
-                                           "vocab_size": settings["vocab_size"]})
-    draft_config = {**draft_spec.config_dict(settings["draft_layers"], width=settings["width"]),
-                    "vocab_size": target.vocab_size}
-    return target, Architecture.from_config(draft_spec.name, draft_spec.model_type, draft_config)
-
-
-def measured_device(sidecar: dict) -> Hardware:
-    """The measured roofline of the device that ran a ``moesd sweep``, usable in the sweep's weight dtype.
-
-    :func:`moesd.measure.analysis.measuring_hardware` reads the record from the sidecar; its GEMM peak
-    was measured in the sweep's dtype, so for a float32 sweep it is also the record's fp32 peak
-    (the record's ``peak_flops`` slot otherwise means bf16).
-
-    Raises
-    ------
-    ValueError
-        If the sidecar holds no measured roofline.
-    """
-    hardware = measuring_hardware(sidecar)
-    measured_dtype = sidecar.get("roofline_measurement", {}).get("settings", {}).get("dtype")
-    if measured_dtype == "float32" and hardware.fp32_flops is None:
-        hardware = dataclasses.replace(hardware, fp32_flops=hardware.peak_flops)
-    return hardware
-
-
 CALIBRATED = ("bandwidth_fraction", "flops_fraction", "step_seconds")
 """The parameters :func:`calibrate` fits by default. ``kernel_seconds`` is left out: one model's kernels
 do not change in number with the batch, so their cost and ``step_seconds`` are one constant to a fit."""
@@ -115,7 +74,7 @@ def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dt
     model : str, ModelSpec or Architecture
         The measured model's shape (for a scaled sweep, ``spec.architecture(layers, width=...)``).
     hardware : str or Hardware
-        The measuring device, e.g. :func:`measured_device` of the sweep's sidecar.
+        The measuring device, e.g. :func:`moesd.measure.analysis.measured_device` of the sweep's sidecar.
     role : {"target", "draft"}
         Which model's rows to fit.
     dtype : str, default "fp32"
@@ -192,8 +151,8 @@ def calibrate(forward_frame: pd.DataFrame, model, hardware, *, role="target", dt
 def predicted_forward_study(forward_frame: pd.DataFrame, sidecar: dict, role: str = "target") -> pd.DataFrame:
     """The predictor against a measured forward study, with nothing fitted: :func:`step_time` per point.
 
-    The model is the sweep's shape (:func:`measured_shapes`), the device its measured roofline
-    (:func:`measured_device`), the engine what the sweep ran (CUDA graph replays or eager launches,
+    The model is the sweep's shape (:func:`~moesd.measure.analysis.measured_shapes`), the device its measured
+    roofline (:func:`~moesd.measure.analysis.measured_device`), the engine what the sweep ran (CUDA graph replays or eager launches,
     grouped expert GEMMs on CUDA or Hugging Face's expert loop), with :class:`Efficiency`'s defaults.
 
     Parameters

@@ -242,7 +242,7 @@ def fit_speedup_model(frame: pd.DataFrame, rp: float, model=None, hardware=None,
         Tokens per sequence in the verification forward: Algorithm 1's ``gamma`` or vLLM's ``gamma + 1``.
     bounds : (numpy.ndarray, numpy.ndarray), optional
         ``(lower, upper)`` in :data:`PARAMETERS` order, as :func:`parameter_bounds` returns them (for a
-        result file: :func:`moesd.measure.analysis.appendix_c2_bounds`), instead of ``model``, ``hardware``,
+        result file: :func:`moesd.model.bounds.appendix_c2_bounds`), instead of ``model``, ``hardware``,
         ``draft``, ``bytes_per_parameter``, ``t_reject``, ``tp`` and ``draft_tp``.
     m : int, optional
         Fit only :func:`spread_sample` ``(frame, m, begin)``: ``m`` rows at a fractional stride (not

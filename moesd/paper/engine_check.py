@@ -25,7 +25,7 @@ import pandas as pd
 from moesd.predictor.engine import Cost, engine_profile
 from moesd.predictor.predict import predict_sd
 from moesd.predictor.setup import Setup
-from moesd.paper.tables import DATA_DIR
+from moesd.paper_tables import DATA_DIR
 
 __all__ = ["VARIANTS", "BAND_VARIANTS", "published_speedups", "point_setup", "EngineCheck", "check_engines",
            "error_band", "write_error_band"]

@@ -104,7 +104,7 @@ def paper_comparison(context=256, efficiency: Efficiency | None = None, batch_si
         with ``match``, ``step_ms_to_match`` and ``draft_step_ms_to_match`` (milliseconds, NaN where
         no overhead within 0-100 ms reaches x).
     """
-    from moesd.paper.tables import paper_table
+    from moesd.paper_tables import paper_table
 
     rows = paper_table("tables_1_2")
     rows = rows[rows["model"].str.startswith("Qwen2")]

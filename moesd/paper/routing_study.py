@@ -126,7 +126,8 @@ def predicted_efficiency(forward: pd.DataFrame, sidecar: dict, popularity, gamma
     pandas.DataFrame
         ``batch_size``, ``gamma``, ``uniform``, ``popularity`` (predicted efficiencies), ``difference``.
     """
-    from moesd.model.calibrate import calibrate, measured_device, measured_shapes
+    from moesd.measure.analysis import measured_device, measured_shapes
+    from moesd.model.calibrate import calibrate
     from moesd.predictor.forward import step_time
 
     target = measured_shapes(sidecar)[0]

@@ -22,9 +22,8 @@ from moesd.architecture import Architecture
 from moesd.predictor.engine import engine_profile
 from moesd.predictor.forward import step_time
 from moesd.predictor.kernels import Efficiency, sampling_time
-from moesd.predictor.drafters import resolve_draft
 from moesd.predictor.layout import check_dtype, check_kv_dtype, check_parallelism, ffn_dtype
-from moesd.predictor.models import resolve_model
+from moesd.predictor.models import resolve_draft, resolve_model
 from moesd.theory.roofline import Hardware, hardware_record
 
 __all__ = ["check_pair", "default_draft_tp", "Setup"]
@@ -52,7 +51,7 @@ def check_pair(target, draft) -> bool:
     """Whether ``draft`` is a draft head of ``target``, after refusing a pair that cannot run SD.
 
     A draft head drafts from the target itself: a record whose ``head_of`` names its target (a drafter of
-    :mod:`moesd.predictor.drafters`: an MTP module such as ``deepseek-v3-mtp``, an EAGLE or EAGLE-3 head of
+    :mod:`moesd.predictor.models`: an MTP module such as ``deepseek-v3-mtp``, an EAGLE or EAGLE-3 head of
     :data:`moesd.zoo.DRAFT_HEADS` or built for the target, Medusa heads, the n-gram drafter), or an Architecture of
     one layer of the target's hidden size (:func:`~moesd.predictor.models.one_layer_draft`). Refused:
 
@@ -132,7 +131,7 @@ class Setup:
     ----------
     target, draft : str, ModelSpec or Architecture
         The models (:data:`moesd.zoo.MODELS` names, ``config.json`` paths, or records; the draft also a name of
-        :data:`moesd.zoo.DRAFT_HEADS` or a drafter keyword of :data:`moesd.predictor.drafters.DRAFTERS`, ``"mtp"``,
+        :data:`moesd.zoo.DRAFT_HEADS` or a drafter keyword of :data:`moesd.predictor.models.DRAFTERS`, ``"mtp"``,
         ``"eagle"``, ``"eagle3"``, ``"medusa"``, ``"ngram"``, built for the target); kept as
         :class:`~moesd.architecture.Architecture` records. :func:`check_pair` refuses a pair that cannot run SD.
     hardware : str or Hardware

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from moesd.engine.vllm import CPU_ENVIRONMENT, CPU_HEAD_DIMS, import_vllm, save_model, spec_counters
 from moesd.routing.traces import RoutingTrace
-from moesd.measure.vllm_engine import CPU_ENVIRONMENT, CPU_HEAD_DIMS, import_vllm, spec_counters
 
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
 """vLLM's engine core in this process, so that the callbacks write into this process's memory, with the model
@@ -359,7 +359,6 @@ def trace_with_vllm(model: str, prompts, batch_size: int, max_new_tokens: int, *
     with tempfile.TemporaryDirectory() as scratch:
         if random_weights:
             from moesd.routing.capture import random_weights_note
-            from moesd.measure.vllm_engine import save_model
             from moesd.zoo import get_model
 
             spec = get_model(model)

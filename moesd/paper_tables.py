@@ -20,7 +20,7 @@ import pandas as pd
 
 from moesd._checks import one_of
 
-DATA_DIR = Path(os.environ.get("MOESD_DATA", Path(__file__).resolve().parents[2] / "data"))
+DATA_DIR = Path(os.environ.get("MOESD_DATA", Path(__file__).resolve().parents[1] / "data"))
 """The project's ``data/`` folder; set ``MOESD_DATA`` to read another."""
 
 PAPER_TABLES = ("tables_1_2", "table_3", "models")
