@@ -84,5 +84,5 @@ def test_row_numbers_are_hidden_and_labels_shown_under_a_blank_header():
 
 def test_columns_of_several_levels_join_their_names():
     frame = pd.DataFrame([["Fig. 2", "holds"]],
-                         columns=pd.MultiIndex.from_tuples([("claim", ""), ("h200", "material")]))
-    assert list(formatted(frame).frame.columns) == ["claim", "h200, material"]
+                         columns=pd.MultiIndex.from_tuples([("claim", ""), ("step_ms", "qwen3-0.6b")]))
+    assert list(formatted(frame).frame.columns) == ["claim", "step (ms), qwen3-0.6b"]

@@ -124,8 +124,8 @@ def formatted(frame: pd.DataFrame, digits: int | Mapping[str, int] = 3, names: M
         Display names replacing the column names.
     units : mapping of column to str, optional
         Units for the header, replacing any unit the column's name ends with. Columns of several levels are
-        named by their non-empty levels joined by ``", "`` (``h200, material``) before ``names`` and ``units``
-        apply.
+        named by their non-empty levels, each read by :func:`header`, joined by ``", "`` (``("draft_term",
+        "qwen3-0.6b")``: ``draft term, qwen3-0.6b``) before ``names`` and ``units`` apply.
     index : bool, optional
         Whether the frame's index becomes the first column(s), named by the index's names (an unnamed level:
         a blank header); by default it does where it is named or holds labels, not where it holds unnamed
@@ -144,7 +144,7 @@ def formatted(frame: pd.DataFrame, digits: int | Mapping[str, int] = 3, names: M
         frame = frame.rename_axis([name if name is not None else " " * level
                                    for level, name in enumerate(frame.index.names)]).reset_index()
     if frame.columns.nlevels > 1:
-        frame = frame.set_axis([", ".join(str(part) for part in column if str(part))
+        frame = frame.set_axis([", ".join(header(part) for part in column if str(part))
                                 for column in frame.columns], axis=1)
     per_column = digits if isinstance(digits, Mapping) else {}
     headers = [header(column, names, units) for column in frame.columns]
