@@ -212,6 +212,7 @@ def poor_coverage_worst_fits(robustness: pd.DataFrame | None, batch_sizes=None, 
         worst = used.loc[used["mse"].idxmax()]
         scatter = 1.4826 * float((well["mse"] - well["mse"].median()).abs().median())
         excess = float(poor["mse"].median() - well["mse"].median())
+        table.attrs.update(pooled_scatter=scatter, pooled_excess=excess)
         notes["strict"] += [note(SHOWN if worst["poor"] else CONTRADICTED, "the worst fit covering poorly", where),
                             note(SHOWN if excess > NOISE_Z * scatter else NOT_SHOWN,
                                  "the poorly covering samples' larger error", where, NOISE_Z * scatter, "MSE")]
@@ -273,7 +274,7 @@ def table3_tests(verdicts) -> pd.DataFrame:
         One row per study: ``study``; ``worst m`` (the judged sample of largest MSE); the per-curve reading's
         ``worst coverage`` (that sample's share of its curves' batch-size ranges), ``median coverage`` (of the judged
         samples), ``rank correlation`` of coverage with MSE and its one-sided ``rank p``; the pooled reading's
-        ``excess / scatter`` (the poorly covering samples' median MSE over the others', in units of the others'
+        ``excess / scatter`` (as the verdict computed it: the poorly covering samples' median MSE over the others', in units of the others'
         scatter, ``1.4826 * MAD``; the claim needs more than ``NOISE_Z``) and ``Mann-Whitney p`` (one-sided: the
         poorly covering MSEs rank above the others). NaN where a study has no such number (no per-curve
         coverage, fewer than one poorly or three evenly covering samples).
@@ -287,9 +288,9 @@ def table3_tests(verdicts) -> pd.DataFrame:
         worst = judged_rows.loc[judged_rows["mse"].idxmax()]
         poor, well = judged_rows.loc[judged_rows["poor"], "mse"], judged_rows.loc[~judged_rows["poor"], "mse"]
         excess = p_value = math.nan
-        if len(poor) >= 1 and len(well) >= 3:
-            scatter = 1.4826 * float((well - well.median()).abs().median())
-            excess = float(poor.median() - well.median()) / scatter if scatter > 0 else math.inf
+        if "pooled_scatter" in numbers.attrs:
+            scatter = numbers.attrs["pooled_scatter"]
+            excess = numbers.attrs["pooled_excess"] / scatter if scatter > 0 else math.inf
             p_value = float(mannwhitneyu(poor, well, alternative="greater").pvalue)
         rows.append({"study": label, "worst m": int(worst["m"]),
                      "worst coverage": float(worst["coverage"]) if "coverage" in numbers else math.nan,
