@@ -8,6 +8,7 @@ import pytest
 
 from moesd.model.samples import stride_sample
 from moesd.paper import criteria as cr
+from moesd import narration
 from moesd.paper import curves as cu
 from moesd.paper import sparsity_verdicts as sv
 from moesd.paper import verdicts as v
@@ -87,7 +88,7 @@ def test_fig3_sets_eq8_bytes_beside_the_dip():
     verdict = v.efficiency_moe_rises_dense_falls(moe, forward_study(piecewise(DENSE), grid=grid), sidecar=sidecar)
     row = verdict.numbers.set_index("gamma").loc[2]
     assert row[["predicted_first", "predicted_second"]].tolist() == pytest.approx(predicted.tolist())
-    assert "Eq. 8" in verdict.plain  # the plain sentence sets the dip beside the bytes' prediction
+    assert "Eq. 8" in narration.plain(verdict)  # the plain sentence sets the dip beside the bytes' prediction
 
 
 # --- Fig. 2, 5, 6 -----------------------------------------------------------------------------------------------

@@ -1,13 +1,18 @@
 """The sentences of a verdict, written by moesd.narration from typed parts: the only tests that read words."""
 
 import numpy as np
+import pandas as pd
+import pytest
 
 from moesd.paper import criteria as cr
 from moesd import narration
 
 
-def _notes(notes):
-    return {"strict": [(*n, *(None, "")[len(n) - 3:], cr.CLAIM) for n in notes], "material": []}
+def _verdict(claim, strict_status, strict_notes, material_status=None, material_notes=(), reason=None, **options):
+    """A Verdict of ``claim`` with the strict reading's notes ``(outcome, part, where[, detectable, unit])``."""
+    strict = [(*n, *(None, "")[len(n) - 3:], cr.CLAIM) for n in strict_notes]
+    return cr.Verdict(claim, cr.Reading.from_notes(material_status or strict_status, material_notes),
+                      cr.Reading.from_notes(strict_status, strict), pd.DataFrame(), options, reason)
 
 
 def test_a_summary_groups_parts_by_outcome_contradicted_first_with_detectable_effects():
@@ -16,32 +21,53 @@ def test_a_summary_groups_parts_by_outcome_contradicted_first_with_detectable_ef
              (cr.CONTRADICTED, "K = 2's monotone fall", "gamma = 2"),
              (cr.CONTRADICTED, "K = 2's monotone fall", "gamma = 4"),
              (cr.SHOWN, "the wider range", "gamma = 2")]
-    verdict = narration.verdict("Fig. 4", "a claim", {"strict": cr.FAILS, "material": cr.UNTESTABLE}, [],
-                                _notes(notes), "the details")
-    assert verdict.strict.summary == ("does not hold: K = 2's monotone fall contradicted by the data (gamma = 2, 4); "
-                                      "the later peak not shown beyond noise (gamma = 2, 4; detectable from 24-31 B)")
-    assert verdict.strict.sentence == "Fig. 4 (a claim): does not hold - the details."
+    verdict = _verdict("Fig. 4", cr.FAILS, notes, cr.UNTESTABLE)
+    assert narration.summary(verdict, "strict") == (
+        "does not hold: K = 2's monotone fall contradicted by the data (gamma = 2, 4); "
+        "the later peak not shown beyond noise (gamma = 2, 4; detectable from 24-31 B)")
     assert list(verdict.strict.parts["outcome"]) == [cr.NOT_SHOWN, cr.NOT_SHOWN, cr.CONTRADICTED, cr.CONTRADICTED,
                                                      cr.SHOWN]
     assert np.isnan(verdict.strict.parts["detectable"].iloc[2])
-    assert verdict.plain.startswith("Fig. 4 is not testable here as the paper states it")
-    assert "read strictly it does not hold" in verdict.plain
+    assert narration.plain(verdict).startswith("Fig. 4 is not testable here as the paper states it")
+    assert "read strictly it does not hold" in narration.plain(verdict)
 
 
 def test_a_claim_that_holds_or_cannot_be_tested_says_so_in_its_summary():
-    both = {"strict": cr.HOLDS, "material": cr.HOLDS}
-    assert narration.verdict("Fig. 2", "s", both, [], _notes([]), "numbers").summary == cr.HOLDS
-    missing = narration.verdict("Fig. 2", "s", dict.fromkeys(both, cr.UNTESTABLE), [], _notes([]),
-                                narration.no_study("e2e"))
-    assert missing.summary == "not testable here: no complete e2e study on this device"
-    assert missing.plain == "Fig. 2 is not testable here: no complete e2e study on this device."
+    assert narration.summary(_verdict("Fig. 2", cr.HOLDS, [])) == cr.HOLDS
+    missing = _verdict("Fig. 2", cr.UNTESTABLE, [], reason=cr.NO_STUDY, studies=("e2e",))
+    assert narration.summary(missing) == "not testable here: no complete e2e study on this device"
+    assert narration.plain(missing) == "Fig. 2 is not testable here: no complete e2e study on this device."
+    assert narration.sentence(missing, "strict") == (f"Fig. 2 ({cr.CLAIMS['Fig. 2'].statement}): not testable here "
+                                                     "- no complete e2e study on this device.")
+
+
+def test_every_reason_code_has_its_words():
+    options = {"studies": ("forward", "dense_forward"), "gammas": (2, 3), "error": "no measured roofline"}
+    phrases = {reason: narration.reason_phrase(reason, options) for reason in cr.REASONS}
+    assert len(set(phrases.values())) == len(cr.REASONS)
+    assert phrases[cr.NO_STUDY] == "no complete forward and dense_forward study on this device"
+    assert phrases[cr.NOT_FITTED].endswith("no measured roofline")
+
+
+def test_the_statement_carries_the_options_it_was_judged_with():
+    fig4 = _verdict("Fig. 4", cr.HOLDS, [], monotone_ks=(1,), from_batch_size=2)
+    assert "K = 1 fall" in narration.statement(fig4) and narration.statement(fig4).endswith("judged from B = 2")
+    assert "B > 8" in narration.statement(_verdict("Fig. 6", cr.HOLDS, [], beyond=8))
+    assert narration.statement(_verdict("Fig. 2", cr.HOLDS, [])) == cr.CLAIMS["Fig. 2"].statement
+    with pytest.raises(ValueError, match="reading must be"):
+        narration.summary(fig4, "lenient")
 
 
 def test_a_detail_is_named_as_one():
-    notes = {"strict": [], "material": [(cr.CONTRADICTED, "the small run-to-run spread", "mtbench T=1", None, "",
-                                         cr.DETAIL)]}
-    verdict = narration.verdict("Fig. 5", "s", {"strict": cr.HOLDS, "material": cr.HOLDS}, [], notes, "numbers")
-    assert "spread (a detail) contradicted" in verdict.summary
+    material = [(cr.CONTRADICTED, "the small run-to-run spread", "mtbench T=1", None, "", cr.DETAIL)]
+    verdict = _verdict("Fig. 5", cr.HOLDS, [], cr.HOLDS, material)
+    assert "spread (a detail) contradicted" in narration.summary(verdict)
+
+
+def test_records_leave_out_what_a_row_does_not_have():
+    numbers = pd.DataFrame([{"gamma": 2, "where": "gamma = 2"}, {"gamma": 4, "where": "gamma = 4", "first": 1.5}])
+    rows = narration.records(numbers)
+    assert "first" not in rows[0] and rows[1]["first"] == 1.5 and rows[0]["gamma"] == 2
 
 
 def test_numbers_for_prose():

@@ -60,6 +60,17 @@ def test_text_and_html_hide_the_index_and_keep_the_values():
     assert list(formatted(frame.set_index("B").T.rename_axis("row")).frame.columns) == ["row", "1", "8"]
 
 
+def test_html_marks_columns_of_words_and_escapes_them():
+    frame = pd.DataFrame({"claim": ["Fig. 2", "a<b"], "status": ["holds", None], "speedup": [1.5, float("nan")],
+                          "tracks": [True, False]})
+    table = formatted(frame)
+    assert table.text_columns == {"claim", "status"}
+    html = table._repr_html_()
+    assert '<th class="text">claim</th>' in html and "<th>speedup</th>" in html
+    assert '<td class="text">a&lt;b</td>' in html and "<td>1.50</td>" in html and "<td>yes</td>" in html
+    assert html.count("<tr>") == 3  # the header and two rows, no index
+
+
 def test_bad_input():
     with pytest.raises(TypeError, match="DataFrame"):
         formatted([[1, 2]])

@@ -13,7 +13,7 @@ from moesd.paper import curves as cu
 from moesd.paper import sparsity_verdicts as sv
 from moesd.paper import scorecard as sc
 from moesd.paper import verdicts as v
-from moesd.narration import no_common_pass
+from moesd import narration
 from moesd.model.samples import stride_sample
 from moesd.paper_tables import paper_table
 from moesd.theory.roofline import HARDWARE
@@ -336,7 +336,7 @@ def test_fig3_from_a_smallest_batch_size_treats_both_models_alike():
     assert not everything.numbers["dense_falls_monotonically"].any()
     from_two = v.efficiency_moe_rises_dense_falls(moe, dense, from_batch_size=2)
     assert from_two.numbers["dense_falls_monotonically"].all() and not from_two.numbers["moe_rises_then_falls"].any()
-    assert "judged from B = 2" in from_two.strict.sentence and (from_two.numbers["moe_first"] > 0.85).all()
+    assert from_two.options["from_batch_size"] == 2 and (from_two.numbers["moe_first"] > 0.85).all()
 
 
 def test_fig3_unmeasurable():
@@ -344,7 +344,8 @@ def test_fig3_unmeasurable():
     assert v.efficiency_moe_rises_dense_falls(moe, None).strict.status == cr.UNTESTABLE
     short = forward_study(lambda b: falling(b, 0.95, 0.006), tokens=(1, 2))  # no pass of 3-5 tokens
     verdict = v.efficiency_moe_rises_dense_falls(moe, short)
-    assert verdict.strict.status == cr.UNTESTABLE and verdict.strict.sentence.endswith(no_common_pass((2, 3, 4)) + ".")
+    assert verdict.strict.status == cr.UNTESTABLE and verdict.reason == cr.NO_COMMON_PASS
+    assert verdict.options["gammas"] == (2, 3, 4)
     few = forward_study(lambda b: falling(b, 0.95, 0.006), grid=GRID[:3])
     assert v.efficiency_moe_rises_dense_falls(moe, few).strict.status == cr.UNTESTABLE
 
@@ -512,7 +513,7 @@ def test_fig6_unmeasurable():
     moe = e2e_study(lambda b: hump(b, 24), lambda b: hump(b, 24), gammas=(2,))
     dense = e2e_study(falling, falling, gammas=(4,))
     assert v.moe_above_dense(moe, None).strict.status == cr.UNTESTABLE
-    assert "share no gamma" in v.moe_above_dense(moe, dense).sentence
+    assert v.moe_above_dense(moe, dense).reason == cr.NO_COMMON_GAMMA
     small = e2e_study(falling, falling, gammas=(2,), grid=GRID[GRID <= 24])
     assert v.moe_above_dense(moe, small).strict.status == cr.UNTESTABLE  # only B = 20, 24 beyond 16
 
@@ -540,7 +541,8 @@ def test_longest_missing_run_matches_the_papers_coverage_column():
 
 def test_table3_holds_on_the_papers_own_table():
     verdict = sv.poor_coverage_worst_fits(paper_robustness())
-    assert verdict.strict.status == cr.HOLDS and "m = 12" in verdict.strict.sentence
+    judged = verdict.numbers[verdict.numbers["judged"]]
+    assert verdict.strict.status == cr.HOLDS and judged.loc[judged["mse"].idxmax(), "m"] == 12  # the worst fit
     poor = verdict.numbers.loc[verdict.numbers["judged"] & verdict.numbers["poor"], "m"].tolist()
     assert poor == [11, 12, 13]
 
@@ -577,14 +579,14 @@ def test_scorecard_reads_a_device_folder(tmp_path, monkeypatch):
     assert card.set_index("claim")["status"].to_dict() == {
         "Fig. 2": cr.HOLDS, "Fig. 3": cr.UNTESTABLE, "Fig. 4": cr.UNTESTABLE, "Fig. 5": cr.UNTESTABLE,
         "Fig. 6": cr.UNTESTABLE, "Table 3": cr.UNTESTABLE}
-    assert card.set_index("claim").loc["Fig. 6", "sentence"].endswith("no complete dense study on this device.")
-    assert card.set_index("claim").loc["Fig. 6", "summary"] == "not testable here: no complete dense study on this device"
-    assert card.set_index("claim").loc["Fig. 2", "summary"] == cr.HOLDS
+    fig6 = card.set_index("claim").loc["Fig. 6", "verdict"]
+    assert fig6.reason == cr.NO_STUDY and fig6.options["studies"] == ("dense",)
+    assert card.set_index("claim").loc["Fig. 2", "verdict"].reason is None
     assert (card["measured_with"] == "weights not recorded").all()  # the sidecar above records no weights
     # a sweep stopped part-way is not judged: fewer points than its design
     (folder / "e2e.json").write_text(json.dumps({"device": "H100", "complete": False}))
     stopped = sc.scorecard("h100").set_index("claim").loc["Fig. 2"]
-    assert stopped["status"] == cr.UNTESTABLE and "no complete e2e study" in stopped["summary"]
+    assert stopped["status"] == cr.UNTESTABLE and stopped["verdict"].options["studies"] == ("e2e",)
 
 
 def test_measured_with_names_each_kind_of_study_once():
@@ -606,7 +608,9 @@ def test_scorecard_says_why_table3_cannot_be_fitted(tmp_path, monkeypatch):
     # strictly K = 1, 2 fall as the paper saw; read materially, with no context making attention dominate, the
     # paper's theory puts their peaks latest, and their falls contradict the later peak and the wider range
     assert card.loc["Fig. 4", "strict_status"] == cr.HOLDS and card.loc["Fig. 4", "status"] == cr.FAILS
-    assert card.loc["Table 3", "status"] == cr.UNTESTABLE and "no measured roofline" in card.loc["Table 3", "sentence"]
+    table3 = card.loc["Table 3", "verdict"]
+    assert table3.status == cr.UNTESTABLE and table3.reason == cr.NOT_FITTED
+    assert "no measured roofline" in table3.options["error"]
     with pytest.raises(ValueError, match="not a known model"):
         sc.robustness_for(sparsity_study(), {"hardware": HARDWARE["H100"].as_dict(), "settings": {"target": "x"}})
 
@@ -628,4 +632,4 @@ def test_scorecard_of_the_shipped_folders_runs():
     for device in sc.devices():
         card = sc.scorecard(device, robustness=pd.DataFrame())  # Table 3's fits: see the test above
         assert len(card) == len(cr.CLAIMS) and card["status"].isin(cr.STATUSES).all()
-        assert card["sentence"].str.len().gt(40).all()
+        assert narration.worded(card)["sentence"].str.len().gt(40).all()

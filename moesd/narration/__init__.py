@@ -14,22 +14,21 @@ package alone, and tests assert fields, not sentences.
 
 from moesd.narration.phrases import (fall_phrase, join, judged_from, noise_phrase, number, parts_phrase,
                                      shape_phrase, shapes_phrase, span)
-from moesd.narration.verdicts import (TOLERANCE_PHRASE, WHY_READINGS_DIFFER, plain_reading, reading, status_verb,
-                                      verdict)
-from moesd.narration.details import (FEWER_THAN_TWO_SETTINGS, NO_COMMON_GAMMA, NO_ROBUSTNESS, fig2_details,
-                                     fig3_details, fig4_details, fig5_details, fig6_details, no_common_pass,
-                                     no_study, table3_details, table3_too_few)
+from moesd.narration.verdicts import (TOLERANCE_PHRASE, WHY_READINGS_DIFFER, plain, sentence, statement, status_verb,
+                                      summary, worded)
+from moesd.narration.details import (details, fig2_details, fig3_details, fig4_details, fig5_details, fig6_details,
+                                     no_common_pass, no_study, reason_phrase, records, table3_details)
 from moesd.narration.predictor import (STEP_NOTE, acceptance_label, advice_report, band_line, batch_runs,
                                        engine_range, memory_lines, peak_edge_phrase, predict_notes, predict_setup,
                                        routing_source_line, sd_legend, shape_columns, where_sd_pays)
 from moesd.narration.routing import (fig1_sentence, fig1_summary, popularity_peak_sentence)
 from moesd.narration.tables import Table, formatted
 
-__all__ = ['FEWER_THAN_TWO_SETTINGS', 'NO_COMMON_GAMMA', 'NO_ROBUSTNESS', 'STEP_NOTE', 'TOLERANCE_PHRASE', 'Table',
-           'WHY_READINGS_DIFFER', 'acceptance_label', 'advice_report', 'band_line', 'batch_runs', 'engine_range',
+__all__ = ['STEP_NOTE', 'TOLERANCE_PHRASE', 'Table',
+           'WHY_READINGS_DIFFER', 'acceptance_label', 'advice_report', 'band_line', 'batch_runs', 'details', 'engine_range',
            'fall_phrase', 'fig1_sentence', 'fig1_summary', 'fig2_details', 'fig3_details', 'fig4_details',
            'fig5_details', 'fig6_details', 'formatted', 'join', 'judged_from', 'memory_lines', 'no_common_pass', 'no_study',
-           'noise_phrase', 'number', 'parts_phrase', 'peak_edge_phrase', 'plain_reading',
-           'popularity_peak_sentence', 'predict_notes', 'predict_setup', 'reading', 'routing_source_line',
-           'sd_legend', 'shape_columns', 'shape_phrase', 'shapes_phrase', 'span', 'status_verb', 'table3_details',
-           'table3_too_few', 'verdict', 'where_sd_pays']
+           'noise_phrase', 'number', 'parts_phrase', 'peak_edge_phrase', 'plain',
+           'popularity_peak_sentence', 'predict_notes', 'predict_setup', 'reason_phrase', 'records', 'routing_source_line',
+           'sd_legend', 'sentence', 'shape_columns', 'shape_phrase', 'shapes_phrase', 'span', 'statement', 'status_verb', 'summary',
+           'table3_details', 'where_sd_pays', 'worded']

@@ -4,11 +4,53 @@ where a claim cannot be judged.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
 from moesd.narration.phrases import fall_phrase, join, noise_phrase, number, shape_phrase, shapes_phrase, span
-from moesd.paper.criteria import HOLDS
+from moesd.paper.criteria import (FEWER_THAN_TWO_SETTINGS, HOLDS, NO_COMMON_GAMMA, NO_COMMON_PASS, NO_ROBUSTNESS,
+                                  NO_STUDY, NOT_FITTED, Verdict)
+from moesd.paper.curves import MIN_BATCH_SIZES
+
+
+def details(verdict: Verdict) -> str:
+    """The details of a verdict's sentences: what its numbers say, or why the claim cannot be judged."""
+    if verdict.reason is not None:
+        return reason_phrase(verdict.reason, verdict.options)
+    options, claim = verdict.options, verdict.claim
+    if claim == "Table 3":
+        return table3_details(verdict.numbers, options.get("parameters", 10))
+    rows = records(verdict.numbers)
+    if claim == "Fig. 2":
+        return fig2_details(rows, MIN_BATCH_SIZES)
+    if claim == "Fig. 3":
+        return fig3_details(rows, MIN_BATCH_SIZES)
+    if claim == "Fig. 4":
+        return fig4_details(rows, options.get("monotone_ks", (1, 2)), MIN_BATCH_SIZES)
+    if claim == "Fig. 5":
+        return fig5_details(rows, MIN_BATCH_SIZES, options.get("one_gamma", False))
+    return fig6_details(rows, options.get("beyond", 16), MIN_BATCH_SIZES)
+
+
+def records(numbers: pd.DataFrame) -> list:
+    """A verdict's numbers as rows (dicts), each without the entries its row does not have (NaN or None), as the
+    verdict built them: a gamma too short to judge has no ``first``."""
+    return [{key: value for key, value in row.items() if not (np.ndim(value) == 0 and pd.isna(value))}
+            for row in numbers.to_dict("records")]
+
+
+def reason_phrase(reason: str, options: dict) -> str:
+    """Why a claim cannot be judged, from its reason code (:data:`moesd.paper.criteria.REASONS`) and options."""
+    if reason == NO_STUDY:
+        return no_study(*options["studies"])
+    if reason == NO_COMMON_PASS:
+        return no_common_pass(options["gammas"])
+    if reason == NOT_FITTED:
+        return f"the robustness study cannot be fitted: {options['error']}"
+    return {NO_COMMON_GAMMA: "the e2e and dense studies share no gamma", NO_ROBUSTNESS: "no robustness study given",
+            FEWER_THAN_TWO_SETTINGS: "fewer than two settings"}[reason]
 
 
 def _keys(row: dict, prefix: str) -> dict:
@@ -119,9 +161,6 @@ def fig5_details(rows: list, minimum: int, one_gamma: bool) -> str:
     return join(*phrases, noise_phrase(rows))
 
 
-FEWER_THAN_TWO_SETTINGS = "fewer than two settings"
-
-
 def fig6_details(rows: list, beyond: float, minimum: int) -> str:
     """The details of Fig. 6's verdict (:func:`moesd.paper.verdicts.moe_above_dense`)."""
     phrases = []
@@ -130,10 +169,10 @@ def fig6_details(rows: list, beyond: float, minimum: int) -> str:
             phrases.append(f"gamma = {row['gamma']}: fewer than three common batch sizes above "
                            f"{number(beyond, whole=True)} or {minimum} dense batch sizes")
             continue
-        crossover = row["crossover"]
+        crossover = row.get("crossover", math.nan)
         fall = _keys(row, "dense_")
-        phrases.append(f"gamma = {row['gamma']}: above beyond noise at {row['above']} and below at {row['below']} of "
-                       f"{row['batch_sizes']} batch sizes (median difference {number(row['median_difference'])}, "
+        phrases.append(f"gamma = {row['gamma']}: above beyond noise at {int(row['above'])} and below at "
+                       f"{int(row['below'])} of {int(row['batch_sizes'])} batch sizes (median difference {number(row['median_difference'])}, "
                        f"median margin {number(row['median_margin'])}), MoE above from B = "
                        f"{number(crossover, whole=True) if np.isfinite(crossover) else 'nowhere'}; the dense speedup "
                        f"{fall_phrase(fall)} "
@@ -143,20 +182,18 @@ def fig6_details(rows: list, beyond: float, minimum: int) -> str:
     return join(*phrases, noise)
 
 
-NO_COMMON_GAMMA = "the e2e and dense studies share no gamma"
-NO_ROBUSTNESS = "no robustness study given"
-
-
-def table3_too_few(poor: int, well: int, parameters: int) -> str:
-    return f"{poor} poorly and {well} well covering samples with m > {parameters}"
-
-
-def table3_details(worst, poor_m, poor_mse: float, well_mse: float, well: int, scatter: float, excess: float) -> str:
-    """The details of Table 3's verdict (:func:`moesd.paper.verdicts.poor_coverage_worst_fits`): the worst
-    fit's row, the poorly covering samples' m, both medians of the MSE, the well covering count, their scatter
-    and the excess."""
+def table3_details(table: pd.DataFrame, parameters: int) -> str:
+    """The details of Table 3's verdict (:func:`moesd.paper.sparsity_verdicts.poor_coverage_worst_fits`) from its
+    table: the worst fit's row, the poorly covering samples' m, both medians of the MSE, the well covering count,
+    their scatter and the excess (in ``table.attrs``); or how few samples there were."""
+    used = table[table["judged"]]
+    poor, well = used[used["poor"]], used[~used["poor"]]
+    if "pooled_scatter" not in table.attrs:
+        return f"{len(poor)} poorly and {len(well)} well covering samples with m > {parameters}"
+    worst = used.loc[used["mse"].idxmax()]
+    scatter, excess = table.attrs["pooled_scatter"], table.attrs["pooled_excess"]
     return (f"the worst fit (m = {int(worst['m'])}, MSE {worst['mse']:.3g}) leaves out {int(worst['gap'])} "
             f"consecutive batch sizes ({'poor' if worst['poor'] else 'even'} coverage); poorly covering samples "
-            f"(m = {', '.join(str(int(m)) for m in poor_m)}) have median MSE {poor_mse:.3g} against "
-            f"{well_mse:.3g} for the {well} well covering ones (scatter {scatter:.3g}, "
+            f"(m = {', '.join(str(int(m)) for m in poor['m'])}) have median MSE {poor['mse'].median():.3g} against "
+            f"{well['mse'].median():.3g} for the {len(well)} well covering ones (scatter {scatter:.3g}, "
             f"excess {excess / scatter if scatter else float('inf'):.1f} scatters)")

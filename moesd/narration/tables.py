@@ -6,6 +6,7 @@ compares) and as HTML (what the book renders), both deterministic.
 
 from __future__ import annotations
 
+import html
 import math
 import re
 from collections.abc import Mapping
@@ -97,16 +98,32 @@ def _shows_index(index: pd.Index) -> bool:
 
 
 class Table:
-    """A formatted table: ``frame`` (all cells strings) shown without its index, as text and as HTML."""
+    """A formatted table: ``frame`` (all cells strings) shown without its index, as text and as HTML.
 
-    def __init__(self, frame: pd.DataFrame):
+    ``text_columns`` are the columns of words (labels, statuses), which the HTML marks ``class="text"`` so that the
+    book aligns them left and the numbers right.
+    """
+
+    def __init__(self, frame: pd.DataFrame, text_columns=()):
         self.frame = frame
+        self.text_columns = frozenset(text_columns)
 
     def __repr__(self) -> str:
         return self.frame.to_string(index=False)
 
     def _repr_html_(self) -> str:
-        return self.frame.to_html(index=False, classes="moesd-table", border=0, escape=True)
+        marks = [' class="text"' if column in self.text_columns else "" for column in self.frame.columns]
+        head = "".join(f"<th{mark}>{html.escape(str(column))}</th>" for column, mark in zip(self.frame.columns, marks))
+        body = "".join("<tr>" + "".join(f"<td{mark}>{html.escape(value)}</td>" for value, mark in zip(row, marks))
+                       + "</tr>\n" for row in self.frame.itertuples(index=False))
+        return (f'<table class="dataframe moesd-table">\n<thead><tr>{head}</tr></thead>\n'
+                f"<tbody>\n{body}</tbody>\n</table>")
+
+
+def _is_text(values) -> bool:
+    """Whether a column holds words: some value is neither a number, a boolean nor missing."""
+    return any(not (_is_number(v) or isinstance(v, bool | np.bool_) or v is None or v is pd.NA
+                    or (isinstance(v, float) and math.isnan(v))) for v in values)
 
 
 def formatted(frame: pd.DataFrame, digits: int | Mapping[str, int] = 3, names: Mapping[str, str] | None = None,
@@ -151,10 +168,11 @@ def formatted(frame: pd.DataFrame, digits: int | Mapping[str, int] = 3, names: M
     repeated = sorted({text for text in headers if headers.count(text) > 1})
     if repeated:
         raise ValueError(f"two columns show the same header: {repeated}")
-    shown = {}
+    shown, text_columns = {}, []
     for column, text in zip(frame.columns, headers):
         values = frame[column].tolist()
         places = decimals(values, per_column.get(column, 3) if per_column else digits)
         shown[text] = [cell(value, places) for value in values]
-    shown = pd.DataFrame(shown, columns=headers)
-    return Table(shown)
+        if _is_text(values):
+            text_columns.append(text)
+    return Table(pd.DataFrame(shown, columns=headers), text_columns)

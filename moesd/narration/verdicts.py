@@ -1,38 +1,55 @@
-"""The verdicts on the paper's claims in words: each reading's summary and sentence and the plain sentence
-of a :class:`~moesd.paper.criteria.Verdict`.
+"""The verdicts on the paper's claims in words: the statement judged, each reading's summary and sentence, the plain
+sentence of a :class:`~moesd.paper.criteria.Verdict`, and a scorecard's words.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from moesd.narration.phrases import number, parts_phrase, span
-from moesd.paper.criteria import (FAILS, FLUCTUATION_TOLERANCE, HOLDS, PART_COLUMNS, PARTLY_HOLDS, UNTESTABLE, Reading,
-                                  Verdict)
+from moesd.narration.details import details
+from moesd.narration.phrases import judged_from, number, parts_phrase, span
+from moesd.paper.criteria import CLAIMS, FAILS, FLUCTUATION_TOLERANCE, HOLDS, PARTLY_HOLDS, UNTESTABLE, Reading, Verdict
 
 
-def _parts_frame(notes) -> pd.DataFrame:
-    parts = pd.DataFrame(list(notes), columns=list(PART_COLUMNS))
-    parts["detectable"] = parts["detectable"].astype(float)
-    return parts
+def statement(verdict: Verdict) -> str:
+    """The claim as it was judged: its one-line statement with the verdict's options (Fig. 4's K that only fall,
+    Fig. 6's batch size, the smallest batch size judged)."""
+    options = verdict.options
+    text = CLAIMS[verdict.claim].statement
+    if "monotone_ks" in options:
+        text = text.replace("1, 2", ", ".join(map(str, options["monotone_ks"])))
+    if "beyond" in options:
+        text = text.replace("16", number(options["beyond"], whole=True))
+    return judged_from(text, options.get("from_batch_size"))
 
 
-def reading(claim: str, statement: str, status: str, notes, details: str) -> Reading:
-    """One :class:`Reading`: its parts, a summary (the status and the parts not shown) and a sentence
-    ``claim (statement): status - details.``."""
-    parts = _parts_frame(notes)
-    phrase = parts_phrase(parts)
-    summary = f"{status}: {phrase}" if phrase else status if status == HOLDS else f"{status}: {details}"
-    return Reading(status, parts, summary, f"{claim} ({statement}): {status} - {details}.")
+def _reading(verdict: Verdict, reading: str) -> Reading:
+    if reading not in ("material", "strict"):
+        raise ValueError(f"reading must be 'material' or 'strict', not {reading!r}")
+    return getattr(verdict, reading)
 
 
-def verdict(claim: str, statement: str, statuses: dict, numbers, notes: dict, details: str) -> Verdict:
-    """A :class:`Verdict` from both readings' statuses and notes (``(outcome, part, where, detectable, unit, role)``
-    tuples), its numbers (rows) and the details of its sentences; the plain sentence from :func:`plain_reading`."""
-    numbers = numbers if isinstance(numbers, pd.DataFrame) else pd.DataFrame(numbers)
-    material = reading(claim, statement, statuses["material"], notes["material"], details)
-    strict = reading(claim, statement, statuses["strict"], notes["strict"], details)
-    return Verdict(claim, material, strict, numbers, plain_reading(claim, material, strict, numbers, details))
+def summary(verdict: Verdict, reading: str = "material") -> str:
+    """One line: a reading's status and the parts that are not shown, where (``reading``: ``"material"`` or
+    ``"strict"``)."""
+    chosen = _reading(verdict, reading)
+    phrase = parts_phrase(chosen.parts)
+    if phrase:
+        return f"{chosen.status}: {phrase}"
+    return chosen.status if chosen.status == HOLDS else f"{chosen.status}: {details(verdict)}"
+
+
+def sentence(verdict: Verdict, reading: str = "material") -> str:
+    """A reading in one sentence with its numbers: ``claim (statement): status - details.``."""
+    return f"{verdict.claim} ({statement(verdict)}): {_reading(verdict, reading).status} - {details(verdict)}."
+
+
+def worded(card: pd.DataFrame) -> pd.DataFrame:
+    """A scorecard (:func:`moesd.paper.scorecard.scorecard`) with its verdicts' words as columns: ``summary`` and
+    ``sentence`` (the material reading), ``strict_summary``, ``plain``."""
+    verdicts = card["verdict"]
+    return card.assign(summary=[summary(v) for v in verdicts], strict_summary=[summary(v, "strict") for v in verdicts],
+                       plain=[plain(v) for v in verdicts], sentence=[sentence(v) for v in verdicts])
 
 
 TOLERANCE_PHRASE = f"a quarter of the move it interrupts (FLUCTUATION_TOLERANCE = {FLUCTUATION_TOLERANCE:g})"
@@ -54,12 +71,13 @@ def status_verb(status: str) -> str:
     return status if status in (HOLDS, PARTLY_HOLDS, FAILS) else f"is {status}"
 
 
-def plain_reading(claim: str, material: Reading, strict: Reading, numbers: pd.DataFrame, details: str) -> str:
+def plain(verdict: Verdict) -> str:
     """One sentence a student reads: the material status in the paper's terms, what the data show, and where the
     strict reading differs and why (the parts themselves are in the readings' summaries)."""
+    claim, material, strict = verdict.claim, verdict.material, verdict.strict
     if material.status == UNTESTABLE and strict.status == UNTESTABLE:
-        return f"{claim} is not testable here: {details}."
-    shows = _PLAIN.get(claim, lambda numbers, material: "")(numbers, material)
+        return f"{claim} is not testable here: {details(verdict)}."
+    shows = _PLAIN.get(claim, lambda verdict: "")(verdict)
     text = f"{claim} {status_verb(material.status)} as the paper states it" + (f": {shows}" if shows else "")
     if strict.status != material.status:
         text += f"; read strictly it {status_verb(strict.status)}, {WHY_READINGS_DIFFER[claim]}"
@@ -78,7 +96,8 @@ def _last_judged(numbers: pd.DataFrame, key: str) -> dict | None:
     return None if rows.empty else rows.iloc[-1].to_dict()
 
 
-def _plain_fig2(numbers, material) -> str:
+def _plain_fig2(verdict: Verdict) -> str:
+    numbers = verdict.numbers
     row = _last_judged(numbers, "first")
     if row is None:
         return ""
@@ -87,7 +106,8 @@ def _plain_fig2(numbers, material) -> str:
             f"tracking it (rank correlation {row['rank_correlation']:.2f})")
 
 
-def _plain_fig3(numbers, material) -> str:
+def _plain_fig3(verdict: Verdict) -> str:
+    numbers = verdict.numbers
     row = _last_judged(numbers, "moe_first")
     if row is None:
         return ""
@@ -114,7 +134,8 @@ def _plain_fig3(numbers, material) -> str:
     return text
 
 
-def _plain_fig4(numbers, material) -> str:
+def _plain_fig4(verdict: Verdict) -> str:
+    numbers, material = verdict.numbers, verdict.material
     if "role" not in numbers:
         return ""
     gamma = numbers["gamma"].max()
@@ -136,7 +157,8 @@ def _plain_fig4(numbers, material) -> str:
     return text
 
 
-def _plain_fig5(numbers, material) -> str:
+def _plain_fig5(verdict: Verdict) -> str:
+    numbers = verdict.numbers
     if "normalised_rises_then_falls" not in numbers:
         return ""
     judged = numbers[numbers["normalised_rises_then_falls"].notna()]
@@ -145,17 +167,20 @@ def _plain_fig5(numbers, material) -> str:
             f"{span(judged['normalised_run_range'])} against rises of {span(judged['normalised_rise'])}")
 
 
-def _plain_fig6(numbers, material) -> str:
+def _plain_fig6(verdict: Verdict) -> str:
+    numbers = verdict.numbers
     row = _last_judged(numbers, "normalised_above")
     if row is None:
         return ""
+    beyond = number(verdict.options.get("beyond", 16), whole=True)
     return (f"at gamma = {row['gamma']} the MoE's acceptance-normalised speedup is above the dense pair's beyond "
-            f"noise at {row['normalised_above']} of the {row['normalised_batch_sizes']} batch sizes past 16 and below it "
-            f"at {row['normalised_below']}, while the dense pair's falls from {number(row['normalised_dense_first'])} "
-            f"to {number(row['normalised_dense_last'])}")
+            f"noise at {int(row['normalised_above'])} of the {int(row['normalised_batch_sizes'])} batch sizes past "
+            f"{beyond} and below it at {int(row['normalised_below'])}, while the dense pair's falls from "
+            f"{number(row['normalised_dense_first'])} to {number(row['normalised_dense_last'])}")
 
 
-def _plain_table3(numbers, material) -> str:
+def _plain_table3(verdict: Verdict) -> str:
+    numbers = verdict.numbers
     if "coverage" not in numbers or "median_coverage" not in numbers.attrs:
         return ""
     judged = numbers[numbers["judged"]]

@@ -2,8 +2,8 @@
 
 Written and committed on 2026-12-06 before any verdict was re-run under them (the statuses these criteria give the
 shipped data were not looked at while writing them). The noise model and the shape tests they use are in
-:mod:`moesd.paper.curves`; the claims are judged in :mod:`moesd.paper.verdicts`; the sentences are written by
-:mod:`moesd.narration`.
+:mod:`moesd.paper.curves`; the claims are judged in :mod:`moesd.paper.verdicts`; a verdict holds statuses, parts, numbers and reason
+codes, and :mod:`moesd.narration` words it.
 
 Two readings
 ------------
@@ -45,7 +45,7 @@ Which studies are judged on the first page is a rule about the measurement's reg
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -176,7 +176,7 @@ CLAIMS = {claim.name: claim for claim in (
 
 @dataclass(frozen=True)
 class Reading:
-    """One reading of a claim: its status, the parts that decided it, and its words.
+    """One reading of a claim: its status and the parts that decided it (:mod:`moesd.narration` words it).
 
     Attributes
     ----------
@@ -186,21 +186,41 @@ class Reading:
         One row per part and place (:data:`PART_COLUMNS`): ``outcome`` (:data:`OUTCOMES`), ``part``, ``where``
         (e.g. ``gamma = 4``), ``detectable`` (for a part not shown: the smallest effect the study could have
         shown, in ``unit``; else NaN), ``unit`` and ``role`` (:data:`CLAIM` or :data:`DETAIL`).
-    summary : str
-        The status and the parts that are not shown, where, in one line.
-    sentence : str
-        The reading in one sentence with its numbers.
     """
 
     status: str
     parts: pd.DataFrame
-    summary: str
-    sentence: str
+
+    @classmethod
+    def from_notes(cls, status: str, notes) -> Reading:
+        """A reading of ``status`` from its part notes, ``(outcome, part, where, detectable, unit, role)`` tuples."""
+        parts = pd.DataFrame(list(notes), columns=list(PART_COLUMNS))
+        parts["detectable"] = parts["detectable"].astype(float)
+        return cls(status, parts)
+
+
+NO_STUDY = "no study"
+"""Reason code: a study the claim reads is missing or stopped part-way (``options["studies"]`` names them)."""
+NO_COMMON_PASS = "no common pass"
+"""Reason code: the forward studies share no pass of ``gamma + 1`` tokens (``options["gammas"]``)."""
+NO_COMMON_GAMMA = "no common gamma"
+"""Reason code: the e2e and dense studies share no gamma."""
+FEWER_THAN_TWO_SETTINGS = "fewer than two settings"
+"""Reason code: a settings study of one setting has nothing to hold across."""
+NO_ROBUSTNESS = "no robustness study"
+"""Reason code: Table 3 was given no robustness study."""
+NOT_FITTED = "not fitted"
+"""Reason code: the robustness study cannot be fitted (``options["error"]`` says why)."""
+REASONS = (NO_STUDY, NO_COMMON_PASS, NO_COMMON_GAMMA, FEWER_THAN_TWO_SETTINGS, NO_ROBUSTNESS, NOT_FITTED)
+"""Why a whole claim is not testable: the codes of :attr:`Verdict.reason`."""
 
 
 @dataclass(frozen=True)
 class Verdict:
     """A claim judged on one set of studies: the material reading leads, the strict one stands beside it.
+
+    A verdict holds statuses, parts and numbers; its sentences are written by :mod:`moesd.narration`
+    (``narration.plain(verdict)``, ``narration.summary(verdict)``, ``narration.sentence(verdict)``).
 
     Attributes
     ----------
@@ -209,28 +229,25 @@ class Verdict:
     material, strict : Reading
     numbers : pandas.DataFrame
         One row per curve (or sample) with the quantities both readings compare.
-    plain : str
-        One sentence a student reads: what the data show, in the paper's terms.
+    options : dict
+        How the claim was judged where it departs from the defaults: ``from_batch_size`` (the smallest batch size
+        judged), ``monotone_ks`` (Fig. 4), ``beyond`` (Fig. 6), ``one_gamma`` (Fig. 5), ``parameters`` (Table 3),
+        and the arguments of :attr:`reason` (``studies``, ``gammas``, ``error``).
+    reason : str or None
+        For a claim not testable as a whole, why (one of :data:`REASONS`); else None.
     """
 
     claim: str
     material: Reading
     strict: Reading
     numbers: pd.DataFrame
-    plain: str
+    options: dict = field(default_factory=dict)
+    reason: str | None = None
 
     @property
     def status(self) -> str:
         """The material reading's status."""
         return self.material.status
-
-    @property
-    def summary(self) -> str:
-        return self.material.summary
-
-    @property
-    def sentence(self) -> str:
-        return self.material.sentence
 
     @property
     def parts(self) -> pd.DataFrame:

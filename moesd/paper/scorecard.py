@@ -8,7 +8,7 @@ import json
 
 import pandas as pd
 
-from moesd.paper.criteria import UNTESTABLE
+from moesd.paper.criteria import NO_STUDY, NOT_FITTED, UNTESTABLE, Verdict
 from moesd.paper.sparsity_verdicts import poor_coverage_worst_fits, sparser_peaks_later_and_wider
 from moesd.paper.verdicts import (efficiency_moe_rises_dense_falls, moe_above_dense, shape_holds_across_settings,
                                   speedup_rises_then_falls, untestable)
@@ -78,18 +78,17 @@ def load_studies(device: str) -> tuple[dict, dict]:
     return frames, sidecars
 
 
-def verdicts(frames: dict, robustness: pd.DataFrame | None = None, robustness_note: str | None = None,
-             sidecars: dict | None = None) -> list:
+def verdicts(frames: dict, robustness: pd.DataFrame | None = None, sidecars: dict | None = None,
+             table3: Verdict | None = None) -> list:
     """Every claim's :class:`~moesd.paper.criteria.Verdict` from a dict of study frames (keys of :data:`STUDIES`).
 
     ``robustness`` is the Table 3 input (:func:`moesd.model.diagnostics.robustness_study`); without it, Table 3 is
-    not testable, for the reason ``robustness_note`` (default: no robustness study). ``sidecars`` (study ->
-    sidecar) give Fig. 3 Eq. 8's memory-bound efficiency and Fig. 4 the model and context its K = 1, 2 part needs.
+    not testable (no robustness study), unless ``table3`` gives its verdict already (e.g. not testable, for the
+    reason the caller found). ``sidecars`` (study -> sidecar) give Fig. 3 Eq. 8's memory-bound efficiency and
+    Fig. 4 the model and context its K = 1, 2 part needs.
     """
     sidecars = sidecars or {}
-    table3 = poor_coverage_worst_fits(robustness)
-    if robustness is None and robustness_note:
-        table3 = untestable("Table 3", robustness_note)
+    table3 = table3 or poor_coverage_worst_fits(robustness)
     return [speedup_rises_then_falls(frames.get("e2e")),
             efficiency_moe_rises_dense_falls(frames.get("forward"), frames.get("dense_forward"),
                                              sidecar=sidecars.get("forward")),
@@ -114,32 +113,33 @@ def regimes(device: str, frames: dict, sidecars: dict) -> pd.DataFrame:
 def scorecard(device: str, robustness: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per claim for a device folder of ``data/measurements/``.
 
-    Columns: ``device``, ``claim``, ``status`` and ``summary`` (the material reading), ``strict_status`` and
-    ``strict_summary``, ``plain`` (the sentence for students), ``sentence``, ``measured_with``, ``in_regime``
-    (every study the claim reads is in the paper's regime, :func:`moesd.measure.regime.study_regime`; False for a
-    claim with no study) and ``weight_share`` (the smallest of its studies'). Missing result files make their claims
-    "not testable here". Table 3 uses ``robustness`` when given (an empty frame skips it), else fits the device's
+    Columns: ``device``, ``claim``, ``status`` (the material reading), ``strict_status``, ``measured_with``,
+    ``in_regime`` (every study the claim reads is in the paper's regime, :func:`moesd.measure.regime.study_regime`;
+    False for a claim with no study), ``weight_share`` (the smallest of its studies') and ``verdict`` (the
+    :class:`~moesd.paper.criteria.Verdict`; ``moesd.narration.worded`` adds its sentences as columns). Missing
+    result files make their claims "not testable here". Table 3 uses ``robustness`` when given (an empty frame skips it), else fits the device's
     sparsity study (:func:`robustness_for`, seconds); a sidecar without a measured roofline makes it not testable,
     and says so.
     """
     frames, sidecars = load_studies(device)
-    note = None if "sparsity" in frames else "no complete sparsity study on this device"
-    if robustness is None and "sparsity" in frames:
+    table3 = None
+    if robustness is None and "sparsity" not in frames:
+        table3 = untestable("Table 3", NO_STUDY, studies=("sparsity",))
+    elif robustness is None:
         try:
             robustness = robustness_for(frames["sparsity"], sidecars["sparsity"])
         except ValueError as error:
-            note = f"the robustness study cannot be fitted: {error}"
+            table3 = untestable("Table 3", NOT_FITTED, error=str(error))
     regime = regimes(device, frames, sidecars)
     basis = measured_with(sidecars)
     rows = []
-    for v in verdicts(frames, robustness, note, sidecars):
+    for v in verdicts(frames, robustness, sidecars, table3):
         studies = [s for s in CLAIM_STUDIES[v.claim] if s in regime.index]
         judged = len(studies) == len(CLAIM_STUDIES[v.claim])
-        rows.append({"device": device, "claim": v.claim, "status": v.status, "summary": v.summary,
-                     "strict_status": v.strict.status, "strict_summary": v.strict.summary, "plain": v.plain,
-                     "sentence": v.sentence, "measured_with": basis,
-                     "in_regime": bool(judged and regime.loc[studies, "in_regime"].all()),
-                     "weight_share": float(regime.loc[studies, "weight_share"].min()) if studies else float("nan")})
+        rows.append({"device": device, "claim": v.claim, "status": v.status, "strict_status": v.strict.status,
+                     "measured_with": basis, "in_regime": bool(judged and regime.loc[studies, "in_regime"].all()),
+                     "weight_share": float(regime.loc[studies, "weight_share"].min()) if studies else float("nan"),
+                     "verdict": v})
     return pd.DataFrame(rows)
 
 

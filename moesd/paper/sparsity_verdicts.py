@@ -2,7 +2,7 @@
 worst fits cover the batch sizes poorly).
 
 As :mod:`moesd.paper.verdicts`: one function per claim, both readings of :mod:`moesd.paper.criteria`, a
-:class:`~moesd.paper.criteria.Verdict` with the numbers and a plain sentence.
+:class:`~moesd.paper.criteria.Verdict` with the numbers, which :mod:`moesd.narration` words.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from moesd.paper.criteria import (CLAIM, CLAIMS, CONTRADICTED, NOT_SHOWN, SHOWN, UNTESTABLE, Verdict, fall_outcome,
-                                  growth_outcome)
-from moesd.narration import NO_ROBUSTNESS, fig4_details, judged_from, no_study, table3_details, table3_too_few
+from moesd.paper.criteria import (CLAIM, CONTRADICTED, NO_ROBUSTNESS, NO_STUDY, NOT_SHOWN, SHOWN, UNTESTABLE,
+                                  Verdict, fall_outcome, growth_outcome)
 from moesd.paper.curves import (MIN_BATCH_SIZES, NOISE_Z, curve, falls_monotonically, growth_detectable,
                                 half_power_width, peak_region, spearman_detectable)
 from moesd.paper.verdicts import READINGS, judged, new_notes, note, rows_from, untestable
@@ -65,10 +64,10 @@ def sparser_peaks_later_and_wider(sparsity: pd.DataFrame | None, monotone_ks=(1,
     """
 
     claim = "Fig. 4"
-    statement = judged_from(CLAIMS[claim].statement.replace("1, 2", ", ".join(map(str, monotone_ks))), from_batch_size)
+    options = {"monotone_ks": tuple(monotone_ks), "from_batch_size": from_batch_size}
     sparsity = rows_from(sparsity, from_batch_size)
     if sparsity is None or sparsity.empty:
-        return untestable(claim, no_study("sparsity"), statement)
+        return untestable(claim, NO_STUDY, studies=("sparsity",), **options)
     rows, notes = [], new_notes()
     context = float(sparsity["context"].max()) if "context" in sparsity else float("nan")
     for gamma, group in sparsity.groupby("gamma"):
@@ -86,7 +85,7 @@ def sparser_peaks_later_and_wider(sparsity: pd.DataFrame | None, monotone_ks=(1,
         ordered = {k: c for k, c in curves.items() if k not in carved_out}
         for reading, chosen in (("strict", shaped), ("material", ordered)):
             notes[reading] += _ordering_notes(chosen, where)
-    return judged(claim, rows, notes, lambda rows: fig4_details(rows, monotone_ks, MIN_BATCH_SIZES), statement)
+    return judged(claim, rows, notes, **options)
 
 
 def _curve_rows(curves: dict, monotone_ks) -> list:
@@ -199,13 +198,12 @@ def poor_coverage_worst_fits(robustness: pd.DataFrame | None, batch_sizes=None, 
 
     claim = "Table 3"
     if robustness is None or robustness.empty:
-        return untestable(claim, NO_ROBUSTNESS)
+        return untestable(claim, NO_ROBUSTNESS, parameters=parameters)
     table = _pooled_coverage(robustness, batch_sizes, parameters)
     notes = new_notes()
     used = table[table["judged"]]
     poor, well = used[used["poor"]], used[~used["poor"]]
     where = f"m > {parameters}"
-    details = None
     if len(poor) < 1 or len(well) < 3:
         notes["strict"].append(note(UNTESTABLE, "the pooled coverage comparison", where))
     else:
@@ -216,10 +214,8 @@ def poor_coverage_worst_fits(robustness: pd.DataFrame | None, batch_sizes=None, 
         notes["strict"] += [note(SHOWN if worst["poor"] else CONTRADICTED, "the worst fit covering poorly", where),
                             note(SHOWN if excess > NOISE_Z * scatter else NOT_SHOWN,
                                  "the poorly covering samples' larger error", where, NOISE_Z * scatter, "MSE")]
-        details = table3_details(worst, poor["m"], poor["mse"].median(), well["mse"].median(), len(well), scatter,
-                                 excess)
     notes["material"] += _per_curve_notes(table, robustness, design, where)
-    return judged(claim, table, notes, details or table3_too_few(len(poor), len(well), parameters))
+    return judged(claim, table, notes, parameters=parameters)
 
 
 def _pooled_coverage(robustness: pd.DataFrame, batch_sizes, parameters: int) -> pd.DataFrame:

@@ -3,9 +3,10 @@
 One function per claim. Each judges its claim under both readings of :mod:`moesd.paper.criteria` (the material
 one, the claim as the paper states it, leads; the strict one stands beside it) and returns a
 :class:`~moesd.paper.criteria.Verdict`: both readings' statuses and parts, the numbers behind them (one row per
-curve) and a plain sentence. Fig. 4 and Table 3, judged on the sparsity study, are in
+curve), the options it was judged with and, where it cannot be judged, a reason code; :mod:`moesd.narration`
+words it. Fig. 4 and Table 3, judged on the sparsity study, are in
 :mod:`moesd.paper.sparsity_verdicts`; :func:`moesd.paper.scorecard.scorecard` runs them all on a device folder.
-The noise model and shape tests are in :mod:`moesd.paper.curves`, the sentences in :mod:`moesd.narration`.
+The noise model and shape tests are in :mod:`moesd.paper.curves`.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moesd.paper.criteria import (CLAIM, CLAIMS, CONTRADICTED, DETAIL, FLUCTUATION_TOLERANCE, NOT_SHOWN, SHOWN,
-                                  UNTESTABLE, Verdict, fall_outcome, material_status, shape_detectable, shape_outcome,
+from moesd.paper.criteria import (CLAIM, CONTRADICTED, DETAIL, FEWER_THAN_TWO_SETTINGS, FLUCTUATION_TOLERANCE,
+                                  NO_COMMON_GAMMA, NO_COMMON_PASS, NO_STUDY, NOT_SHOWN, SHOWN, UNTESTABLE, Reading,
+                                  Verdict, fall_outcome, material_status, shape_detectable, shape_outcome,
                                   strict_status, tracks_outcome)
-from moesd.narration import (FEWER_THAN_TWO_SETTINGS, NO_COMMON_GAMMA, fig2_details, fig3_details, fig5_details,
-                              fig6_details, judged_from, no_common_pass, no_study, number, verdict)
 from moesd.paper.curves import MIN_BATCH_SIZES, NOISE_Z, curve, falls_monotonically, rises_then_falls, tracks
 
 READINGS = {"strict": 0.0, "material": FLUCTUATION_TOLERANCE}
@@ -34,12 +34,12 @@ def note(outcome, part, where, detectable=None, unit="", role=CLAIM) -> tuple:
     return (outcome, part, where, detectable if outcome == NOT_SHOWN else None, unit, role)
 
 
-def judged(claim: str, numbers, notes: dict, details, statement: str | None = None) -> Verdict:
-    """A :class:`Verdict` from both readings' notes: statuses from :mod:`moesd.paper.criteria`, words from narration.
+def judged(claim: str, numbers, notes: dict, **options) -> Verdict:
+    """A :class:`Verdict` from both readings' notes, with statuses from :mod:`moesd.paper.criteria`.
 
     ``numbers`` is a list of rows (dicts), each with the ``where`` its notes name (e.g. ``gamma = 4``); each row
-    gains the ``status`` and ``material_status`` of its own notes. A DataFrame is kept as it is. ``details`` is the
-    sentences' details, or a function of the rows that writes them.
+    gains the ``status`` and ``material_status`` of its own notes. A DataFrame is kept as it is. ``options`` are
+    how the claim was judged (:attr:`~moesd.paper.criteria.Verdict.options`).
     """
 
     statuses = {"strict": strict_status(n[0] for n in notes["strict"]),
@@ -48,15 +48,17 @@ def judged(claim: str, numbers, notes: dict, details, statement: str | None = No
              "material_status": material_status(n[0] for n in notes["material"]
                                                 if n[2] == row.get("where") and n[5] == CLAIM)}
             for row in numbers] if isinstance(numbers, list) else numbers
-    details = details(rows) if callable(details) else details
-    return verdict(claim, statement or CLAIMS[claim].statement, statuses, rows, notes, details)
+    rows = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    return Verdict(claim, Reading.from_notes(statuses["material"], notes["material"]),
+                   Reading.from_notes(statuses["strict"], notes["strict"]), rows, options)
 
 
-def untestable(claim: str, reason: str, statement: str | None = None) -> Verdict:
-    """A claim the data cannot speak to, for ``reason``."""
+def untestable(claim: str, reason: str, **options) -> Verdict:
+    """A claim the data cannot speak to, for ``reason`` (one of :data:`~moesd.paper.criteria.REASONS`), with its
+    arguments and the options it was to be judged with in ``options``."""
 
-    return verdict(claim, statement or CLAIMS[claim].statement, {r: UNTESTABLE for r in READINGS}, [],
-                   new_notes(), reason)
+    empty = Reading.from_notes(UNTESTABLE, [])
+    return Verdict(claim, empty, empty, pd.DataFrame(), options, reason)
 
 
 def rows_from(frame: pd.DataFrame | None, smallest) -> pd.DataFrame | None:
@@ -64,9 +66,9 @@ def rows_from(frame: pd.DataFrame | None, smallest) -> pd.DataFrame | None:
     return frame if frame is None or smallest is None else frame[frame["batch_size"] >= smallest]
 
 
-def _missing(**frames) -> str:
-    """The names of the studies among ``frames`` that are absent or empty, joined by "and"."""
-    return " and ".join(name for name, frame in frames.items() if frame is None or frame.empty)
+def _missing(**frames) -> tuple:
+    """The names of the studies among ``frames`` that are absent or empty."""
+    return tuple(name for name, frame in frames.items() if frame is None or frame.empty)
 
 
 def _shape_fields(shape: dict, prefix: str = "", reading: str = "strict") -> dict:
@@ -95,10 +97,9 @@ def speedup_rises_then_falls(e2e: pd.DataFrame | None, from_batch_size=None) -> 
     Not testable without the study or with fewer than ``MIN_BATCH_SIZES`` batch sizes at some gamma.
     """
 
-    statement = judged_from(CLAIMS["Fig. 2"].statement, from_batch_size)
     e2e = rows_from(e2e, from_batch_size)
     if e2e is None or e2e.empty:
-        return untestable("Fig. 2", no_study("e2e"), statement)
+        return untestable("Fig. 2", NO_STUDY, studies=("e2e",), from_batch_size=from_batch_size)
     rows, notes = [], new_notes()
     for gamma, group in e2e.groupby("gamma"):
         speed, efficiency = curve(group, "speedup"), curve(group, "target_efficiency")
@@ -120,7 +121,7 @@ def speedup_rises_then_falls(e2e: pd.DataFrame | None, from_batch_size=None) -> 
                 note(tracks_outcome(track), "the efficiency tracking the speedup", where,
                      track["detectable_correlation"], "rank correlation")]
         rows.append(row)
-    return judged("Fig. 2", rows, notes, lambda rows: fig2_details(rows, MIN_BATCH_SIZES), statement)
+    return judged("Fig. 2", rows, notes, from_batch_size=from_batch_size)
 
 
 def forward_efficiency(forward: pd.DataFrame, gamma: int) -> pd.DataFrame:
@@ -171,12 +172,11 @@ def efficiency_moe_rises_dense_falls(forward: pd.DataFrame | None, dense_forward
     ``MIN_BATCH_SIZES`` batch sizes.
     """
 
-    statement = judged_from(CLAIMS["Fig. 3"].statement, from_batch_size)
     forward, dense_forward = (rows_from(forward, from_batch_size),
                               rows_from(dense_forward, from_batch_size))
     missing = _missing(forward=forward, dense_forward=dense_forward)
     if missing:
-        return untestable("Fig. 3", no_study(missing), statement)
+        return untestable("Fig. 3", NO_STUDY, studies=missing, from_batch_size=from_batch_size)
     rows, notes = [], new_notes()
     for gamma in gammas:
         moe, dense = forward_efficiency(forward, gamma), forward_efficiency(dense_forward, gamma)
@@ -202,8 +202,8 @@ def efficiency_moe_rises_dense_falls(forward: pd.DataFrame | None, dense_forward
                                note(fall_outcome(fall), "the dense efficiency's fall", where, fall["fall_margin"])]
         rows.append(row)
     if not rows:
-        return untestable("Fig. 3", no_common_pass(gammas), statement)
-    return judged("Fig. 3", rows, notes, lambda rows: fig3_details(rows, MIN_BATCH_SIZES), statement)
+        return untestable("Fig. 3", NO_COMMON_PASS, gammas=tuple(gammas), from_batch_size=from_batch_size)
+    return judged("Fig. 3", rows, notes, from_batch_size=from_batch_size)
 
 
 def _fall_fields(fall: dict, prefix: str, reading: str) -> dict:
@@ -244,7 +244,7 @@ def shape_holds_across_settings(settings: pd.DataFrame | None) -> Verdict:
     """
 
     if settings is None or settings.empty:
-        return untestable("Fig. 5", no_study("settings"))
+        return untestable("Fig. 5", NO_STUDY, studies=("settings",))
     if settings["setting"].nunique() < 2:
         return untestable("Fig. 5", FEWER_THAN_TWO_SETTINGS)
     settings = settings.assign(normalised_speedup=normalised_speedup(settings))
@@ -273,8 +273,7 @@ def shape_holds_across_settings(settings: pd.DataFrame | None) -> Verdict:
                                note(CONTRADICTED if small is False else SHOWN, "the small run-to-run spread", where,
                                     role=spread_role)]
         rows.append(row)
-    one_gamma = settings["gamma"].nunique() == 1
-    return judged("Fig. 5", rows, notes, lambda rows: fig5_details(rows, MIN_BATCH_SIZES, one_gamma))
+    return judged("Fig. 5", rows, notes, one_gamma=bool(settings["gamma"].nunique() == 1))
 
 
 def moe_above_dense(e2e: pd.DataFrame | None, dense: pd.DataFrame | None, beyond: float = 16,
@@ -296,11 +295,11 @@ def moe_above_dense(e2e: pd.DataFrame | None, dense: pd.DataFrame | None, beyond
     fewer than ``MIN_BATCH_SIZES`` dense batch sizes.
     """
 
-    statement = judged_from(CLAIMS["Fig. 6"].statement.replace("16", number(beyond, whole=True)), from_batch_size)
+    options = {"beyond": beyond, "from_batch_size": from_batch_size}
     e2e, dense = rows_from(e2e, from_batch_size), rows_from(dense, from_batch_size)
     missing = _missing(e2e=e2e, dense=dense)
     if missing:
-        return untestable("Fig. 6", no_study(missing), statement)
+        return untestable("Fig. 6", NO_STUDY, studies=missing, **options)
     rows, notes = [], new_notes()
     for gamma in sorted(set(e2e["gamma"]) & set(dense["gamma"])):
         where = f"gamma = {gamma}"
@@ -324,8 +323,8 @@ def moe_above_dense(e2e: pd.DataFrame | None, dense: pd.DataFrame | None, beyond
                                note(fall_outcome(fall), "the dense speedup's fall", where, fall["fall_margin"])]
         rows.append(row)
     if not rows:
-        return untestable("Fig. 6", NO_COMMON_GAMMA, statement)
-    return judged("Fig. 6", rows, notes, lambda rows: fig6_details(rows, beyond, MIN_BATCH_SIZES), statement)
+        return untestable("Fig. 6", NO_COMMON_GAMMA, **options)
+    return judged("Fig. 6", rows, notes, **options)
 
 
 def _above(moe, dense, beyond: float, tolerance: float):
