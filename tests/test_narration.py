@@ -5,6 +5,8 @@ import pandas as pd
 import pytest
 
 from moesd.paper import criteria as cr
+from moesd.paper import sparsity_verdicts as sv
+from moesd.paper import verdicts as v
 from moesd import narration
 
 
@@ -64,10 +66,42 @@ def test_a_detail_is_named_as_one():
     assert "spread (a detail) contradicted" in narration.summary(verdict)
 
 
-def test_records_leave_out_what_a_row_does_not_have():
-    numbers = pd.DataFrame([{"gamma": 2, "where": "gamma = 2"}, {"gamma": 4, "where": "gamma = 4", "first": 1.5}])
+def test_records_keep_every_value_and_has_tells_a_row_never_judged():
+    from moesd.narration.details import has
+
+    numbers = pd.DataFrame([{"gamma": 2, "where": "gamma = 2"},
+                            {"gamma": 4, "where": "gamma = 4", "first": 1.5, "rank_correlation": float("nan")}])
     rows = narration.records(numbers)
-    assert "first" not in rows[0] and rows[1]["first"] == 1.5 and rows[0]["gamma"] == 2
+    assert not has(rows[0], "first") and has(rows[1], "first") and rows[0]["gamma"] == 2
+    assert "rank_correlation" in rows[1] and np.isnan(rows[1]["rank_correlation"])
+
+
+def test_a_flat_efficiency_curve_is_worded_with_its_nan_correlation():
+    """A verdict value that is NaN (the rank correlation of a constant curve) is written, not lost."""
+    from test_verdicts import e2e_study, hump
+
+    study = e2e_study(lambda b: hump(b, 24), lambda b: hump(b, 20, 0.6, 0.3))
+    study.loc[study["gamma"] == 2, "target_efficiency"] = 0.9
+    verdict = v.speedup_rises_then_falls(study)
+    assert np.isnan(verdict.numbers.set_index("gamma").loc[2, "rank_correlation"])
+    assert "rank correlation nan (does not track)" in narration.sentence(verdict)
+    card = narration.worded(pd.DataFrame({"verdict": [verdict]}))
+    assert card.loc[0, "sentence"] == narration.sentence(verdict) and card.loc[0, "plain"] == narration.plain(verdict)
+    assert card.loc[0, "strict_summary"] == narration.summary(verdict, "strict")
+
+
+def test_real_verdicts_name_their_options_and_worst_fit():
+    from test_verdicts import e2e_study, falling, hump, paper_robustness
+
+    moe = e2e_study(lambda b: hump(b, 24), lambda b: hump(b, 24))
+    dense = e2e_study(falling, falling)
+    judged = v.moe_above_dense(moe, dense, beyond=8, from_batch_size=2)
+    assert "B > 8" in narration.sentence(judged) and narration.sentence(judged).count("judged from B = 2") == 1
+    assert "past 8" in narration.plain(judged)
+    table3 = sv.poor_coverage_worst_fits(paper_robustness())
+    assert "the worst fit (m = 12" in narration.sentence(table3, "strict")
+    with pytest.raises(ValueError, match="no details"):
+        narration.details(_verdict("Fig. 9", cr.HOLDS, []))
 
 
 def test_numbers_for_prose():

@@ -64,11 +64,25 @@ def test_html_marks_columns_of_words_and_escapes_them():
     frame = pd.DataFrame({"claim": ["Fig. 2", "a<b"], "status": ["holds", None], "speedup": [1.5, float("nan")],
                           "tracks": [True, False]})
     table = formatted(frame)
-    assert table.text_columns == {"claim", "status"}
+    assert table.text_columns == {"claim"}  # a missing status is no word
     html = table._repr_html_()
-    assert '<th class="text">claim</th>' in html and "<th>speedup</th>" in html
+    assert '<th class="text">claim</th>' in html and "<th>speedup</th>" in html and "<th>status</th>" in html
     assert '<td class="text">a&lt;b</td>' in html and "<td>1.50</td>" in html and "<td>yes</td>" in html
+    assert '<td class="text">holds</td>' in html and f"<td>{MISSING}</td>" in html
     assert html.count("<tr>") == 3  # the header and two rows, no index
+
+
+def test_a_transposed_table_aligns_each_cell_by_what_it_holds():
+    wide = pd.DataFrame({"γ = 2": ["holds", 1.25], "γ = 4": ["inconclusive", 0.5]}, index=["status", "peak"])
+    table = formatted(wide.rename_axis("quantity"), index=True)
+    html = table._repr_html_()
+    assert table.text_columns == {"quantity"} and "<th>γ = 2</th>" in html
+    assert '<td class="text">holds</td>' in html and "<td>1.25</td>" in html
+
+
+def test_missing_values_of_nullable_columns_show_as_missing():
+    frame = pd.DataFrame({"B": [1, None], "ok": [True, None]}).convert_dtypes()
+    assert formatted(frame).frame.iloc[1].tolist() == [MISSING, MISSING]
 
 
 def test_bad_input():

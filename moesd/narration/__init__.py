@@ -16,19 +16,17 @@ from moesd.narration.phrases import (fall_phrase, join, judged_from, noise_phras
                                      shape_phrase, shapes_phrase, span)
 from moesd.narration.verdicts import (TOLERANCE_PHRASE, WHY_READINGS_DIFFER, plain, sentence, statement, status_verb,
                                       summary, worded)
-from moesd.narration.details import (details, fig2_details, fig3_details, fig4_details, fig5_details, fig6_details,
-                                     no_common_pass, no_study, reason_phrase, records, table3_details)
+from moesd.narration.details import details, reason_phrase, records
 from moesd.narration.predictor import (STEP_NOTE, acceptance_label, advice_report, band_line, batch_runs,
                                        engine_range, memory_lines, peak_edge_phrase, predict_notes, predict_setup,
                                        routing_source_line, sd_legend, shape_columns, where_sd_pays)
 from moesd.narration.routing import (fig1_sentence, fig1_summary, popularity_peak_sentence)
 from moesd.narration.tables import Table, formatted
 
-__all__ = ['STEP_NOTE', 'TOLERANCE_PHRASE', 'Table',
-           'WHY_READINGS_DIFFER', 'acceptance_label', 'advice_report', 'band_line', 'batch_runs', 'details', 'engine_range',
-           'fall_phrase', 'fig1_sentence', 'fig1_summary', 'fig2_details', 'fig3_details', 'fig4_details',
-           'fig5_details', 'fig6_details', 'formatted', 'join', 'judged_from', 'memory_lines', 'no_common_pass', 'no_study',
+__all__ = ['STEP_NOTE', 'TOLERANCE_PHRASE', 'Table', 'WHY_READINGS_DIFFER', 'acceptance_label',
+           'advice_report', 'band_line', 'batch_runs', 'details', 'engine_range', 'fall_phrase',
+           'fig1_sentence', 'fig1_summary', 'formatted', 'join', 'judged_from', 'memory_lines',
            'noise_phrase', 'number', 'parts_phrase', 'peak_edge_phrase', 'plain',
-           'popularity_peak_sentence', 'predict_notes', 'predict_setup', 'reason_phrase', 'records', 'routing_source_line',
-           'sd_legend', 'sentence', 'shape_columns', 'shape_phrase', 'shapes_phrase', 'span', 'statement', 'status_verb', 'summary',
-           'table3_details', 'where_sd_pays', 'worded']
+           'popularity_peak_sentence', 'predict_notes', 'predict_setup', 'reason_phrase', 'records',
+           'routing_source_line', 'sd_legend', 'sentence', 'shape_columns', 'shape_phrase', 'shapes_phrase',
+           'span', 'statement', 'status_verb', 'summary', 'where_sd_pays', 'worded']

@@ -4,8 +4,6 @@ where a claim cannot be judged.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
@@ -16,29 +14,37 @@ from moesd.paper.curves import MIN_BATCH_SIZES
 
 
 def details(verdict: Verdict) -> str:
-    """The details of a verdict's sentences: what its numbers say, or why the claim cannot be judged."""
+    """The details of a verdict's sentences: what its numbers say, or why the claim cannot be judged.
+
+    Raises
+    ------
+    ValueError
+        For a claim that is not one of :data:`moesd.paper.criteria.CLAIMS`.
+    """
     if verdict.reason is not None:
         return reason_phrase(verdict.reason, verdict.options)
-    options, claim = verdict.options, verdict.claim
-    if claim == "Table 3":
-        return table3_details(verdict.numbers, options.get("parameters", 10))
-    rows = records(verdict.numbers)
-    if claim == "Fig. 2":
-        return fig2_details(rows, MIN_BATCH_SIZES)
-    if claim == "Fig. 3":
-        return fig3_details(rows, MIN_BATCH_SIZES)
-    if claim == "Fig. 4":
-        return fig4_details(rows, options.get("monotone_ks", (1, 2)), MIN_BATCH_SIZES)
-    if claim == "Fig. 5":
-        return fig5_details(rows, MIN_BATCH_SIZES, options.get("one_gamma", False))
-    return fig6_details(rows, options.get("beyond", 16), MIN_BATCH_SIZES)
+    options, rows = verdict.options, records(verdict.numbers)
+    writers = {"Fig. 2": lambda: fig2_details(rows, MIN_BATCH_SIZES),
+               "Fig. 3": lambda: fig3_details(rows, MIN_BATCH_SIZES),
+               "Fig. 4": lambda: fig4_details(rows, options["monotone_ks"], MIN_BATCH_SIZES),
+               "Fig. 5": lambda: fig5_details(rows, MIN_BATCH_SIZES, options["one_gamma"]),
+               "Fig. 6": lambda: fig6_details(rows, options["beyond"], MIN_BATCH_SIZES),
+               "Table 3": lambda: table3_details(verdict.numbers, options["parameters"])}
+    if verdict.claim not in writers:
+        raise ValueError(f"no details for the claim {verdict.claim!r} (known: {', '.join(writers)})")
+    return writers[verdict.claim]()
 
 
 def records(numbers: pd.DataFrame) -> list:
-    """A verdict's numbers as rows (dicts), each without the entries its row does not have (NaN or None), as the
-    verdict built them: a gamma too short to judge has no ``first``."""
-    return [{key: value for key, value in row.items() if not (np.ndim(value) == 0 and pd.isna(value))}
-            for row in numbers.to_dict("records")]
+    """A verdict's numbers as rows (dicts), every column kept: a value the verdict computed as NaN (a rank
+    correlation of a flat curve) stays NaN, and :func:`has` tells a row that was never judged."""
+    return numbers.to_dict("records")
+
+
+def has(row: dict, key: str) -> bool:
+    """Whether ``row`` holds a value for ``key``: a gamma too short to judge has no ``first`` (NaN in the frame)."""
+    value = row.get(key)
+    return value is not None and not (np.ndim(value) == 0 and pd.isna(value))
 
 
 def reason_phrase(reason: str, options: dict) -> str:
@@ -74,7 +80,7 @@ def fig2_details(rows: list, minimum: int) -> str:
     """The details of Fig. 2's verdict from its rows (:func:`moesd.paper.verdicts.speedup_rises_then_falls`)."""
     phrases = []
     for row in rows:
-        if "first" not in row:
+        if not has(row, "first"):
             phrases.append(_few(row, minimum))
         elif row["status"] != HOLDS:
             efficiency = _keys(row, "efficiency_")
@@ -100,7 +106,7 @@ def fig3_details(rows: list, minimum: int) -> str:
     """The details of Fig. 3's verdict (:func:`moesd.paper.verdicts.efficiency_moe_rises_dense_falls`)."""
     phrases = []
     for row in rows:
-        if "moe_first" not in row:
+        if not has(row, "moe_first"):
             phrases.append(_few(row, minimum))
         elif row["status"] != HOLDS:
             shape, fall = _keys(row, "moe_"), _keys(row, "dense_")
@@ -144,7 +150,7 @@ def fig5_details(rows: list, minimum: int, one_gamma: bool) -> str:
     """The details of Fig. 5's verdict (:func:`moesd.paper.verdicts.shape_holds_across_settings`)."""
     phrases = []
     for row in rows:
-        if "first" not in row:
+        if not has(row, "first"):
             where = str(row["setting"]) if one_gamma else f"{row['setting']}, gamma = {row['gamma']}"
             phrases.append(f"{where}: fewer than {minimum} batch sizes or than two runs")
         elif row["status"] != HOLDS:
@@ -165,11 +171,11 @@ def fig6_details(rows: list, beyond: float, minimum: int) -> str:
     """The details of Fig. 6's verdict (:func:`moesd.paper.verdicts.moe_above_dense`)."""
     phrases = []
     for row in rows:
-        if "above" not in row:
+        if not has(row, "above"):
             phrases.append(f"gamma = {row['gamma']}: fewer than three common batch sizes above "
                            f"{number(beyond, whole=True)} or {minimum} dense batch sizes")
             continue
-        crossover = row.get("crossover", math.nan)
+        crossover = row["crossover"]
         fall = _keys(row, "dense_")
         phrases.append(f"gamma = {row['gamma']}: above beyond noise at {int(row['above'])} and below at "
                        f"{int(row['below'])} of {int(row['batch_sizes'])} batch sizes (median difference {number(row['median_difference'])}, "

@@ -57,7 +57,7 @@ def fall_phrase(fall: dict) -> str:
 
 
 def noise_phrase(rows, key: str = "noise") -> str:
-    noise = sorted({row[key] for row in rows if key in row})
+    noise = sorted({row[key] for row in rows if isinstance(row.get(key), str)})
     return f"noise from {', '.join(noise)}" if noise else ""
 
 

@@ -51,7 +51,7 @@ def cell(value, places: int = 2) -> str:
         Numbers with ``places`` decimals (integers whole), booleans as ``yes``/``no``, missing values as
         :data:`MISSING`, infinities as ``∞``, anything else by ``str``.
     """
-    if value is None or (_is_number(value) and math.isnan(value)):
+    if _is_missing(value):
         return MISSING
     if isinstance(value, bool | np.bool_):
         return "yes" if value else "no"
@@ -100,30 +100,43 @@ def _shows_index(index: pd.Index) -> bool:
 class Table:
     """A formatted table: ``frame`` (all cells strings) shown without its index, as text and as HTML.
 
-    ``text_columns`` are the columns of words (labels, statuses), which the HTML marks ``class="text"`` so that the
-    book aligns them left and the numbers right.
+    ``words`` (a frame of booleans of the same shape, default none) marks the cells that hold words (labels,
+    statuses): the HTML gives them ``class="text"``, and a column's header too where all its cells are words, so
+    that the book aligns words left and numbers right.
     """
 
-    def __init__(self, frame: pd.DataFrame, text_columns=()):
+    def __init__(self, frame: pd.DataFrame, words: pd.DataFrame | None = None):
         self.frame = frame
-        self.text_columns = frozenset(text_columns)
+        self.words = pd.DataFrame(False, index=frame.index, columns=frame.columns) if words is None else words
+
+    @property
+    def text_columns(self) -> frozenset:
+        """The columns whose cells are all words (none for an empty table)."""
+        return frozenset(c for c in self.frame.columns if len(self.frame) and self.words[c].all())
 
     def __repr__(self) -> str:
         return self.frame.to_string(index=False)
 
     def _repr_html_(self) -> str:
-        marks = [' class="text"' if column in self.text_columns else "" for column in self.frame.columns]
-        head = "".join(f"<th{mark}>{html.escape(str(column))}</th>" for column, mark in zip(self.frame.columns, marks))
-        body = "".join("<tr>" + "".join(f"<td{mark}>{html.escape(value)}</td>" for value, mark in zip(row, marks))
-                       + "</tr>\n" for row in self.frame.itertuples(index=False))
+        def mark(is_text):
+            return ' class="text"' if is_text else ""
+
+        head = "".join(f"<th{mark(c in self.text_columns)}>{html.escape(str(c))}</th>" for c in self.frame.columns)
+        body = "".join("<tr>" + "".join(f"<td{mark(is_text)}>{html.escape(value)}</td>"
+                                        for value, is_text in zip(row, words)) + "</tr>\n"
+                       for row, words in zip(self.frame.itertuples(index=False),
+                                             self.words.itertuples(index=False)))
         return (f'<table class="dataframe moesd-table">\n<thead><tr>{head}</tr></thead>\n'
                 f"<tbody>\n{body}</tbody>\n</table>")
 
 
-def _is_text(values) -> bool:
-    """Whether a column holds words: some value is neither a number, a boolean nor missing."""
-    return any(not (_is_number(v) or isinstance(v, bool | np.bool_) or v is None or v is pd.NA
-                    or (isinstance(v, float) and math.isnan(v))) for v in values)
+def is_word(value) -> bool:
+    """Whether a cell holds words: neither a number, a boolean nor a missing value."""
+    return not (_is_number(value) or isinstance(value, bool | np.bool_) or _is_missing(value))
+
+
+def _is_missing(value) -> bool:
+    return value is None or value is pd.NA or value is pd.NaT or (_is_number(value) and math.isnan(value))
 
 
 def formatted(frame: pd.DataFrame, digits: int | Mapping[str, int] = 3, names: Mapping[str, str] | None = None,
@@ -168,11 +181,10 @@ def formatted(frame: pd.DataFrame, digits: int | Mapping[str, int] = 3, names: M
     repeated = sorted({text for text in headers if headers.count(text) > 1})
     if repeated:
         raise ValueError(f"two columns show the same header: {repeated}")
-    shown, text_columns = {}, []
+    shown, words = {}, {}
     for column, text in zip(frame.columns, headers):
         values = frame[column].tolist()
         places = decimals(values, per_column.get(column, 3) if per_column else digits)
         shown[text] = [cell(value, places) for value in values]
-        if _is_text(values):
-            text_columns.append(text)
-    return Table(pd.DataFrame(shown, columns=headers), text_columns)
+        words[text] = [is_word(value) for value in values]
+    return Table(pd.DataFrame(shown, columns=headers), pd.DataFrame(words, columns=headers))

@@ -16,10 +16,11 @@ def statement(verdict: Verdict) -> str:
     Fig. 6's batch size, the smallest batch size judged)."""
     options = verdict.options
     text = CLAIMS[verdict.claim].statement
-    if "monotone_ks" in options:
-        text = text.replace("1, 2", ", ".join(map(str, options["monotone_ks"])))
-    if "beyond" in options:
-        text = text.replace("16", number(options["beyond"], whole=True))
+    if verdict.claim == "Fig. 4" and "monotone_ks" in options:
+        ks = options["monotone_ks"]
+        text = text.replace("K = 1, 2 fall", f"K = {', '.join(map(str, ks))} {'falls' if len(ks) == 1 else 'fall'}")
+    if verdict.claim == "Fig. 6" and "beyond" in options:
+        text = text.replace("B > 16", f"B > {number(options['beyond'], whole=True)}")
     return judged_from(text, options.get("from_batch_size"))
 
 

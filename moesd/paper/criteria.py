@@ -230,9 +230,9 @@ class Verdict:
     numbers : pandas.DataFrame
         One row per curve (or sample) with the quantities both readings compare.
     options : dict
-        How the claim was judged where it departs from the defaults: ``from_batch_size`` (the smallest batch size
-        judged), ``monotone_ks`` (Fig. 4), ``beyond`` (Fig. 6), ``one_gamma`` (Fig. 5), ``parameters`` (Table 3),
-        and the arguments of :attr:`reason` (``studies``, ``gammas``, ``error``).
+        The options the claim was judged with, as its function stores them: ``from_batch_size`` (the smallest
+        batch size judged; None for all), ``monotone_ks`` (Fig. 4), ``beyond`` (Fig. 6), ``one_gamma`` (Fig. 5),
+        ``parameters`` (Table 3), and the arguments of :attr:`reason` (``studies``, ``gammas``, ``error``).
     reason : str or None
         For a claim not testable as a whole, why (one of :data:`REASONS`); else None.
     """

@@ -88,7 +88,8 @@ def verdicts(frames: dict, robustness: pd.DataFrame | None = None, sidecars: dic
     Fig. 4 the model and context its K = 1, 2 part needs.
     """
     sidecars = sidecars or {}
-    table3 = table3 or poor_coverage_worst_fits(robustness)
+    if table3 is None:
+        table3 = poor_coverage_worst_fits(robustness)
     return [speedup_rises_then_falls(frames.get("e2e")),
             efficiency_moe_rises_dense_falls(frames.get("forward"), frames.get("dense_forward"),
                                              sidecar=sidecars.get("forward")),
@@ -117,9 +118,10 @@ def scorecard(device: str, robustness: pd.DataFrame | None = None) -> pd.DataFra
     ``in_regime`` (every study the claim reads is in the paper's regime, :func:`moesd.measure.regime.study_regime`;
     False for a claim with no study), ``weight_share`` (the smallest of its studies') and ``verdict`` (the
     :class:`~moesd.paper.criteria.Verdict`; ``moesd.narration.worded`` adds its sentences as columns). Missing
-    result files make their claims "not testable here". Table 3 uses ``robustness`` when given (an empty frame skips it), else fits the device's
-    sparsity study (:func:`robustness_for`, seconds); a sidecar without a measured roofline makes it not testable,
-    and says so.
+    result files make their claims "not testable here". Table 3 uses ``robustness`` when given (an empty frame
+    skips it), else fits the device's sparsity study (:func:`robustness_for`, seconds); a sidecar without a
+    measured roofline makes it not testable, with the reason code ``NOT_FITTED`` and the fit's error in its
+    verdict's options.
     """
     frames, sidecars = load_studies(device)
     table3 = None
