@@ -2,8 +2,8 @@
 
 Written and committed on 2026-12-06 before any verdict was re-run under them (the statuses these criteria give the
 shipped data were not looked at while writing them). The noise model and the shape tests they use are in
-:mod:`moesd.paper.curves`; the claims are judged in :mod:`moesd.paper.verdicts`; a verdict holds statuses, parts, numbers and reason
-codes, and :mod:`moesd.narration` words it.
+:mod:`moesd.paper.curves`; the claims are judged in :mod:`moesd.paper.verdicts`; a verdict holds statuses,
+parts, numbers and reason codes, and :mod:`moesd.narration` words it.
 
 Two readings
 ------------
