@@ -1,6 +1,6 @@
 """The worked solutions that write a piece of the package by hand must agree with the package.
 
-Three exercises define a function in their solution (the chapter's only functions, besides the lab's
+Three exercises define a function in their solution (the book's only functions, besides the lab's
 ``accept_by_hand``, which ``tests/test_lab.py`` checks): each solution cell carries a tag, and these tests run it
 and compare its function with the package on inputs the chapter does not show.
 """
