@@ -179,7 +179,8 @@ def fig6_details(rows: list, beyond: float, minimum: int) -> str:
         fall = _keys(row, "dense_")
         phrases.append(f"gamma = {row['gamma']}: above beyond noise at {int(row['above'])} and below at "
                        f"{int(row['below'])} of {int(row['batch_sizes'])} batch sizes (median difference "
-                       f"{number(row['median_difference'])}, median margin {number(row['median_margin'])}), MoE above from B = "
+                       f"{number(row['median_difference'])}, median margin {number(row['median_margin'])}), "
+                       f"MoE above from B = "
                        f"{number(crossover, whole=True) if np.isfinite(crossover) else 'nowhere'}; the dense speedup "
                        f"{fall_phrase(fall)} "
                        f"{_which(fall['falls_monotonically'], 'falls monotonically', 'does not fall monotonically')}")

@@ -173,7 +173,7 @@ def _plain_fig6(verdict: Verdict) -> str:
     row = _last_judged(numbers, "normalised_above")
     if row is None:
         return ""
-    beyond = number(verdict.options.get("beyond", 16), whole=True)
+    beyond = number(verdict.options["beyond"], whole=True)
     return (f"at gamma = {row['gamma']} the MoE's acceptance-normalised speedup is above the dense pair's beyond "
             f"noise at {int(row['normalised_above'])} of the {int(row['normalised_batch_sizes'])} batch sizes past "
             f"{beyond} and below it at {int(row['normalised_below'])}, while the dense pair's falls from "

@@ -270,8 +270,8 @@ def table3_tests(verdicts) -> pd.DataFrame:
         One row per study: ``study``; ``worst m`` (the judged sample of largest MSE); the per-curve reading's
         ``worst coverage`` (that sample's share of its curves' batch-size ranges), ``median coverage`` (of the judged
         samples), ``rank correlation`` of coverage with MSE and its one-sided ``rank p``; the pooled reading's
-        ``excess / scatter`` (as the verdict computed it: the poorly covering samples' median MSE over the others', in units of the others'
-        scatter, ``1.4826 * MAD``; the claim needs more than ``NOISE_Z``) and ``Mann-Whitney p`` (one-sided: the
+        ``excess / scatter`` (as the verdict computed it: the poorly covering samples' median MSE over the
+        others', in units of the others' scatter, ``1.4826 * MAD``; the claim needs more than ``NOISE_Z``) and ``Mann-Whitney p`` (one-sided: the
         poorly covering MSEs rank above the others). NaN where a study has no such number (no per-curve
         coverage, fewer than one poorly or three evenly covering samples).
     """

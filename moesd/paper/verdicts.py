@@ -44,13 +44,14 @@ def judged(claim: str, numbers, notes: dict, **options) -> Verdict:
 
     statuses = {"strict": strict_status(n[0] for n in notes["strict"]),
                 "material": material_status(n[0] for n in notes["material"] if n[5] == CLAIM)}
-    rows = [{**row, "status": strict_status(n[0] for n in notes["strict"] if n[2] == row.get("where")),
-             "material_status": material_status(n[0] for n in notes["material"]
-                                                if n[2] == row.get("where") and n[5] == CLAIM)}
-            for row in numbers] if isinstance(numbers, list) else numbers
-    rows = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    if isinstance(numbers, list):
+        numbers = pd.DataFrame([{**row,
+                                 "status": strict_status(n[0] for n in notes["strict"] if n[2] == row.get("where")),
+                                 "material_status": material_status(n[0] for n in notes["material"]
+                                                                    if n[2] == row.get("where") and n[5] == CLAIM)}
+                                for row in numbers])
     return Verdict(claim, Reading.from_notes(statuses["material"], notes["material"]),
-                   Reading.from_notes(statuses["strict"], notes["strict"]), rows, options)
+                   Reading.from_notes(statuses["strict"], notes["strict"]), numbers, options)
 
 
 def untestable(claim: str, reason: str, **options) -> Verdict:
